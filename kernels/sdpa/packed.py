@@ -1,0 +1,79 @@
+"""Packed-SDPA selection attention: the CPU default and the production fallback.
+
+Rows are bucketed by selected length `L` (next power of two, at least 16), and each
+bucket runs as one batched attention: one "batch" entry per (b, s, g) row, its `h` heads
+as queries, its gathered keys padded to the bucket length and masked. The softmax is a
+full softmax over the selected keys (never `is_causal`, which with one query attends only
+to the first key). Empty rows never reach SDPA: they stay exact zeros with `lse = -inf`.
+Autograd flows through the gather and SDPA; chunks are checkpointed under a memory budget.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from selgate.reference.chunking import rows_per_chunk, run_chunked
+from selgate.reference.golden import DEFAULT_BUDGET_BYTES, gather_rows
+from selgate.reference.ranges import expand_ranges, normalize_ranges, selected_lengths
+from selgate.reference.validation import check_inputs, resolve_scale
+
+MIN_BUCKET = 16
+
+
+def bucket_lengths(L: torch.Tensor) -> torch.Tensor:
+    """Padded length of each row's bucket: the next power of two >= L, at least MIN_BUCKET;
+    0 for empty rows."""
+    cap = torch.exp2(torch.ceil(torch.log2(L.clamp(min=1).double()))).long().clamp(min=MIN_BUCKET)
+    return torch.where(L > 0, cap, 0)
+
+
+def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
+                             budget_bytes: int = DEFAULT_BUDGET_BYTES, normalized: bool = False):
+    """Selection attention through bucketed SDPA; same contract as the reference.
+
+    `normalized=True` skips normalisation when the caller already did it. With
+    `return_lse` the bucket runs an explicit softmax in fp32 (or fp64 for fp64 inputs) so the LSE is exact."""
+    d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
+    sc = resolve_scale(scale, d.Dk)
+    norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
+    rows_total = d.B * d.S * d.G
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    flat_r = norm.reshape(rows_total, d.n, 2)
+    cap = bucket_lengths(selected_lengths(norm).reshape(rows_total))
+    qf = q.reshape(rows_total, d.h, d.Dk)
+    kf = k.reshape(d.B * d.G, d.S_kv, d.Dk)
+    vf = v.reshape(d.B * d.G, d.S_kv, d.Dv)
+    row_id = torch.arange(rows_total, device=q.device)
+    bg = row_id // (d.S * d.G) * d.G + row_id % d.G  # (b, g) of each (b, s, g) row
+
+    done_rows, done_o, done_lse = [], [], []
+    for Lb in torch.unique(cap[cap > 0]).tolist():
+        rows = row_id[cap == Lb]
+
+        def attend(q_rows, r_rows, bg_rows, kf, vf, Lb=Lb):
+            idx, valid = expand_ranges(r_rows, Lb)  # [R, Lb]
+            k_sel, v_sel = kf[bg_rows[:, None], idx], vf[bg_rows[:, None], idx]
+            if return_lse:
+                o, lse = gather_rows(q_rows, k_sel, v_sel, valid, sc, acc_dtype)
+                return o.to(v.dtype), lse
+            o = F.scaled_dot_product_attention(
+                q_rows[:, None], k_sel[:, None], v_sel[:, None], attn_mask=valid[:, None, None, :], scale=sc)
+            return (o[:, 0],)
+
+        item = q.element_size()
+        chunk = rows_per_chunk(Lb * (d.Dk + d.Dv + 2 * d.h + 1) * max(item, 4), budget_bytes)
+        out = run_chunked(attend, (qf[rows], flat_r[rows], bg[rows]), chunk, const_args=(kf, vf))
+        done_rows.append(rows)
+        done_o.append(out[0])
+        if return_lse:
+            done_lse.append(out[1])
+
+    o = torch.zeros(rows_total, d.h, d.Dv, dtype=v.dtype, device=q.device)
+    lse = torch.full((rows_total, d.h), float("-inf"), dtype=acc_dtype, device=q.device)
+    if done_rows:
+        rows = torch.cat(done_rows)
+        o = o.index_copy(0, rows, torch.cat(done_o))
+        if return_lse:
+            lse = lse.index_copy(0, rows, torch.cat(done_lse))
+    o = o.reshape(d.B, d.S, d.G, d.h, d.Dv)
+    return (o, lse.reshape(d.B, d.S, d.G, d.h)) if return_lse else o
