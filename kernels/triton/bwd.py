@@ -1,0 +1,330 @@
+"""Triton backward of selection attention: deterministic dq, dk, dv without atomics.
+
+- `delta = rowsum(do * o) - dlse` per (b, s, g, head): a small preprocess kernel.
+- dq: one program per (b, s, g) for all `h` heads; it walks the row's ranges tile by
+  tile, recomputes `p = exp(scale * q.k - lse)` from the saved LSE and accumulates in fp32.
+  Only keys inside `[start, min(end, t + 1))` are ever loaded.
+- dk, dv: an inverse index built with torch ops on the device lists, for every
+  `(b, g, KV tile of BLOCK_N keys)`, the (query row, key interval) pairs that touch the
+  tile, in a fixed order (stable sort of pairs generated row-major). One program per chunk
+  of at most `chunk` pairs walks its pairs in that order, `ROWS` rows x `h` heads at a time
+  as one MMA operand, and accumulates dk, dv in fp32 registers. A tile served by one chunk
+  writes its result directly; a tile split into several chunks (a block every row selects)
+  writes fp32 partials that a reduce kernel sums in chunk order. No atomics anywhere, so
+  results are bitwise reproducible; keys no row selected keep exact zeros.
+
+Host syncs: two small reads while building the index (the number of (row, tile) pairs,
+then the number of work items and partial slots) size the index and the grid.
+Extra memory: the index, O(B*S*G*(n + L/BLOCK_N)) integers, plus fp32 partials for split
+tiles only.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from selgate.reference.ranges import key_limit
+from selgate.reference.validation import check_inputs
+
+LOG2E = 1.4426950408889634
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DEFAULT_CHUNK = 2048  # pairs per dk/dv work item; bounds the longest program
+
+
+@triton.jit
+def _delta_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, n_rows, Dv,
+                  HAS_DLSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_DV)
+    rm = rows < n_rows
+    m = rm[:, None] & (cols[None, :] < Dv)
+    off = rows[:, None] * Dv + cols[None, :]
+    o = tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + off, mask=m, other=0.0).to(tl.float32)
+    d = tl.sum(o * do, axis=1)
+    if HAS_DLSE:
+        d -= tl.load(dlse_ptr + rows, mask=rm, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + rows, d, mask=rm)
+
+
+@triton.jit
+def _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm, Dk, Dv,
+             qk_scale_log2, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    keys = n0 + tl.arange(0, BLOCK_N)
+    km = keys < end
+    kt = tl.load(k_ptr + (kv_row0 + keys)[:, None] * Dk + dks[None, :], mask=km[:, None] & dkm[None, :], other=0.0)
+    vt = tl.load(v_ptr + (kv_row0 + keys)[:, None] * Dv + dvs[None, :], mask=km[:, None] & dvm[None, :], other=0.0)
+    sc = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+    p = tl.where(hm[:, None] & km[None, :], tl.exp2(sc * qk_scale_log2 - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(vt), input_precision=PRECISION)
+    ds = p * (dp - delta[:, None])
+    return tl.dot(ds.to(kt.dtype), kt, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, dq_ptr,
+               S, G, S_kv, h, Dk, Dv, scale, qk_scale_log2, N_R: tl.constexpr,
+               BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
+               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64)
+    bg = tl.program_id(1).to(tl.int64)
+    b = bg // G
+    row = (b * S + s) * G + bg % G
+    heads = tl.arange(0, BLOCK_H)
+    dks = tl.arange(0, BLOCK_DK)
+    dvs = tl.arange(0, BLOCK_DV)
+    hm = heads < h
+    dkm = dks < Dk
+    dvm = dvs < Dv
+    qrow = row * h + heads
+    q = tl.load(q_ptr + qrow[:, None] * Dk + dks[None, :], mask=hm[:, None] & dkm[None, :], other=0.0)
+    do = tl.load(do_ptr + qrow[:, None] * Dv + dvs[None, :], mask=hm[:, None] & dvm[None, :], other=0.0)
+    lse = tl.load(lse_ptr + qrow, mask=hm, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + qrow, mask=hm, other=0.0)
+    lim = tl.load(lim_ptr + b * S + s)
+    kv_row0 = bg * S_kv
+    acc = tl.zeros([BLOCK_H, BLOCK_DK], dtype=tl.float32)
+    for j in range(N_R):
+        start = tl.load(r_ptr + (row * N_R + j) * 2).to(tl.int64)
+        end = tl.minimum(tl.load(r_ptr + (row * N_R + j) * 2 + 1).to(tl.int64), lim)
+        if INTERPRET:  # the interpreter cannot take loaded loop bounds in range() (numpy 2.4, triton #9171)
+            n0 = start
+            while n0 < end:
+                acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
+                               Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
+                n0 += BLOCK_N
+        else:
+            for n0 in range(start, end, BLOCK_N):
+                acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
+                               Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
+    tl.store(dq_ptr + qrow[:, None] * Dk + dks[None, :], (acc * scale).to(dq_ptr.dtype.element_ty),
+             mask=hm[:, None] & dkm[None, :])
+
+
+@triton.jit
+def _dkdv_step(acc_dk, acc_dv, i, p1, kt, vt, keys, r_of_c, head, q_ptr, do_ptr, lse_ptr, delta_ptr,
+               pair_row_ptr, pair_lo_ptr, pair_hi_ptr, h, Dk, Dv, dks, dkm, dvs, dvm, qk_scale_log2,
+               PRECISION: tl.constexpr):
+    """One MMA step: pairs i .. i+ROWS-1 of the tile's list, all heads of each."""
+    pidx = i + r_of_c
+    pm = pidx < p1
+    cm = pm & (head < h)
+    row = tl.load(pair_row_ptr + pidx, mask=pm, other=0).to(tl.int64)
+    lo = tl.load(pair_lo_ptr + pidx, mask=pm, other=0)
+    hi = tl.load(pair_hi_ptr + pidx, mask=pm, other=0)
+    qrow = row * h + head
+    qg = tl.load(q_ptr + qrow[:, None] * Dk + dks[None, :], mask=cm[:, None] & dkm[None, :], other=0.0)
+    dog = tl.load(do_ptr + qrow[:, None] * Dv + dvs[None, :], mask=cm[:, None] & dvm[None, :], other=0.0)
+    lse = tl.load(lse_ptr + qrow, mask=cm, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + qrow, mask=cm, other=0.0)
+    sel = (keys[:, None] >= lo[None, :]) & (keys[:, None] < hi[None, :]) & cm[None, :]
+    st = tl.dot(kt, tl.trans(qg), input_precision=PRECISION)  # [BLOCK_N, ROWS*BLOCK_H]
+    pt = tl.where(sel, tl.exp2(st * qk_scale_log2 - lse[None, :]), 0.0)
+    acc_dv = tl.dot(pt.to(dog.dtype), dog, acc_dv, input_precision=PRECISION)
+    dpt = tl.dot(vt, tl.trans(dog), input_precision=PRECISION)
+    dst = tl.where(sel, pt * (dpt - delta[None, :]), 0.0)  # where, not *: unselected keys may hold NaN
+    acc_dk = tl.dot(dst.to(qg.dtype), qg, acc_dk, input_precision=PRECISION)
+    return acc_dk, acc_dv
+
+
+@triton.jit
+def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
+                 pair_row_ptr, pair_lo_ptr, pair_hi_ptr,
+                 item_seg_ptr, item_start_ptr, item_end_ptr, item_slot_ptr,
+                 dk_ptr, dv_ptr, pdk_ptr, pdv_ptr,
+                 n_tiles, S_kv, h, Dk, Dv, scale, qk_scale_log2,
+                 ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    w = tl.program_id(0)
+    seg = tl.load(item_seg_ptr + w).to(tl.int64)
+    p0 = tl.load(item_start_ptr + w).to(tl.int64)
+    p1 = tl.load(item_end_ptr + w).to(tl.int64)
+    bg = seg // n_tiles
+    keys = (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    km = keys < S_kv
+    dks = tl.arange(0, BLOCK_DK)
+    dvs = tl.arange(0, BLOCK_DV)
+    dkm = dks < Dk
+    dvm = dvs < Dv
+    kv_rows = bg * S_kv + keys
+    kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=km[:, None] & dkm[None, :], other=0.0)
+    vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & dvm[None, :], other=0.0)
+    cols = tl.arange(0, ROWS * BLOCK_H)  # column = (pair r, head i) of the gathered operand
+    r_of_c = cols // BLOCK_H
+    head = cols % BLOCK_H
+    acc_dk = tl.zeros([BLOCK_N, BLOCK_DK], dtype=tl.float32)
+    acc_dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    if INTERPRET:  # see _dq_kernel
+        i = p0
+        while i < p1:
+            acc_dk, acc_dv = _dkdv_step(acc_dk, acc_dv, i, p1, kt, vt, keys, r_of_c, head, q_ptr, do_ptr, lse_ptr,
+                                        delta_ptr, pair_row_ptr, pair_lo_ptr, pair_hi_ptr, h, Dk, Dv, dks, dkm,
+                                        dvs, dvm, qk_scale_log2, PRECISION)
+            i += ROWS
+    else:
+        for i in range(p0, p1, ROWS):
+            acc_dk, acc_dv = _dkdv_step(acc_dk, acc_dv, i, p1, kt, vt, keys, r_of_c, head, q_ptr, do_ptr, lse_ptr,
+                                        delta_ptr, pair_row_ptr, pair_lo_ptr, pair_hi_ptr, h, Dk, Dv, dks, dkm,
+                                        dvs, dvm, qk_scale_log2, PRECISION)
+    acc_dk = acc_dk * scale
+    slot = tl.load(item_slot_ptr + w).to(tl.int64)
+    if slot < 0:
+        tl.store(dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty),
+                 mask=km[:, None] & dkm[None, :])
+        tl.store(dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty),
+                 mask=km[:, None] & dvm[None, :])
+    else:
+        tiles = tl.arange(0, BLOCK_N)
+        tl.store(pdk_ptr + (slot * BLOCK_N + tiles)[:, None] * BLOCK_DK + dks[None, :], acc_dk)
+        tl.store(pdv_ptr + (slot * BLOCK_N + tiles)[:, None] * BLOCK_DV + dvs[None, :], acc_dv)
+
+
+@triton.jit
+def _reduce_partials_kernel(pdk_ptr, pdv_ptr, multi_seg_ptr, multi_slot_ptr, multi_count_ptr, dk_ptr, dv_ptr,
+                            n_tiles, S_kv, Dk, Dv,
+                            BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    u = tl.program_id(0)
+    seg = tl.load(multi_seg_ptr + u).to(tl.int64)
+    slot0 = tl.load(multi_slot_ptr + u).to(tl.int64)
+    count = tl.load(multi_count_ptr + u)
+    tiles = tl.arange(0, BLOCK_N)
+    keys = (seg % n_tiles) * BLOCK_N + tiles
+    km = keys < S_kv
+    dks = tl.arange(0, BLOCK_DK)
+    dvs = tl.arange(0, BLOCK_DV)
+    acc_dk = tl.zeros([BLOCK_N, BLOCK_DK], dtype=tl.float32)
+    acc_dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    c = 0
+    while c < count:  # chunk order is fixed, so the sum is reproducible
+        acc_dk += tl.load(pdk_ptr + ((slot0 + c) * BLOCK_N + tiles)[:, None] * BLOCK_DK + dks[None, :])
+        acc_dv += tl.load(pdv_ptr + ((slot0 + c) * BLOCK_N + tiles)[:, None] * BLOCK_DV + dvs[None, :])
+        c += 1
+    kv_rows = (seg // n_tiles) * S_kv + keys
+    tl.store(dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty),
+             mask=km[:, None] & (dks[None, :] < Dk))
+    tl.store(dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty),
+             mask=km[:, None] & (dvs[None, :] < Dv))
+
+
+class InverseIndex:
+    """For every (b, g, KV tile): its (query row, key interval) pairs, and the work items
+    (chunks of at most `chunk` pairs) the dk/dv kernel runs."""
+
+    def __init__(self, norm_ranges: torch.Tensor, lim: torch.Tensor, G: int, S_kv: int, block_n: int, chunk: int):
+        dev = norm_ranges.device
+        B, S, _, n, _ = norm_ranges.shape
+        self.n_tiles = triton.cdiv(S_kv, block_n)
+        n_seg = B * G * self.n_tiles
+        r = norm_ranges.to(torch.int64)
+        start = r[..., 0].reshape(-1)
+        end = torch.minimum(r[..., 1], lim[:, :, None, None]).reshape(-1)
+        first = torch.div(start, block_n, rounding_mode="floor")
+        tiles_per_range = torch.where(end > start, torch.div(end - 1, block_n, rounding_mode="floor") - first + 1, 0)
+        ends = torch.cumsum(tiles_per_range, 0)
+        total = int(ends[-1]) if ends.numel() else 0  # host sync 1: size of the pair list
+        rid = torch.repeat_interleave(torch.arange(start.numel(), device=dev), tiles_per_range, output_size=total)
+        tile = first[rid] + torch.arange(total, device=dev) - (ends - tiles_per_range)[rid]
+        row = torch.div(rid, n, rounding_mode="floor")  # flat (b, s, g)
+        seg = (torch.div(row, S * G, rounding_mode="floor") * G + row % G) * self.n_tiles + tile
+        # Pairs are generated in (b, s, g, range) order; a stable sort by tile keeps that order inside a tile.
+        seg, order = torch.sort(seg, stable=True)
+        rid, tile = rid[order], tile[order]
+        self.pair_row = row[order]
+        self.pair_lo = torch.maximum(start[rid], tile * block_n).to(torch.int32)
+        self.pair_hi = torch.minimum(end[rid], (tile + 1) * block_n).to(torch.int32)
+        del rid, tile, order
+        seg_off = torch.searchsorted(seg, torch.arange(n_seg + 1, device=dev))
+        count = seg_off[1:] - seg_off[:-1]
+        n_chunks = torch.div(count + chunk - 1, chunk, rounding_mode="floor")
+        n_parts = torch.where(n_chunks > 1, n_chunks, 0)
+        n_items, n_slots, n_multi = (int(x) for x in torch.stack(  # host sync 2: grid and partials size
+            [n_chunks.sum(), n_parts.sum(), (n_parts > 0).sum()]).tolist())
+        seg_ids = torch.arange(n_seg, device=dev)
+        item_seg = torch.repeat_interleave(seg_ids, n_chunks, output_size=n_items)
+        chunk_no = torch.arange(n_items, device=dev) - (torch.cumsum(n_chunks, 0) - n_chunks)[item_seg]
+        self.item_seg = item_seg
+        self.item_start = seg_off[item_seg] + chunk_no * chunk
+        self.item_end = torch.minimum(self.item_start + chunk, seg_off[item_seg + 1])
+        slot0 = torch.cumsum(n_parts, 0) - n_parts
+        self.item_slot = torch.where(n_parts[item_seg] > 0, slot0[item_seg] + chunk_no, -1)
+        self.multi_seg = torch.repeat_interleave(seg_ids, (n_parts > 0).to(torch.int64), output_size=n_multi)
+        self.multi_slot = slot0[self.multi_seg]
+        self.multi_count = n_parts[self.multi_seg]
+        self.n_items, self.n_slots, self.n_multi = n_items, n_slots, n_multi
+
+
+def _check_like(name: str, t: torch.Tensor, shape: tuple, dtype=None) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+
+
+def _pow2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(x))
+
+
+def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None,
+                    block_n: int = 64, block_m: int = 64, chunk: int = DEFAULT_CHUNK):
+    """Gradients `(dq, dk, dv)` of selection attention, in the dtype of `q`, `k`, `v`.
+
+    `norm_ranges` must be normalised (`normalize_ranges`); `o` and `lse` come from the
+    forward, `do` is the gradient of `o`, `dlse` (optional) the gradient of `lse`.
+    `block_m` is the number of (query row x head) columns of one dk/dv MMA."""
+    d = check_inputs(q, k, v, norm_ranges, scale=scale, positions=positions)
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m={block_m}: expected a power of two >= 16")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q: the Triton backward takes fp16, bf16 or fp32, got {q.dtype}")
+    for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
+        if dim % 8 or dim > 256:
+            raise ValueError(f"{name}={dim}: the Triton backward needs a head dim that is a multiple of 8, at most 256")
+    _check_like("o", o, (d.B, d.S, d.G, d.h, d.Dv))
+    _check_like("do", do, (d.B, d.S, d.G, d.h, d.Dv))
+    _check_like("lse", lse, (d.B, d.S, d.G, d.h), torch.float32)
+    if dlse is not None:
+        _check_like("dlse", dlse, (d.B, d.S, d.G, d.h))
+    q, k, v, o, lse, norm_ranges = (t.contiguous() for t in (q, k, v, o, lse, norm_ranges))
+    do = do.to(q.dtype).contiguous()
+    lim = key_limit(norm_ranges, d.S_kv, positions)[:, :, 0, 0].contiguous()
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused by fp16/bf16 dots
+    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
+    BLOCK_H = _pow2(d.h)  # dq: the h heads of one row are the MMA's M side (at least 16)
+    heads_kv = triton.next_power_of_2(d.h)  # dk/dv: block_m // heads_kv rows share one MMA
+    big_d = max(BLOCK_DK, BLOCK_DV) > 128
+    warps = 8 if big_d or BLOCK_DK + BLOCK_DV > 128 else 4
+
+    n_rows = d.B * d.S * d.G * d.h
+    delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(n_rows, 32),)](
+        o, do, dlse.float().contiguous() if dlse is not None else delta, delta, n_rows, d.Dv,
+        HAS_DLSE=dlse is not None, BLOCK_R=32, BLOCK_DV=BLOCK_DV)
+
+    qk_scale_log2 = scale * LOG2E
+    dq = torch.empty_like(q)
+    _dq_kernel[(d.S, d.B * d.G)](
+        q, k, v, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.h, d.Dk, d.Dv,
+        scale, qk_scale_log2, N_R=d.n, BLOCK_H=BLOCK_H, BLOCK_N=32 if big_d else 64, BLOCK_DK=BLOCK_DK,
+        BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=warps)
+
+    bn = min(block_n, 32) if big_d else block_n
+    idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, chunk)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    pdk = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DK, dtype=torch.float32, device=q.device)
+    pdv = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DV, dtype=torch.float32, device=q.device)
+    if idx.n_items:
+        _dkdv_kernel[(idx.n_items,)](
+            q, k, v, do, lse, delta, idx.pair_row, idx.pair_lo, idx.pair_hi,
+            idx.item_seg, idx.item_start, idx.item_end, idx.item_slot, dk, dv, pdk, pdv,
+            idx.n_tiles, d.S_kv, d.h, d.Dk, d.Dv, scale, qk_scale_log2,
+            ROWS=max(1, block_m // heads_kv), BLOCK_H=heads_kv, BLOCK_N=bn, BLOCK_DK=BLOCK_DK,
+            BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=warps)
+    if idx.n_multi:
+        _reduce_partials_kernel[(idx.n_multi,)](
+            pdk, pdv, idx.multi_seg, idx.multi_slot, idx.multi_count, dk, dv, idx.n_tiles, d.S_kv,
+            d.Dk, d.Dv, BLOCK_N=bn, BLOCK_DK=BLOCK_DK, BLOCK_DV=BLOCK_DV)
+    return dq, dk, dv
