@@ -1,21 +1,142 @@
-"""The public entry point. The Triton/CUDA fallback ladder grows here (issue 4)."""
+"""The public entry points and the fallback ladder.
+
+One ladder, walked in this order, each rung leaving the fast path with a reason code
+(counted in `stats()`, logged once per reason):
+1. explicit `backend=` ("triton", "sdpa", "reference", "cuda"); `auto` continues below;
+2. NSA_FORCE_PARITY=1: everything goes to the fp64 reference ("reference");
+3. device: CPU goes to sdpa ("cpu") and never imports triton, unless TRITON_INTERPRET=1
+   and a capability override simulate a GPU (policy tests);
+4. dtype, head dims, compute capability and the ADR policy (`policy.triton_unsupported`);
+5. gradients: inputs that require grad go to sdpa unless NSA_SEL_TRITON_ALLOW_GRAD=1 ("grad");
+6. min-L: max selected length below NSA_SEL_TRITON_MIN_L goes to sdpa ("min_L");
+7. flags: NSA_USE_TRITON_SEL=0 goes to sdpa ("disabled").
+NSA_TRITON_SEL_FORCE=1 skips the ADR rule, min-L and NSA_USE_TRITON_SEL. For decode, the
+CUDA kernel is tried before Triton when NSA_SEL_CUDA=1 or `backend="cuda"`. A backend that
+raises hands over to the next rung (sdpa last) unless strict mode forbids it.
+"""
 from __future__ import annotations
 
-from selgate.reference.ranges import normalize_ranges
+import torch
+
+from selgate.reference.golden import selection_attention_ref
+from selgate.reference.ranges import normalize_ranges, selected_lengths, validate_ranges
 from selgate.reference.validation import check_inputs
+from selgate.reference.varlen import varlen_to_batched
 
+from .errors import BackendUnavailable, StrictModeError
+from .policy import capability, capability_overridden, interpreting, settings, triton_unsupported
 from .sdpa import selection_attention_sdpa
+from .stats import debug, record_call, record_fallback
 
-BACKENDS = ("auto", "sdpa")
+BACKENDS = ("auto", "triton", "sdpa", "reference", "cuda")
+
+
+def _run(name: str, q, k, v, norm, scale, positions):
+    """Call one backend on normalised ranges; returns `(o, lse)`."""
+    if name == "triton":
+        from .triton import selection_attention_triton
+        return selection_attention_triton(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
+                                          normalized=True)
+    if name == "cuda":
+        try:
+            from .cuda import selection_attention_cuda
+        except ImportError as e:
+            raise BackendUnavailable("unavailable", f"selgate.kernels.cuda cannot be imported: {e}") from e
+        return selection_attention_cuda(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
+                                        normalized=True)
+    if name == "sdpa":
+        return selection_attention_sdpa(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
+                                        normalized=True)
+    o, lse = selection_attention_ref(q, k, v, norm, scale=scale, positions=positions, return_lse=True)
+    return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
+
+
+def _plan(q, k, v, d, norm, backend: str, st):
+    """Backends to try in order, plus the skipped Triton rung `(reason, detail)` if any."""
+    if backend in ("sdpa", "reference"):
+        return [backend], None
+    chain = []
+    if backend == "cuda" or (backend == "auto" and st.use_cuda and d.S == 1 and q.device.type == "cuda"):
+        chain.append("cuda")
+    explicit = backend in ("triton", "cuda")
+    skip = _triton_skip(q, k, v, d, norm, st, explicit)
+    if skip is None:
+        chain.append("triton")
+    chain.append("sdpa")
+    return chain, skip
+
+
+def _triton_skip(q, k, v, d, norm, st, explicit: bool):
+    """The first rung that keeps this call off Triton, as `(reason, detail)`, or None.
+    An explicit request skips the performance rungs (min-L, NSA_USE_TRITON_SEL)."""
+    if not explicit and q.device.type != "cuda" and not (interpreting() and capability_overridden()):
+        return "cpu", f"q is on {q.device}; auto uses sdpa there"
+    why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
+    if why is not None:
+        return why
+    if not st.allow_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return "grad", "inputs require grad and NSA_SEL_TRITON_ALLOW_GRAD is off"
+    if explicit or st.force_triton:
+        return None
+    if st.min_L > 0:
+        # The one host read of the ladder; skipped when S_kv alone bounds L below min-L.
+        L_max = d.S_kv if d.S_kv < st.min_L else int(selected_lengths(norm).max())
+        if L_max < st.min_L:
+            return "min_L", f"max selected length {L_max} < NSA_SEL_TRITON_MIN_L={st.min_L}"
+    if not st.use_triton:
+        return "disabled", "NSA_USE_TRITON_SEL=0"
+    return None
 
 
 def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", return_lse: bool = False,
-                        positions=None):
-    """NSA selection attention (SPEC.md). Validates inputs, normalises ranges once and
-    calls one backend; `auto` currently picks `sdpa`."""
+                        positions=None, strict=None):
+    """NSA selection attention (SPEC.md) through the fallback ladder (module docstring).
+
+    `strict` (default NSA_SEL_STRICT) turns every departure from the requested backend, or
+    from the one the policy chose for `auto`, into `StrictModeError`. Returns `o`, or
+    `(o, lse)` with `return_lse`."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
-    norm = normalize_ranges(ranges, d.S_kv, positions)
-    return selection_attention_sdpa(q, k, v, norm, scale=scale, positions=positions,
-                                    return_lse=return_lse, normalized=True)
+    st = settings()
+    strict = st.strict if strict is None else bool(strict)
+    if st.validate:
+        validate_ranges(ranges, d.S_kv, positions)
+        norm = ranges
+    else:
+        norm = normalize_ranges(ranges, d.S_kv, positions)
+    if backend == "auto" and st.force_parity:
+        backend = "reference"
+    chain, skip = _plan(q, k, v, d, norm, backend, st)
+    if skip is not None:
+        if strict and backend == "triton":
+            raise StrictModeError(f"backend={backend!r} cannot run: {skip[0]}: {skip[1]}")
+        record_fallback("triton", *skip)
+    debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
+    for i, name in enumerate(chain):
+        try:
+            o, lse = _run(name, q, k, v, norm, scale, positions)
+        except Exception as e:
+            if strict:
+                raise StrictModeError(f"backend {name!r} failed and strict mode forbids falling back: {e}") from e
+            if i == len(chain) - 1:
+                raise
+            reason = e.reason if isinstance(e, BackendUnavailable) else "error"
+            record_fallback(name, reason, f"{type(e).__name__}: {e}", error=not isinstance(e, BackendUnavailable))
+            continue
+        record_call(name, norm, (d.Dk + d.Dv) * q.element_size())
+        return (o, lse) if return_lse else o
+
+
+def selection_attention_varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None,
+                               backend: str = "auto", return_lse: bool = False, strict=None):
+    """Packed sequences (FlashAttention's cu_seqlens; layout of `reference/varlen.py`:
+    q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], sequence-local ranges [1,T_q,G,n,2]), served as
+    one batched call with per-query positions."""
+    for name, t in (("q", q), ("ranges", ranges)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 5 or t.shape[0] != 1:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name}: varlen expects a packed 5-D tensor with leading dim 1, got {shape}")
+    glob, pos = varlen_to_batched(ranges, cu_seqlens_q, cu_seqlens_k)
+    return selection_attention(q, k, v, glob, scale=scale, backend=backend, return_lse=return_lse,
+                               positions=pos, strict=strict)

@@ -1,0 +1,144 @@
+"""The dispatcher's policy: flags, compute capability and what the Triton kernel supports.
+
+Precedence for every setting: `configs/base.yaml` < `configs/profiles/<device>.yaml` <
+environment variable. The SM 8.9 rule of ADR-2025-08-M4-02 is data
+(`policy.triton_sel_disabled_capabilities`), so a later measurement changes config, not code.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import load_config
+from .stats import record_capability
+
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_override: list = []  # stack of capability_override() values
+
+
+def env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}: expected one of {_TRUE + _FALSE}, got {raw!r}")
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return int(default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One call's view of config and flags (env over device profile over base.yaml)."""
+
+    use_triton: bool      # NSA_USE_TRITON_SEL
+    force_triton: bool    # NSA_TRITON_SEL_FORCE: ignore ADR policy, min-L and NSA_USE_TRITON_SEL
+    min_L: int            # NSA_SEL_TRITON_MIN_L
+    force_parity: bool    # NSA_FORCE_PARITY: route everything to the fp64 reference
+    strict: bool          # NSA_SEL_STRICT
+    allow_grad: bool      # NSA_SEL_TRITON_ALLOW_GRAD
+    validate: bool        # NSA_SEL_VALIDATE: reject ranges breaking the producer contract
+    use_cuda: bool        # NSA_SEL_CUDA: try the CUDA decode kernel first
+    disabled_caps: tuple  # policy.triton_sel_disabled_capabilities
+    min_cap: str          # policy.triton_sel_min_capability
+
+
+def settings(device_name: str | None = None) -> Settings:
+    cfg = load_config(device_name)
+    rt, pol = cfg["runtime"], cfg["policy"]
+    return Settings(
+        use_triton=env_flag("NSA_USE_TRITON_SEL", rt["use_triton_sel"]),
+        force_triton=env_flag("NSA_TRITON_SEL_FORCE", False),
+        min_L=env_int("NSA_SEL_TRITON_MIN_L", rt["sel_triton_min_L"]),
+        force_parity=env_flag("NSA_FORCE_PARITY", False),
+        strict=env_flag("NSA_SEL_STRICT", False),
+        allow_grad=env_flag("NSA_SEL_TRITON_ALLOW_GRAD", rt["sel_triton_allow_grad"]),
+        validate=env_flag("NSA_SEL_VALIDATE", False),
+        use_cuda=env_flag("NSA_SEL_CUDA", False),
+        disabled_caps=tuple(str(c) for c in pol["triton_sel_disabled_capabilities"]),
+        min_cap=str(pol["triton_sel_min_capability"]),
+    )
+
+
+@contextlib.contextmanager
+def capability_override(cap: str):
+    """Pretend the device has compute capability `cap` (e.g. "8.9") inside the block.
+    Takes precedence over NSA_SEL_CAPABILITY; both show in logs and `stats()`."""
+    _parse_cap(cap, "capability_override")
+    _override.append(str(cap))
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+def _parse_cap(cap: str, name: str) -> tuple:
+    try:
+        major, minor = (int(x) for x in str(cap).split("."))
+    except ValueError:
+        raise ValueError(f"{name}: expected a compute capability like '8.9', got {cap!r}") from None
+    return major, minor
+
+
+def capability_overridden() -> str | None:
+    """The override in force (context manager first, then NSA_SEL_CAPABILITY), or None."""
+    if _override:
+        return _override[-1]
+    env = os.environ.get("NSA_SEL_CAPABILITY") or None
+    if env is not None:
+        _parse_cap(env, "NSA_SEL_CAPABILITY")
+    return env
+
+
+def capability(device: torch.device) -> str | None:
+    """Compute capability the policy uses for `device`; None for a CPU without override."""
+    over = capability_overridden()
+    if over is not None:
+        record_capability(over, "override")
+        return over
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    cap = f"{major}.{minor}"
+    record_capability(cap, "device")
+    return cap
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
+    """Why the Triton kernel cannot (or, by ADR policy, must not) serve this call, as
+    `(reason, detail)`, or None when it can. The ADR rule yields to NSA_TRITON_SEL_FORCE."""
+    if q.device.type != "cuda" and not interpreting():
+        return "device", f"q is on {q.device}; Triton needs a CUDA device or TRITON_INTERPRET=1"
+    if q.dtype not in TRITON_DTYPES:
+        return "dtype", f"q.dtype={q.dtype}; the Triton kernel takes fp16, bf16 or fp32"
+    if q.dtype == torch.bfloat16 and q.device.type != "cuda":
+        return "dtype", "bf16 under TRITON_INTERPRET computes wrongly (triton issue 11584)"
+    for name, d in (("Dk", Dk), ("Dv", Dv)):
+        if d % 8 or d > MAX_HEAD_DIM:
+            return "head_dim", f"{name}={d}; the Triton kernel takes multiples of 8 up to {MAX_HEAD_DIM}"
+    if cap is not None:
+        if _parse_cap(cap, "capability") < _parse_cap(st.min_cap, "policy.triton_sel_min_capability"):
+            return "capability", f"SM {cap} is below policy.triton_sel_min_capability={st.min_cap}"
+        if cap in st.disabled_caps and not st.force_triton:
+            return "adr_policy", (f"SM {cap} is in policy.triton_sel_disabled_capabilities "
+                                  "(ADR-2025-08-M4-02); set NSA_TRITON_SEL_FORCE=1 to run it")
+    return None

@@ -1,0 +1,109 @@
+"""Dispatcher observability: what ran, why the fast path was left, how much K/V was read.
+
+Counters are process-wide and read with `stats()`. Token and byte counts stay on the
+device as running sums, so counting never synchronises the hot path; `stats()` reads
+them. With `NSA_DEBUG_LOG=1` every decision is logged as a `sel.<backend>.*` line on the
+`selgate.kernels` logger; a fallback reason is logged once per reason in any case.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+
+import torch
+
+log = logging.getLogger("selgate.kernels")
+
+_lock = threading.Lock()
+_calls: Counter = Counter()
+_launches: Counter = Counter()
+_fallbacks: Counter = Counter()
+_tokens: dict = {}
+_kv_bytes: dict = {}
+_logged_reasons: set = set()
+_capability: dict = {}
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("NSA_DEBUG_LOG", "0") == "1"
+
+
+def debug(msg: str) -> None:
+    """Log a `sel.*` line when NSA_DEBUG_LOG=1 (INFO on `selgate.kernels`)."""
+    if debug_enabled():
+        if log.getEffectiveLevel() > logging.INFO:
+            log.setLevel(logging.INFO)
+        if not logging.getLogger().handlers and not log.handlers:
+            log.addHandler(logging.StreamHandler())
+        log.info(msg)
+
+
+def record_call(backend: str, norm_ranges: torch.Tensor, bytes_per_key: int) -> None:
+    """Count one call served by `backend`, its selected tokens and the K/V bytes they read."""
+    tokens = (norm_ranges[..., 1].to(torch.int64) - norm_ranges[..., 0]).clamp(min=0).sum()
+    with _lock:
+        _calls[backend] += 1
+        dev = str(tokens.device)
+        _tokens[dev] = _tokens.get(dev, 0) + tokens
+        _kv_bytes[dev] = _kv_bytes.get(dev, 0) + tokens * bytes_per_key
+    if debug_enabled():
+        debug(f"sel.{backend}.call rows={norm_ranges.shape[:3].numel()} tokens={int(tokens)} "
+              f"kv_bytes={int(tokens) * bytes_per_key}")
+
+
+def record_launch(kernel: str) -> None:
+    """Count one kernel launch (policy tests prove with it that a kernel never ran)."""
+    with _lock:
+        _launches[kernel] += 1
+
+
+def record_fallback(backend: str, reason: str, detail: str = "", *, error: bool = False) -> None:
+    """Count that `backend` was left for `reason`; log it once per reason (WARNING when a
+    kernel raised, INFO for a policy decision) and on every call with NSA_DEBUG_LOG=1."""
+    key = f"{backend}:{reason}"
+    with _lock:
+        _fallbacks[key] += 1
+        first = key not in _logged_reasons
+        _logged_reasons.add(key)
+    msg = f"sel.{backend}.fallback reason={reason}" + (f" detail={detail}" if detail else "")
+    if first:
+        log.log(logging.WARNING if error else logging.INFO, msg)
+    elif debug_enabled():
+        debug(msg)
+
+
+def record_capability(cap: str | None, source: str) -> None:
+    """Remember the compute capability the policy used and where it came from."""
+    with _lock:
+        changed = _capability.get("value") != cap or _capability.get("source") != source
+        _capability.update(value=cap, source=source)
+    if changed and source == "override":
+        log.info(f"sel.policy.capability value={cap} source=override")
+    debug(f"sel.policy.capability value={cap} source={source}")
+
+
+def stats() -> dict:
+    """Counters as plain Python values (reads the device-side sums)."""
+    with _lock:
+        return {
+            "calls": dict(_calls),
+            "launches": dict(_launches),
+            "fallback_reasons": dict(_fallbacks),
+            "selected_tokens": sum(int(t) for t in _tokens.values()),
+            "kv_bytes_read": sum(int(t) for t in _kv_bytes.values()),
+            "capability": _capability.get("value"),
+            "capability_source": _capability.get("source"),
+        }
+
+
+def reset_stats() -> None:
+    """Zero every counter and forget which fallback reasons were already logged."""
+    with _lock:
+        for c in (_calls, _launches, _fallbacks):
+            c.clear()
+        _tokens.clear()
+        _kv_bytes.clear()
+        _logged_reasons.clear()
+        _capability.clear()

@@ -1,0 +1,182 @@
+"""Triton forward of NSA selection attention: group-centric, one program per (b, s, g).
+
+Why this schedule: the h heads of a KV group share their ranges (SPEC.md), so a program
+loads q for the whole group once and reuses every K/V tile for all of its heads through
+`tl.dot` (heads padded to 16 rows, the MMA minimum).
+
+The tile loop walks the row's ranges in order, BLOCK_L selected keys at a time: tile
+positions count keys over the concatenation of the row's ranges, and each position maps
+to `start of its range + offset` in registers. NSA ranges are mostly single 64-key blocks;
+a nested range-then-tile loop would make each inner loop one iteration long, which the
+software pipeliner cannot overlap, while this flat loop prefetches the next tile across
+range boundaries. Every load is masked by its range's end and by `t`, so no key outside
+the selection is read, and the loop bound `L` is computed on the device (no host sync).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from selgate.kernels.config import load_config
+from selgate.kernels.stats import record_launch
+
+LOG2E = 1.4426950408889634
+MIN_DOT = 16  # tl.dot needs every dimension >= 16
+
+
+@triton.jit
+def _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
+                 IEEE: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_L: tl.constexpr):
+    """One online-softmax step over tile positions [p0, p0 + BLOCK_L) of the row's selection."""
+    dk = tl.arange(0, DK_PAD)
+    dv = tl.arange(0, DV_PAD)
+    p = p0 + tl.arange(0, BLOCK_L)
+    in_range = (p[:, None] >= first[None, :]) & (p[:, None] < stop[None, :])
+    key = tl.sum(tl.where(in_range, start[None, :] + p[:, None] - first[None, :], 0), 1)
+    ok = (p < L) & (key < lim)
+    key64 = key.to(tl.int64)
+    kt = tl.load(k_grp + key64[None, :] * sk_n + dk[:, None], mask=ok[None, :] & (dk[:, None] < Dk), other=0.0)
+    if IEEE:
+        sc = tl.dot(q, kt, input_precision="ieee")
+    else:
+        sc = tl.dot(q, kt)
+    sc = tl.where(ok[None, :], sc * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, 1))  # finite: every tile holds >= 1 selected key
+    alpha = tl.exp2(m_i - m_new)
+    pr = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(pr, 1)
+    vt = tl.load(v_grp + key64[:, None] * sv_n + dv[None, :], mask=ok[:, None] & (dv[None, :] < Dv), other=0.0)
+    if IEEE:
+        pv = tl.dot(pr, vt, input_precision="ieee")
+    else:
+        pv = tl.dot(pr.to(vt.dtype), vt)
+    acc = acc * alpha[:, None] + pv
+    m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _sel_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, r_ptr, pos_ptr, o_ptr, lse_ptr,
+    sq_b, sq_s, sq_g, sq_h,
+    sk_b, sk_g, sk_n,
+    sv_b, sv_g, sv_n,
+    sr_b, sr_s, sr_g, sr_j,
+    so_b, so_s, so_g, so_h,
+    sl_b, sl_s, sl_g, sl_h,
+    S, G, S_kv, h, Dk, Dv, n, qk_scale,
+    HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
+    H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
+    pid = tl.program_id(0).to(tl.int64)
+    s = pid % S
+    g = (pid // S) % G
+    b = pid // (S * G)
+    if HAS_POS:
+        t = tl.load(pos_ptr + b * S + s)
+    else:
+        t = s + S_kv - S
+    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv).to(tl.int32)  # keys >= lim are never read
+
+    # The row's ranges, clamped to [0, lim); start/stop of each range in tile positions.
+    j = tl.arange(0, N_PAD)
+    r_row = r_ptr + b * sr_b + s * sr_s + g * sr_g + j * sr_j
+    start = tl.load(r_row, mask=j < n, other=0).to(tl.int32)
+    end = tl.load(r_row + 1, mask=j < n, other=0).to(tl.int32)
+    start = tl.minimum(tl.maximum(start, 0), lim)
+    end = tl.minimum(tl.maximum(end, 0), lim)
+    length = tl.maximum(end - start, 0)
+    stop = tl.cumsum(length, 0)
+    first = stop - length
+    L = tl.sum(length, 0)
+
+    hh = tl.arange(0, H_PAD)
+    dk = tl.arange(0, DK_PAD)
+    dv = tl.arange(0, DV_PAD)
+    q_rows = q_ptr + b * sq_b + s * sq_s + g * sq_g + hh[:, None].to(tl.int64) * sq_h
+    q = tl.load(q_rows + dk[None, :], mask=(hh[:, None] < h) & (dk[None, :] < Dk), other=0.0)
+    k_grp = k_ptr + b * sk_b + g * sk_g
+    v_grp = v_ptr + b * sv_b + g * sv_g
+
+    m_i = tl.full([H_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([H_PAD], tl.float32)
+    acc = tl.zeros([H_PAD, DV_PAD], tl.float32)
+    if INTERPRET:
+        # The interpreter keeps scalars as 1-element arrays that numpy >= 2.4 refuses to
+        # turn into a `range` bound; a while loop only needs their truth value.
+        p0 = 0
+        while p0 < L:
+            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
+                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
+            p0 += BLOCK_L
+    else:
+        for p0 in tl.range(0, L, BLOCK_L):
+            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
+                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
+
+    nonempty = l_i > 0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    o_rows = o_ptr + b * so_b + s * so_s + g * so_g + hh[:, None].to(tl.int64) * so_h
+    tl.store(o_rows + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=(hh[:, None] < h) & (dv[None, :] < Dv))
+    tl.store(lse_ptr + b * sl_b + s * sl_s + g * sl_g + hh * sl_h, lse, mask=hh < h)
+
+
+def launch_config(Dk: int, Dv: int, item: int, decode: bool) -> dict:
+    """BLOCK_L, num_warps and num_stages for one call.
+
+    Values come from `configs/` (`triton_fwd.decode` / `triton_fwd.prefill`, measured per
+    device); BLOCK_L and the stage count then shrink until the pipelined K/V tiles fit
+    `triton_fwd.smem_budget_kb`."""
+    cfg = dict(load_config()["triton_fwd"]["decode" if decode else "prefill"])
+    budget = load_config()["triton_fwd"]["smem_budget_kb"] * 1024
+    dk_pad, dv_pad = (max(MIN_DOT, triton.next_power_of_2(d)) for d in (Dk, Dv))
+    block_l, stages = int(cfg["block_l"]), int(cfg["num_stages"])
+    while block_l > MIN_DOT and block_l * (dk_pad + dv_pad) * item * max(stages, 1) > budget:
+        if stages > 2:
+            stages -= 1
+        else:
+            block_l //= 2
+    return {"BLOCK_L": block_l, "num_warps": int(cfg["num_warps"]), "num_stages": stages}
+
+
+def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None, config=None):
+    """Raw launch of the forward kernel on already-normalised ranges (no checks, no autograd).
+
+    q [B,S,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv] in fp32/fp16/bf16, any strides; ranges
+    [B,S,G,n,2] sorted and disjoint (overlapping ranges would count keys twice).
+    Returns `(o, lse)`: `o` in v's dtype, `lse` fp32 [B,S,G,h], -inf for empty rows. `out`
+    = `(o, lse)` writes into given tensors (tests poison them); `config` overrides
+    `launch_config` (benchmarks sweep it)."""
+    B, S, G, h, Dk = q.shape
+    S_kv, Dv = k.shape[2], v.shape[3]
+    n = norm_ranges.shape[3]
+    if out is None:
+        o = torch.empty(B, S, G, h, Dv, dtype=v.dtype, device=q.device)
+        lse = torch.empty(B, S, G, h, dtype=torch.float32, device=q.device)
+    else:
+        o, lse = out
+    rows = B * S * G
+    if rows == 0:
+        return o, lse
+    q, k, v, norm_ranges = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, norm_ranges))
+    cfg = config or launch_config(Dk, Dv, q.element_size(), decode=S == 1)
+    pos = positions.to(torch.int64).contiguous() if positions is not None else q
+    record_launch("triton_fwd")
+    _sel_fwd_kernel[(rows,)](
+        q, k, v, norm_ranges, pos, o, lse,
+        *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *norm_ranges.stride()[:4],
+        *o.stride()[:4], *lse.stride(),
+        S, G, S_kv, h, Dk, Dv, n, float(scale) * LOG2E,
+        HAS_POS=positions is not None, IEEE=q.dtype == torch.float32, INTERPRET=q.device.type == "cpu",
+        H_PAD=max(MIN_DOT, triton.next_power_of_2(h)),
+        DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
+        DV_PAD=max(MIN_DOT, triton.next_power_of_2(Dv)),
+        N_PAD=triton.next_power_of_2(n),
+        BLOCK_L=cfg["BLOCK_L"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return o, lse
