@@ -1,0 +1,179 @@
+"""`python -m selgate.bench <command>`.
+
+  sel         run a benchmark (one decode or prefill matrix, or a `--sweep` preset)
+  thresholds  derive the device profile (`sel_triton_min_L`, block sizes) from a results CSV
+  baseline    promote a results CSV to the committed baseline of its device
+  compare     compare the latest results with the baseline (exit 1 when a config regressed)
+  warmup      run the Triton kernels over a preset so they autotune, and persist the choices
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from selgate.kernels.config import current_device_name
+
+from . import tables, tuning
+from .baselines import METHODS, default_methods
+from .inputs import DISTS, decode_problem, make_inputs, prefill_problem
+from .presets import PRESETS
+from .sweep import Settings, run_sweep
+from .timing import measure_limits
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
+          "float16": "float16", "float32": "float32", "fp64": "float64", "float64": "float64"}
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def choice_list(choices):
+    def parse(text: str) -> list[str]:
+        items = [x for x in text.split(",") if x]
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {sorted(choices)}, got {text!r}")
+        return items
+    return parse
+
+
+def add_sel(sub) -> None:
+    p = sub.add_parser("sel", help="selection-attention benchmark")
+    p.add_argument("--sweep", choices=sorted(PRESETS), help="run a preset matrix (ignores the shape flags)")
+    p.add_argument("--decode", action="store_true", help="decode (S = 1); the default unless --T is given")
+    p.add_argument("--N", type=int_list, default=[1024], help="decode rows (batch), comma list")
+    p.add_argument("--H", type=int_list, default=[8], help="decode query heads per group, comma list")
+    p.add_argument("--G", type=int, default=1, help="decode KV groups")
+    p.add_argument("--D", type=int_list, default=[128], help="key head dim, comma list")
+    p.add_argument("--Dv", type=int_list, default=None, help="value head dim, comma list (default: D)")
+    p.add_argument("--L_list", type=int_list, default=[512, 1024], help="decode selected lengths")
+    p.add_argument("--S_kv", type=int, default=0, help="decode context length (default 4 L)")
+    p.add_argument("--dist", type=choice_list(DISTS), default=["few"], help="range layout(s): few,many,mixed")
+    p.add_argument("--T", type=int, help="prefill sequence length (selects prefill)")
+    p.add_argument("--B", type=int, default=1, help="prefill batch")
+    p.add_argument("--heads", type=int, default=64, help="prefill query heads (all groups)")
+    p.add_argument("--groups", type=int, default=4, help="prefill KV groups")
+    p.add_argument("--l_sel", type=int, default=64, help="prefill selection block size")
+    p.add_argument("--n_blocks", type=int, default=16, help="prefill selected blocks per query")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--backends", type=choice_list(METHODS), help=f"comma list of {','.join(METHODS)}")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
+    p.add_argument("--budget_s", type=float, default=330.0, help="stop measuring after this many seconds")
+    p.add_argument("--no_parity", action="store_true", help="skip the parity check against fp64")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, help="output folder (default bench/results/<device>/<date>)")
+    p.add_argument("--name", help="file name stem (default: the preset, else 'sel')")
+
+
+def matrices(a) -> list:
+    """(name, problems, settings) groups the arguments ask for."""
+    dtype = DTYPES[a.dtype]
+    if a.sweep:
+        return PRESETS[a.sweep](dtype)
+    s = Settings(warmup=a.warmup, iters=a.iters, max_seconds=a.max_seconds, parity=not a.no_parity)
+    if a.T is not None:
+        if a.decode:
+            raise SystemExit("--decode and --T (prefill) exclude each other")
+        return [("prefill", [prefill_problem(a.T, a.heads, a.groups, D, Dv, a.l_sel, a.n_blocks, dtype, B=a.B)
+                             for D in a.D for Dv in (a.Dv or [D])], s)]
+    problems = [decode_problem(N, H, D, Dv, L, dist, dtype, G=a.G, S_kv=a.S_kv or None)
+                for N in a.N for H in a.H for D in a.D for Dv in (a.Dv or [D]) for L in a.L_list for dist in a.dist]
+    return [("decode", problems, s)]
+
+
+def cmd_sel(a) -> int:
+    device = torch.device(a.device)
+    groups = matrices(a)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    methods = a.backends or default_methods(device)
+    limits = measure_limits(device, getattr(torch, DTYPES[a.dtype]))
+    rows, budget = [], a.budget_s
+    for name, problems, settings in groups:
+        started = time.monotonic()
+        rows += run_sweep(problems, methods, device, limits, settings, device_name, budget_s=budget, desc=name)
+        budget -= time.monotonic() - started
+    out = a.out or tables.results_dir(device_name)
+    csv_path, md_path = tables.write_tables(rows, out, a.name or a.sweep or "sel")
+    print(tables.summary(rows, [csv_path, md_path]))
+    return 0
+
+
+def cmd_thresholds(a) -> int:
+    from .thresholds import derive, write_profile
+
+    rows = tables.read_csv(a.csv)
+    device_name = a.device or rows[0]["device"]
+    result = derive(rows)
+    print(result.markdown())
+    if not a.dry_run:
+        print(f"wrote {write_profile(result, device_name, source=a.csv)}")
+    return 0
+
+
+def cmd_baseline(a) -> int:
+    from .regression import baseline_path
+
+    device_name = a.device or current_device_name()
+    src = a.csv or tables.latest_csv(device_name)
+    if src is None:
+        raise SystemExit(f"no results CSV under {tables.RESULTS_DIR} for {device_name!r}; run `sel` first")
+    dst = baseline_path(device_name)
+    shutil.copyfile(src, dst)
+    print(f"baseline for {device_name}: {dst} (from {src})")
+    return 0
+
+
+def cmd_compare(a) -> int:
+    from .regression import compare_to_baseline
+
+    cmp = compare_to_baseline(a.device or current_device_name())
+    print(cmp.markdown())
+    return 1 if cmp.blocking else 0
+
+
+def cmd_warmup(a) -> int:
+    device = torch.device("cuda")
+    for _, problems, _ in PRESETS[a.sweep](DTYPES[a.dtype]):
+        for p in problems:
+            x = make_inputs(p, seed=0, device=device)
+            METHODS["triton"].build(p, x)()
+    torch.cuda.synchronize()
+    print(f"autotune choices saved to {tuning.save()}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m selgate.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_sel(sub)
+    t = sub.add_parser("thresholds", help="derive the device profile from a results CSV")
+    t.add_argument("csv", type=Path)
+    t.add_argument("--device", help="device name or slug (default: the CSV's device column)")
+    t.add_argument("--dry_run", action="store_true", help="print the decision, write nothing")
+    b = sub.add_parser("baseline", help="promote a results CSV to the device's committed baseline")
+    b.add_argument("csv", type=Path, nargs="?")
+    b.add_argument("--device")
+    c = sub.add_parser("compare", help="latest results vs the committed baseline")
+    c.add_argument("--device")
+    w = sub.add_parser("warmup", help="autotune the Triton kernels over a preset and persist the choices")
+    w.add_argument("--sweep", choices=sorted(PRESETS), default="full")
+    w.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    a = parser.parse_args(argv)
+    return {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare,
+            "warmup": cmd_warmup}[a.command](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

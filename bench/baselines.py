@@ -1,0 +1,193 @@
+"""The methods a benchmark compares, each built from the same inputs the tests use.
+
+Every method turns an `Inputs` set (normalised ranges included) into a zero-argument call
+that returns `o` [B, S, G, h, Dv]; whatever a method derives from the ranges (mask,
+gather indices) is computed inside the call, so it is timed. Layout changes a dense
+model would not pay for (head-major copies for the dense causal run) happen outside it.
+A method says when it does not apply (`skip_reason`), whether it reads keys outside
+the selection by design (`reads_all_keys`: its parity check runs on clean keys), and
+whether it computes selection attention at all (dense causal attention is only a yardstick).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from selgate.kernels.sdpa import selection_attention_sdpa
+from selgate.reference import expand_ranges, selected_lengths, selection_attention_ref
+
+from . import tuning
+from .inputs import Inputs, Problem
+
+# Dense baselines above this many bytes of mask or gathered K/V are skipped, not run to OOM.
+DENSE_BUDGET_BYTES = int(os.environ.get("SELGATE_BENCH_DENSE_BUDGET_MB", 8192)) << 20
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    ours: bool  # an implementation under test (regressions block), not a reference point
+    build: Callable[[Problem, Inputs], Callable[[], torch.Tensor]]
+    skip_reason: Callable[[Problem, torch.device], str | None] = lambda p, dev: None
+    reads_all_keys: bool = False
+    same_function: bool = True  # False: a reference point computing other attention (no parity check)
+
+
+def _rows(t: torch.Tensor, p: Problem) -> torch.Tensor:
+    return t.reshape(p.B, p.S, p.G, p.h, -1)
+
+
+def _build_sdpa(p, x):
+    return lambda: selection_attention_sdpa(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
+
+
+def _build_reference(p, x):
+    return lambda: selection_attention_ref(x.q, x.k, x.v, x.ranges, scale=x.scale)
+
+
+def _masked_bytes(p: Problem) -> int:
+    return p.B * p.G * p.S * (p.h if p.S > 1 else 1) * p.S_kv * 4
+
+
+def _build_masked(p, x):
+    """Dense SDPA over all S_kv keys with a boolean mask of the selection (queries: (s, head) pairs)."""
+    def call():
+        key = torch.arange(p.S_kv, device=x.q.device)
+        r = x.ranges.to(torch.int64)
+        mask = ((key >= r[..., 0:1]) & (key < r[..., 1:2])).any(3)  # [B, S, G, S_kv]
+        mask = mask.permute(0, 2, 1, 3)[:, :, :, None, :].expand(p.B, p.G, p.S, p.h, p.S_kv)
+        mask = mask.reshape(p.B, p.G, p.S * p.h, p.S_kv) if p.S > 1 else mask[:, :, 0, :1]
+        q = x.q.permute(0, 2, 1, 3, 4).reshape(p.B, p.G, p.S * p.h, p.D)
+        o = F.scaled_dot_product_attention(q, x.k, x.v, attn_mask=mask, scale=x.scale)
+        return o.reshape(p.B, p.G, p.S, p.h, p.Dv).permute(0, 2, 1, 3, 4)
+    return call
+
+
+def _gather_bytes(p: Problem) -> int:
+    return p.B * p.S * p.G * p.L * ((p.D + p.Dv) * torch.finfo(getattr(torch, p.dtype)).bits // 8 + 16)
+
+
+def _build_gather(p, x):
+    """The plain approach: gather every row's keys padded to the longest row, one masked SDPA."""
+    def call():
+        L_max = max(int(selected_lengths(x.ranges).max()), 1)
+        idx, valid = expand_ranges(x.ranges, L_max)  # [B, S, G, L_max]
+        bi = torch.arange(p.B, device=x.q.device)[:, None, None, None]
+        gi = torch.arange(p.G, device=x.q.device)[None, None, :, None]
+        k_sel, v_sel = x.k[bi, gi, idx], x.v[bi, gi, idx]  # [B, S, G, L_max, D]
+        rows = p.B * p.S * p.G
+        o = F.scaled_dot_product_attention(
+            x.q.reshape(rows, 1, p.h, p.D), k_sel.reshape(rows, 1, L_max, p.D), v_sel.reshape(rows, 1, L_max, p.Dv),
+            attn_mask=valid.reshape(rows, 1, 1, L_max), scale=x.scale)
+        return _rows(o, p)
+    return call
+
+
+def _build_dense_causal(p, x):
+    """Dense causal attention over every key (FlashAttention through SDPA); K/V expanded to the query heads."""
+    q = x.q.permute(0, 2, 3, 1, 4).reshape(p.B, p.G * p.h, p.S, p.D).contiguous()
+    k = x.k.repeat_interleave(p.h, dim=1)
+    v = x.v.repeat_interleave(p.h, dim=1)
+
+    def call():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=x.scale)
+        return o.reshape(p.B, p.G, p.h, p.S, p.Dv).permute(0, 3, 1, 2, 4)
+    return call
+
+
+def block_indices(ranges: torch.Tensor, l_sel: int, n_blocks: int, S_kv: int) -> torch.Tensor:
+    """Selected block ids [B, S, G, n_blocks] of block-aligned ranges, ascending; absent
+    blocks get an id past the sequence (never eligible for any query)."""
+    nb = -(-S_kv // l_sel)
+    first = torch.arange(nb, device=ranges.device) * l_sel
+    r = ranges.to(torch.int64)[..., None, :]  # [B, S, G, n, 1, 2]
+    hit = ((first >= r[..., 0]) & (first < r[..., 1])).any(3)  # [B, S, G, nb]
+    ids = torch.where(hit, torch.arange(nb, device=ranges.device), nb + 1)
+    return ids.sort(-1).values[..., :n_blocks]
+
+
+def _build_fla(p, x):
+    """fla-core's `parallel_nsa`, selection branch only (no compression or window gates)."""
+    from fla.ops.nsa import parallel_nsa
+
+    q = x.q.reshape(p.B, p.S, p.G * p.h, p.D)
+    k = x.k.transpose(1, 2).contiguous()
+    v = x.v.transpose(1, 2).contiguous()
+    idx = block_indices(x.ranges, p.l_sel, p.n_blocks, p.S_kv)
+    return lambda: _rows(parallel_nsa(q, k, v, block_indices=idx, block_counts=p.n_blocks, block_size=p.l_sel,
+                                      scale=x.scale), p)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_entry():
+    """The raw forward (normalised ranges in, no validation) when exposed, else the strict entry;
+    persisted autotune choices are loaded into its autotuners once."""
+    try:
+        fwd = importlib.import_module("selgate.kernels.triton.fwd").triton_forward
+    except (ImportError, AttributeError):
+        fwd = importlib.import_module("selgate.kernels.triton").selection_attention_triton
+    tuning.load()
+    return fwd
+
+
+def _build_triton(p, x):
+    fwd = _triton_entry()
+    return lambda: fwd(x.q, x.k, x.v, x.ranges, scale=x.scale)
+
+
+def _build_cuda(p, x):
+    from selgate.kernels.cuda import selection_attention_cuda
+
+    return lambda: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale)
+
+
+def _build_auto(p, x):
+    from selgate.kernels import selection_attention
+
+    return lambda: selection_attention(x.q, x.k, x.v, x.ranges, scale=x.scale)
+
+
+def _needs(kind=None, cuda=False, budget=None, triton=False, module=None, gqa16=False):
+    def reason(p: Problem, dev: torch.device):
+        if kind and p.kind != kind:
+            return f"{kind} only"
+        if cuda and dev.type != "cuda":
+            return "needs a CUDA device"
+        if triton and dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "needs a CUDA device or TRITON_INTERPRET=1"
+        if budget and budget(p) > DENSE_BUDGET_BYTES:
+            return f"needs ~{budget(p) / 2**30:.1f} GiB > SELGATE_BENCH_DENSE_BUDGET_MB={DENSE_BUDGET_BYTES >> 20}"
+        if gqa16 and (p.h < 16 or p.h & (p.h - 1)):
+            return f"h={p.h}: parallel_nsa needs a power of two >= 16 heads per group"
+        if module and importlib.util.find_spec(module.split(".")[0]) is None:
+            return f"{module} not installed"
+        return None
+    return reason
+
+
+METHODS = {m.name: m for m in (
+    Method("sdpa", True, _build_sdpa),
+    Method("triton", True, _build_triton, _needs(triton=True)),
+    Method("cuda", True, _build_cuda, _needs(kind="decode", cuda=True)),
+    Method("auto", True, _build_auto),
+    Method("masked_sdpa", False, _build_masked, _needs(budget=_masked_bytes), reads_all_keys=True),
+    Method("gather_sdpa", False, _build_gather, _needs(budget=_gather_bytes)),
+    Method("dense_causal", False, _build_dense_causal, _needs(kind="prefill"), reads_all_keys=True,
+           same_function=False),
+    Method("fla_nsa", False, _build_fla, _needs(kind="prefill", cuda=True, module="fla.ops.nsa", gqa16=True)),
+    Method("reference", False, _build_reference),
+)}
+
+
+def default_methods(device: torch.device) -> list[str]:
+    """What a plain run compares: everything on a GPU; the torch paths and the reference on CPU."""
+    if device.type == "cuda":
+        return ["sdpa", "triton", "cuda", "masked_sdpa", "gather_sdpa", "dense_causal", "fla_nsa"]
+    return ["sdpa", "masked_sdpa", "gather_sdpa", "reference"]

@@ -1,0 +1,139 @@
+"""Run problems x methods and return one result row per pair.
+
+A method that does not apply is recorded as `skip`, one that raises as `error` with the
+exception's first line; neither stops the sweep. Past the time budget the remaining
+problems are recorded as skipped, so a sweep always ends with a complete table.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from . import tuning
+from .baselines import METHODS
+from .inputs import Problem, make_inputs, selected_keys
+from .parity import check_parity, poisoned
+from .timing import Limits, rotation_count, time_calls
+
+
+@dataclass(frozen=True)
+class Settings:
+    warmup: int
+    iters: int
+    max_seconds: float = 2.0  # per (problem, method) timing
+    parity: bool = True
+    seed: int = 0
+
+
+def progress(items, desc: str):
+    """tqdm when installed, else one line per item on stderr."""
+    try:
+        from tqdm import tqdm
+
+        return tqdm(items, desc=desc, file=sys.stderr)
+    except ImportError:
+        def simple():
+            for i, item in enumerate(items):
+                print(f"[{desc} {i + 1}/{len(items)}] {getattr(item, 'key', item)}", file=sys.stderr, flush=True)
+                yield item
+        return simple()
+
+
+def _work(p: Problem, ranges: torch.Tensor, item: int) -> dict:
+    keys = selected_keys(ranges)
+    kv = keys * (p.D + p.Dv) * item
+    io = kv + p.B * p.S * p.G * p.h * (p.D + p.Dv) * item
+    return {"kv_bytes": kv, "io_bytes": io, "flops": 2 * keys * p.h * (p.D + p.Dv)}
+
+
+def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) -> dict:
+    base = asdict(p)
+    del base["l_sel"], base["n_blocks"]
+    row = {"config": p.key, **base, "L_max": None, "method": method, "ours": METHODS[method].ours,
+           "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None, "kv_bytes": None,
+           "io_bytes": None, "gbps": None, "tflops": None, "frac_copy": None, "frac_matmul": None, "speedups": "",
+           "parity": "", "max_err": None, "kernel_config": "", "note": "", "device": device_name,
+           "copy_gbps": round(limits.copy_gbps, 1), "matmul_tflops": round(limits.matmul_tflops, 2)}
+    row.update(fields)
+    return row
+
+
+def _error(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+    return text[:300]
+
+
+def _measure(p, method, sets, device, s: Settings) -> dict:
+    m = METHODS[method]
+    fields = {}
+    if not m.same_function:
+        fields["parity"] = "n/a"
+    elif s.parity:
+        x = sets[0] if m.reads_all_keys else poisoned(sets[0])
+        out = m.build(p, x)()
+        par = check_parity(out[0] if isinstance(out, tuple) else out, sets[0])
+        del x, out
+        fields.update(parity=par.label(), max_err=par.max_err)
+    calls = [m.build(p, x) for x in sets]
+    t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
+    fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n)
+    if method == "triton":
+        fields["kernel_config"] = " | ".join(f"{n.rsplit('.', 1)[-1]}:{tuning.describe(a.best_config)}"
+                                             for n, a in tuning.autotuners().items()
+                                             if getattr(a, "best_config", None) is not None)
+    return fields
+
+
+def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Limits, s: Settings,
+                device_name: str) -> list[dict]:
+    """Rows for every method on problem `p` (inputs built once, rotated across calls)."""
+    first = make_inputs(p, seed=s.seed, device=device)
+    sets = [first] + [make_inputs(p, seed=s.seed + i, device=device)
+                      for i in range(1, rotation_count(first.nbytes(), device))]
+    work = _work(p, first.ranges, first.q.element_size())
+    L_max = int((first.ranges[..., 1] - first.ranges[..., 0]).sum(-1).max())
+    rows = []
+    for method in methods:
+        reason = METHODS[method].skip_reason(p, device)
+        if reason:
+            rows.append(_row(p, method, device_name, limits, status="skip", note=reason, L_max=L_max))
+            continue
+        try:
+            fields = _measure(p, method, sets, device, s)
+        except Exception as e:  # a failing method is a table entry, not the end of the sweep
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(_row(p, method, device_name, limits, status="error", note=_error(e), L_max=L_max))
+            continue
+        ms = fields["ms"]
+        gbps, tflops = work["io_bytes"] / ms / 1e6, work["flops"] / ms / 1e9
+        rows.append(_row(p, method, device_name, limits, L_max=L_max, kv_bytes=work["kv_bytes"],
+                         io_bytes=work["io_bytes"], gbps=gbps, tflops=tflops, frac_copy=gbps / limits.copy_gbps,
+                         frac_matmul=tflops / limits.matmul_tflops, **fields))
+    timed = {r["method"]: r["ms"] for r in rows if r["status"] == "ok"}
+    for r in rows:
+        if r["status"] == "ok":
+            r["speedups"] = ";".join(f"{m}={ms / r['ms']:.3f}" for m, ms in timed.items() if m != r["method"])
+    return rows
+
+
+def run_sweep(problems: list[Problem], methods: list[str], device: torch.device, limits: Limits, s: Settings,
+              device_name: str, *, budget_s: float = math.inf, desc: str = "bench") -> list[dict]:
+    rows = []
+    deadline = time.monotonic() + budget_s
+    for p in progress(problems, desc):
+        if time.monotonic() > deadline:
+            rows += [_row(p, m, device_name, limits, status="skip", note=f"time budget of {budget_s:.0f} s spent")
+                     for m in methods]
+            continue
+        try:
+            rows += run_problem(p, methods, device, limits, s, device_name)
+        except Exception as e:  # inputs themselves failed (e.g. out of memory): record and go on
+            rows += [_row(p, m, device_name, limits, status="error", note=f"inputs: {_error(e)}") for m in methods]
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,103 @@
+"""Timing: device events around every call, median over rotating input sets, a 95% interval.
+
+The interval is the distribution-free confidence interval of the median (order statistics
+of a Binomial(n, 1/2)), so no normality is assumed. The machine's copy bandwidth and
+matmul rate are measured with the same timer, so results can be read as a fraction of
+what this device delivered in this run rather than of a datasheet number.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    lo_ms: float
+    hi_ms: float
+    n: int
+
+
+def median_interval(samples: list[float], z: float = 1.96) -> Timing:
+    """Median and its 95% order-statistic interval (ranks n/2 -+ z*sqrt(n)/2)."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("samples: expected at least one timing, got none")
+    mid = (xs[(n - 1) // 2] + xs[n // 2]) / 2
+    half = z * math.sqrt(n) / 2
+    lo = max(int(math.floor(n / 2 - half)), 0)
+    hi = min(int(math.ceil(n / 2 + half)), n - 1)
+    return Timing(mid, xs[lo], xs[hi], n)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seconds: float = 2.0) -> Timing:
+    """Median time of `calls[i % len(calls)]()` over `iters` timed calls after `warmup` untimed ones.
+
+    Rotating over several input sets keeps one set from sitting in L2 between calls. The
+    number of timed calls is cut (to no fewer than 3) when they would take over `max_seconds`."""
+    if not calls:
+        raise ValueError("calls: expected at least one callable")
+    started = time.perf_counter()
+    for i in range(warmup):
+        calls[i % len(calls)]()
+    synchronize(device)
+    per_call = (time.perf_counter() - started) / max(warmup, 1)
+    if per_call > 0 and warmup:
+        iters = max(min(iters, int(max_seconds / per_call)), 3)
+    samples = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for i, (a, b) in enumerate(events):
+            a.record()
+            calls[i % len(calls)]()
+            b.record()
+        torch.cuda.synchronize(device)
+        samples = [a.elapsed_time(b) for a, b in events]
+    else:
+        for i in range(iters):
+            t0 = time.perf_counter()
+            calls[i % len(calls)]()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return median_interval(samples)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What this device delivered in this run: copy bandwidth (read + write) and matmul rate."""
+
+    copy_gbps: float
+    matmul_tflops: float
+
+
+def measure_limits(device: torch.device, dtype: torch.dtype, *, iters: int = 20) -> Limits:
+    """Device-to-device copy of a buffer much larger than L2, and a square matmul in `dtype`."""
+    big = device.type == "cuda"
+    nbytes = (1 << 30) if big else (32 << 20)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy = time_calls([lambda: dst.copy_(src)], device, warmup=3, iters=iters)
+    n = 8192 if big else 256
+    mm_dtype = dtype if big else torch.float32
+    a = torch.randn(n, n, device=device, dtype=mm_dtype)
+    b = torch.randn(n, n, device=device, dtype=mm_dtype)
+    mm = time_calls([lambda: a @ b], device, warmup=3, iters=iters)
+    del src, dst, a, b
+    return Limits(copy_gbps=2 * nbytes / copy.median_ms / 1e6, matmul_tflops=2 * n ** 3 / mm.median_ms / 1e9)
+
+
+def rotation_count(set_bytes: int, device: torch.device, *, max_sets: int = 8) -> int:
+    """Input sets needed so that their total is at least 4x the L2 cache (at least 2)."""
+    l2 = 50 << 20
+    if device.type == "cuda":
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", l2) or l2
+    return int(min(max(math.ceil(4 * l2 / max(set_bytes, 1)), 2), max_sets))
