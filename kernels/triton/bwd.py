@@ -267,13 +267,16 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
-def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None,
+def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None,
                     block_n: int = 64, block_m: int = 64, chunk: int = DEFAULT_CHUNK):
     """Gradients `(dq, dk, dv)` of selection attention, in the dtype of `q`, `k`, `v`.
 
     `norm_ranges` must be normalised (`normalize_ranges`); `o` and `lse` come from the
     forward, `do` is the gradient of `o`, `dlse` (optional) the gradient of `lse`.
-    `block_m` is the number of (query row x head) columns of one dk/dv MMA."""
+    `out` = `(dq, dk, dv)` contiguous tensors to write into (tests poison them; dk and dv
+    are zero-filled first, since tiles no row selected are never visited). `block_n` (KV
+    tile), `block_m` ((query row x head) columns of one dk/dv MMA) and `chunk` (pairs per
+    dk/dv program) are tuning knobs that never change the math."""
     d = check_inputs(q, k, v, norm_ranges, scale=scale, positions=positions)
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m={block_m}: expected a power of two >= 16")
@@ -304,7 +307,11 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
         HAS_DLSE=dlse is not None, BLOCK_R=32, BLOCK_DV=BLOCK_DV)
 
     qk_scale_log2 = scale * LOG2E
-    dq = torch.empty_like(q)
+    dq, dk, dv = out if out is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    for name, got, like in (("out[0]", dq, q), ("out[1]", dk, k), ("out[2]", dv, v)):
+        _check_like(name, got, like.shape, like.dtype)
+        if not got.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor, got strides {got.stride()}")
     _dq_kernel[(d.S, d.B * d.G)](
         q, k, v, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.h, d.Dk, d.Dv,
         scale, qk_scale_log2, N_R=d.n, BLOCK_H=BLOCK_H, BLOCK_N=32 if big_d else 64, BLOCK_DK=BLOCK_DK,
@@ -312,8 +319,8 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
 
     bn = min(block_n, 32) if big_d else block_n
     idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, chunk)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    dk.zero_()
+    dv.zero_()
     pdk = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DK, dtype=torch.float32, device=q.device)
     pdv = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DV, dtype=torch.float32, device=q.device)
     if idx.n_items:

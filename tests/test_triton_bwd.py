@@ -1,0 +1,204 @@
+"""The Triton backward (dq, dk, dv) against fp64 reference gradients (SPEC.md tolerances).
+
+On CPU the kernels run under TRITON_INTERPRET=1 on tiny shapes; bf16 runs on GPU only
+(the interpreter computes bf16 dots wrongly, triton issue 11584). Outputs are NaN-poisoned
+before each call, and NaN keys outside the selection must not leak into any gradient."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from selgate.kernels.triton import bwd  # noqa: E402
+from selgate.kernels.triton.autograd import selection_attention_triton_autograd  # noqa: E402
+from selgate.kernels.triton.bwd import InverseIndex, triton_backward  # noqa: E402
+from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selection_attention_ref  # noqa: E402
+from selgate.reference.golden import gather_attention  # noqa: E402
+from selgate.reference.ranges import key_limit  # noqa: E402
+from tests.helpers import random_inputs  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not bwd.INTERPRET,
+                                reason="no GPU and triton was imported without TRITON_INTERPRET=1")
+DTYPES = [torch.float32, torch.float16,
+          pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+              DEVICE == "cpu", reason="bf16 is wrong under TRITON_INTERPRET (triton issue 11584)"))]
+
+
+def heavy_reuse_ranges(B, S, G, S_kv, l_sel, n, seed):
+    """Builder ranges: every row selects block 0 and its 2 local blocks, the rest by score."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(B, S, G, -(-S_kv // l_sel), generator=g, dtype=torch.float64)
+    return build_ranges(scores, G=G, l_sel=l_sel, n=n, S_kv=S_kv)
+
+
+def make_case(name, dtype, seed=0):
+    """Inputs of one named case: (q, k, v, raw ranges, positions)."""
+    if name == "overlap_empty":
+        q, k, v, r = random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=16, S_kv=40, n=4, seed=seed)
+        r[0, 2, 0] = torch.tensor([[0, 10], [5, 20], [18, 25], [0, 0]])  # overlapping input ranges
+        r[1, 3] = 0  # an empty row in every group
+        pos = None
+    elif name == "heavy_reuse":
+        q, k, v, _ = random_inputs(B=1, S=48, G=2, h=2, Dk=16, Dv=16, S_kv=48, n=1, seed=seed)
+        r, pos = heavy_reuse_ranges(1, 48, 2, 48, l_sel=8, n=4, seed=seed), None
+    elif name == "h1_dk8":
+        q, k, v, r = random_inputs(B=1, S=4, G=3, h=1, Dk=8, Dv=8, S_kv=33, n=3, seed=seed)
+        pos = None
+    elif name == "decode_positions":
+        q, k, v, r = random_inputs(B=3, S=1, G=2, h=4, Dk=16, Dv=8, S_kv=50, n=3, seed=seed)
+        pos = torch.tensor([[49], [17], [3]])
+    else:
+        raise ValueError(name)
+    q, k, v = (t.to(dtype).to(DEVICE) for t in (q, k, v))
+    return q, k, v, r.to(DEVICE), None if pos is None else pos.to(DEVICE)
+
+
+def reference_grads(q, k, v, r, pos, do, w, dtype):
+    """Gradients of `sum(o * do) + sum(lse * w)` (lse of empty rows left out) in `dtype`
+    (fp64: the golden result; a low precision: the plain-PyTorch baseline)."""
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    sc = resolve_scale(None, q.shape[-1])
+    if dtype == torch.float64:
+        o, lse = selection_attention_ref(q, k, v, r, positions=pos, return_lse=True)
+    else:
+        o, lse = gather_attention(q, k, v, normalize_ranges(r, k.shape[2], pos), scale=sc, dtype=dtype)
+    lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    loss = (o * do.to(dtype)).sum() + (lse * w.to(dtype)).sum()
+    return [g.double() for g in torch.autograd.grad(loss, (q, k, v))], o.detach(), lse.detach()
+
+
+def poisoned_like(*ts):
+    return tuple(torch.full_like(t, float("nan")) for t in ts)
+
+
+def assert_within_spec(got, ref, base, dtype, what):
+    err = (got.double() - ref).abs()
+    assert not torch.isnan(got).any(), f"{what}: NaN where the reference is finite"
+    if dtype == torch.float32:
+        assert err.max() <= 1e-5 and err.mean() <= 1e-6, f"{what}: max {err.max():.3g} mean {err.mean():.3g}"
+    else:
+        bound = 3 * (base - ref).abs().max() + 2 * torch.finfo(dtype).eps * ref.abs().max()
+        assert err.max() <= bound and err.mean() <= 1e-3, \
+            f"{what}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g} > 1e-3"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["overlap_empty", "heavy_reuse", "h1_dk8", "decode_positions"])
+def test_backward_matches_fp64_reference(case, dtype):
+    q, k, v, r, pos = make_case(case, dtype)
+    g = torch.Generator().manual_seed(1)
+    do = torch.randn(*q.shape[:4], v.shape[-1], generator=g).to(DEVICE, dtype).double()  # as the kernel sees them
+    w = torch.randn(*q.shape[:4], generator=g).to(DEVICE).double()
+    ref, o, lse = reference_grads(q, k, v, r, pos, do, w, torch.float64)
+    base = ref if dtype == torch.float32 else reference_grads(q, k, v, r, pos, do, w, dtype)[0]
+    norm = normalize_ranges(r, k.shape[2], pos)
+    # small tiles and chunks: several KV tiles, and tiles split into partials, even at tiny sizes
+    got = triton_backward(q, k, v, o.to(dtype), lse.float(), do.to(dtype), norm, scale=resolve_scale(None, q.shape[-1]),
+                          positions=pos, dlse=w.float(), out=poisoned_like(q, k, v), block_n=16, chunk=5)
+    for name, a, b, c in zip(("dq", "dk", "dv"), got, ref, base):
+        assert a.dtype == dtype
+        assert_within_spec(a, b, c, dtype, f"{case} {dtype} {name}")
+
+
+def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero():
+    q, k, v, r = random_inputs(B=1, S=6, G=2, h=2, Dk=16, Dv=8, S_kv=45, n=2, hi=30, seed=4)
+    r[0, 2, 1] = 0  # an empty row
+    q, k, v, r = (t.to(DEVICE) for t in (q.float(), k.float(), v.float(), r))
+    norm = normalize_ranges(r, 45)
+    o, lse = selection_attention_ref(q, k, v, norm, return_lse=True)
+    do = torch.randn_like(o).float()
+    sc = resolve_scale(None, 16)
+    key = torch.arange(45, device=DEVICE)
+    used = ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).any(1)  # [B, G, S_kv]
+    assert bool((~used).any()) and bool(used.any())
+    run = lambda k, v: triton_backward(q, k, v, o.float(), lse.float(), do, norm, scale=sc,  # noqa: E731
+                                       out=poisoned_like(q, k, v), block_n=16, chunk=3)
+    clean = run(k, v)
+    kp, vp = k.clone(), v.clone()
+    kp[~used] = float("nan")
+    vp[~used] = float("nan")
+    poisoned = run(kp, vp)
+    for a, b in zip(clean, poisoned):
+        assert torch.equal(a, b)
+    for grad in clean[1:]:
+        assert torch.equal(grad[~used], torch.zeros_like(grad[~used]))
+        assert bool((grad[used].abs().sum(-1) > 0).all())
+    assert torch.equal(clean[0][0, 2, 1], torch.zeros_like(clean[0][0, 2, 1]))
+    assert torch.equal(run(k, v)[1], clean[1]), "a second run must be bitwise equal"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16])
+def test_repeated_runs_are_bitwise_equal(dtype):
+    q, k, v, r, pos = make_case("heavy_reuse", dtype, seed=2)
+    norm = normalize_ranges(r, k.shape[2])
+    o, lse = selection_attention_ref(q, k, v, norm, return_lse=True)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
+    runs = [triton_backward(q, k, v, o.to(dtype), lse.float(), do, norm, scale=0.25, block_n=16, chunk=4)
+            for _ in range(2)]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_inverse_index_lists_each_selected_key_once_in_row_order():
+    _, k, _, r = random_inputs(B=2, S=7, G=2, S_kv=50, n=4, seed=5)
+    norm = normalize_ranges(r, 50)
+    lim = key_limit(norm, 50)[:, :, 0, 0]
+    idx = InverseIndex(norm, lim, G=2, S_kv=50, block_n=16, chunk=3)
+    B, S, G = norm.shape[:3]
+    seg = torch.repeat_interleave(idx.item_seg, idx.item_end - idx.item_start)
+    pos = torch.cat([torch.arange(a, b) for a, b in zip(idx.item_start.tolist(), idx.item_end.tolist())])
+    assert torch.equal(pos, torch.arange(len(idx.pair_row))), "work items tile the pair list in order"
+    row = idx.pair_row
+    b, g = row // (S * G), row % G
+    assert torch.equal(seg, (b * G + g) * idx.n_tiles + idx.pair_lo // 16)
+    assert bool(((idx.pair_hi - 1) // 16 == idx.pair_lo // 16).all()) and bool((idx.pair_hi > idx.pair_lo).all())
+    # rows are non-decreasing inside each tile's list (a fixed order, no scheduling involved)
+    same_seg = seg[1:] == seg[:-1]
+    assert bool((row[1:][same_seg] >= row[:-1][same_seg]).all())
+    # the pairs cover exactly the selected (row, key) set, each key once
+    key = torch.arange(50)
+    covered = torch.zeros(B * S * G, 50, dtype=torch.int64)
+    for rw, lo, hi in zip(row.tolist(), idx.pair_lo.tolist(), idx.pair_hi.tolist()):
+        covered[rw, lo:hi] += 1
+    selected = ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).reshape(B * S * G, 50)
+    assert torch.equal(covered, selected.long())
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_autograd_function_end_to_end(autocast):
+    """Forward kernel + backward kernels through autograd; under autocast fp32 leaves
+    compute in fp16 and receive fp32 gradients (bf16 autocast: GPU lane, check script)."""
+    q, k, v, r, pos = make_case("overlap_empty", torch.float32, seed=3)
+    norm = normalize_ranges(r, k.shape[2])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with torch.autocast(DEVICE, dtype=torch.float16, enabled=autocast):
+        o, lse = selection_attention_triton_autograd(*leaves, norm, scale=resolve_scale(None, q.shape[-1]))
+    assert o.dtype == (torch.float16 if autocast else torch.float32)
+    lse_f = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    ((o.float() * do).sum() + lse_f.sum()).backward()
+    low = torch.float16 if autocast else torch.float32
+    ref, _, _ = reference_grads(*(t.to(low) for t in (q, k, v)), r, pos, do, torch.ones_like(lse_f), torch.float64)
+    base = ref if not autocast else reference_grads(*(t.to(low) for t in (q, k, v)), r, pos, do,
+                                                      torch.ones_like(lse_f), low)[0]
+    for name, leaf, b, c in zip(("dq", "dk", "dv"), leaves, ref, base):
+        assert leaf.grad.dtype == torch.float32
+        assert_within_spec(leaf.grad, b, c, low, f"autograd autocast={autocast} {name}")
+
+
+def test_bad_inputs_name_the_argument():
+    q, k, v, r = random_inputs(B=1, S=2, G=1, h=2, Dk=8, Dv=8, S_kv=9, n=2, dtype=torch.float32)
+    norm = normalize_ranges(r, 9)
+    o, lse = torch.zeros(1, 2, 1, 2, 8), torch.zeros(1, 2, 1, 2)
+    with pytest.raises(TypeError, match="lse: expected dtype torch.float32"):
+        triton_backward(q, k, v, o, lse.half(), o, norm, scale=1.0)
+    with pytest.raises(ValueError, match=r"do: expected shape \(1, 2, 1, 2, 8\)"):
+        triton_backward(q, k, v, o, lse, o[..., :4], norm, scale=1.0)
+    q2, k2, v2, _ = random_inputs(B=1, S=2, G=1, h=2, Dk=12, Dv=8, S_kv=9, n=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match="Dk=12"):
+        triton_backward(q2, k2, v2, o, lse, o, norm, scale=1.0)
+    with pytest.raises(ValueError, match=r"out\[1\]: expected shape"):
+        triton_backward(q, k, v, o, lse, o, norm, scale=1.0, out=(q, q, v))
