@@ -4,7 +4,6 @@
   thresholds  derive the device profile (`sel_triton_min_L`, block sizes) from a results CSV
   baseline    promote a results CSV to the committed baseline of its device
   compare     compare the latest results with the baseline (exit 1 when a config regressed)
-  warmup      run the Triton kernels over a preset so they autotune, and persist the choices
 """
 from __future__ import annotations
 
@@ -18,9 +17,9 @@ import torch
 
 from selgate.kernels.config import current_device_name
 
-from . import tables, tuning
-from .baselines import METHODS, default_methods
-from .inputs import DISTS, decode_problem, make_inputs, prefill_problem
+from . import tables
+from .baselines import METHODS, default_methods, get_method
+from .inputs import DISTS, decode_problem, prefill_problem
 from .presets import PRESETS
 from .sweep import Settings, run_sweep
 from .timing import measure_limits
@@ -46,6 +45,16 @@ def choice_list(choices):
     return parse
 
 
+def method_list(text: str) -> list[str]:
+    items = [x for x in text.split(",") if x]
+    try:
+        for x in items:
+            get_method(x)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return items
+
+
 def add_sel(sub) -> None:
     p = sub.add_parser("sel", help="selection-attention benchmark")
     p.add_argument("--sweep", choices=sorted(PRESETS), help="run a preset matrix (ignores the shape flags)")
@@ -65,7 +74,8 @@ def add_sel(sub) -> None:
     p.add_argument("--l_sel", type=int, default=64, help="prefill selection block size")
     p.add_argument("--n_blocks", type=int, default=16, help="prefill selected blocks per query")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--backends", type=choice_list(METHODS), help=f"comma list of {','.join(METHODS)}")
+    p.add_argument("--backends", type=method_list,
+                   help=f"comma list of {','.join(METHODS)}, or Triton launch variants triton@<BLOCK_L>x<warps>x<stages>")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
@@ -142,17 +152,6 @@ def cmd_compare(a) -> int:
     return 1 if cmp.blocking else 0
 
 
-def cmd_warmup(a) -> int:
-    device = torch.device("cuda")
-    for _, problems, _ in PRESETS[a.sweep](DTYPES[a.dtype]):
-        for p in problems:
-            x = make_inputs(p, seed=0, device=device)
-            METHODS["triton"].build(p, x)()
-    torch.cuda.synchronize()
-    print(f"autotune choices saved to {tuning.save()}")
-    return 0
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m selgate.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,12 +166,8 @@ def main(argv=None) -> int:
     b.add_argument("--device")
     c = sub.add_parser("compare", help="latest results vs the committed baseline")
     c.add_argument("--device")
-    w = sub.add_parser("warmup", help="autotune the Triton kernels over a preset and persist the choices")
-    w.add_argument("--sweep", choices=sorted(PRESETS), default="full")
-    w.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     a = parser.parse_args(argv)
-    return {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare,
-            "warmup": cmd_warmup}[a.command](a)
+    return {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare}[a.command](a)
 
 
 if __name__ == "__main__":

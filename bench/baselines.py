@@ -14,6 +14,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +24,6 @@ import torch.nn.functional as F
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import expand_ranges, selected_lengths, selection_attention_ref
 
-from . import tuning
 from .inputs import Inputs, Problem
 
 # Dense baselines above this many bytes of mask or gathered K/V are skipped, not run to OOM.
@@ -125,21 +125,18 @@ def _build_fla(p, x):
                                       scale=x.scale), p)
 
 
-@functools.lru_cache(maxsize=None)
-def _triton_entry():
-    """The raw forward (normalised ranges in, no validation) when exposed, else the strict entry;
-    persisted autotune choices are loaded into its autotuners once."""
-    try:
-        fwd = importlib.import_module("selgate.kernels.triton.fwd").triton_forward
-    except (ImportError, AttributeError):
-        fwd = importlib.import_module("selgate.kernels.triton").selection_attention_triton
-    tuning.load()
-    return fwd
+def triton_config(p: Problem) -> dict:
+    """The launch parameters the Triton forward picks for `p` on this device (from configs/)."""
+    from selgate.kernels.triton.fwd import launch_config
+
+    return launch_config(p.D, p.Dv, torch.finfo(getattr(torch, p.dtype)).bits // 8, decode=p.S == 1)
 
 
-def _build_triton(p, x):
-    fwd = _triton_entry()
-    return lambda: fwd(x.q, x.k, x.v, x.ranges, scale=x.scale)
+def _build_triton(p, x, config=None):
+    """The raw forward on normalised ranges (no validation, as the dispatcher calls it)."""
+    from selgate.kernels.triton.fwd import triton_forward
+
+    return lambda: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=config)[0]
 
 
 def _build_cuda(p, x):
@@ -184,6 +181,26 @@ METHODS = {m.name: m for m in (
     Method("fla_nsa", False, _build_fla, _needs(kind="prefill", cuda=True, module="fla.ops.nsa", gqa16=True)),
     Method("reference", False, _build_reference),
 )}
+
+
+VARIANT = re.compile(r"triton@(\d+)x(\d+)x(\d+)$")
+
+
+def variant_config(name: str) -> dict | None:
+    """'triton@64x4x3' -> {'BLOCK_L': 64, 'num_warps': 4, 'num_stages': 3}; None for other names."""
+    m = VARIANT.match(name)
+    return m and {"BLOCK_L": int(m[1]), "num_warps": int(m[2]), "num_stages": int(m[3])}
+
+
+def get_method(name: str) -> Method:
+    """A method by name: one of METHODS, or a Triton launch variant `triton@<BLOCK_L>x<warps>x<stages>`."""
+    if name in METHODS:
+        return METHODS[name]
+    cfg = variant_config(name)
+    if cfg is None:
+        raise ValueError(f"backend: expected one of {sorted(METHODS)} or triton@<BLOCK_L>x<warps>x<stages>, "
+                         f"got {name!r}")
+    return Method(name, True, functools.partial(_build_triton, config=cfg), METHODS["triton"].skip_reason)
 
 
 def default_methods(device: torch.device) -> list[str]:

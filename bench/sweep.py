@@ -13,8 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import tuning
-from .baselines import METHODS
+from .baselines import get_method, triton_config, variant_config
 from .inputs import Problem, make_inputs, selected_keys
 from .parity import check_parity, poisoned
 from .timing import Limits, rotation_count, time_calls
@@ -53,7 +52,7 @@ def _work(p: Problem, ranges: torch.Tensor, item: int) -> dict:
 def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) -> dict:
     base = asdict(p)
     del base["l_sel"], base["n_blocks"]
-    row = {"config": p.key, **base, "L_max": None, "method": method, "ours": METHODS[method].ours,
+    row = {"config": p.key, **base, "L_max": None, "method": method, "ours": get_method(method).ours,
            "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None, "kv_bytes": None,
            "io_bytes": None, "gbps": None, "tflops": None, "frac_copy": None, "frac_matmul": None, "speedups": "",
            "parity": "", "max_err": None, "kernel_config": "", "note": "", "device": device_name,
@@ -68,7 +67,7 @@ def _error(e: BaseException) -> str:
 
 
 def _measure(p, method, sets, device, s: Settings) -> dict:
-    m = METHODS[method]
+    m = get_method(method)
     fields = {}
     if not m.same_function:
         fields["parity"] = "n/a"
@@ -81,10 +80,9 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
     calls = [m.build(p, x) for x in sets]
     t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
     fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n)
-    if method == "triton":
-        fields["kernel_config"] = " | ".join(f"{n.rsplit('.', 1)[-1]}:{tuning.describe(a.best_config)}"
-                                             for n, a in tuning.autotuners().items()
-                                             if getattr(a, "best_config", None) is not None)
+    if method.startswith("triton"):
+        cfg = variant_config(method) or triton_config(p)
+        fields["kernel_config"] = f"{cfg['BLOCK_L']}x{cfg['num_warps']}x{cfg['num_stages']}"
     return fields
 
 
@@ -98,7 +96,7 @@ def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Li
     L_max = int((first.ranges[..., 1] - first.ranges[..., 0]).sum(-1).max())
     rows = []
     for method in methods:
-        reason = METHODS[method].skip_reason(p, device)
+        reason = get_method(method).skip_reason(p, device)
         if reason:
             rows.append(_row(p, method, device_name, limits, status="skip", note=reason, L_max=L_max))
             continue
