@@ -126,13 +126,13 @@ def _sel_fwd_kernel(
     tl.store(lse_ptr + b * sl_b + s * sl_s + g * sl_g + hh * sl_h, lse, mask=hh < h)
 
 
-def launch_config(Dk: int, Dv: int, item: int, decode: bool) -> dict:
-    """BLOCK_L, num_warps and num_stages for one call.
+def launch_config(Dk: int, Dv: int, item: int, kind: str) -> dict:
+    """BLOCK_L, num_warps and num_stages for one call of `kind` ("decode", "prefill" or
+    "interpreter", whose small tiles make tiny test rows span several tiles).
 
-    Values come from `configs/` (`triton_fwd.decode` / `triton_fwd.prefill`, measured per
-    device); BLOCK_L and the stage count then shrink until the pipelined K/V tiles fit
-    `triton_fwd.smem_budget_kb`."""
-    cfg = dict(load_config()["triton_fwd"]["decode" if decode else "prefill"])
+    Values come from `configs/` (`triton_fwd.<kind>`, measured per device); BLOCK_L and the
+    stage count then shrink until the pipelined K/V tiles fit `triton_fwd.smem_budget_kb`."""
+    cfg = dict(load_config()["triton_fwd"][kind])
     budget = load_config()["triton_fwd"]["smem_budget_kb"] * 1024
     dk_pad, dv_pad = (max(MIN_DOT, triton.next_power_of_2(d)) for d in (Dk, Dv))
     block_l, stages = int(cfg["block_l"]), int(cfg["num_stages"])
@@ -164,7 +164,8 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
     if rows == 0:
         return o, lse
     q, k, v, norm_ranges = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, norm_ranges))
-    cfg = config or launch_config(Dk, Dv, q.element_size(), decode=S == 1)
+    kind = "interpreter" if q.device.type == "cpu" else "decode" if S == 1 else "prefill"
+    cfg = config or launch_config(Dk, Dv, q.element_size(), kind)
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
     _sel_fwd_kernel[(rows,)](
@@ -172,7 +173,7 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *norm_ranges.stride()[:4],
         *o.stride()[:4], *lse.stride(),
         S, G, S_kv, h, Dk, Dv, n, float(scale) * LOG2E,
-        HAS_POS=positions is not None, IEEE=q.dtype == torch.float32, INTERPRET=q.device.type == "cpu",
+        HAS_POS=positions is not None, IEEE=q.dtype == torch.float32, INTERPRET=kind == "interpreter",
         H_PAD=max(MIN_DOT, triton.next_power_of_2(h)),
         DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
         DV_PAD=max(MIN_DOT, triton.next_power_of_2(Dv)),
