@@ -126,7 +126,10 @@ def cmd_thresholds(a) -> int:
     device_name = a.device or rows[0]["device"]
     result = derive(rows)
     print(result.markdown())
+    if not result.per_L:
+        raise SystemExit(f"{a.csv}: no configuration with both `sdpa` and `triton` measured; profile not written")
     if not a.dry_run:
+        a.csv.with_suffix(".thresholds.md").write_text(result.markdown())
         print(f"wrote {write_profile(result, device_name, source=a.csv)}")
     return 0
 
@@ -139,6 +142,7 @@ def cmd_baseline(a) -> int:
     if src is None:
         raise SystemExit(f"no results CSV under {tables.RESULTS_DIR} for {device_name!r}; run `sel` first")
     dst = baseline_path(device_name)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
     print(f"baseline for {device_name}: {dst} (from {src})")
     return 0

@@ -1,0 +1,160 @@
+"""The threshold optimiser: a sweep's CSV in, the device profile's measured values out.
+
+`sel_triton_min_L` is the smallest selected length `L` (max over rows, what the
+dispatcher compares) from which every measured configuration has the Triton forward at
+least `MIN_SPEEDUP` x packed SDPA with parity holding, such that no configuration below
+it loses more than `MAX_LOSS` by staying on packed SDPA (i.e. Triton is not more than 10%
+faster there). When no L meets both, the smallest L meeting the first is taken and the
+losses below it are reported; when Triton never qualifies, the threshold is set past any
+length (`NEVER`). Launch parameters (`BLOCK_L`, warps, stages) come from the
+`triton@BxWxS` variants of the sweep: per kind (decode, prefill; what the kernel reads)
+and per L bucket, the variant with the lowest geometric-mean slowdown against the best
+variant of each configuration, among those with parity on all of them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from selgate.kernels.config import load_config, profile_path
+
+from .baselines import variant_config
+
+MIN_SPEEDUP = 1.2
+MAX_LOSS = 0.10
+NEVER = 2 ** 31 - 1
+
+
+@dataclass
+class Decision:
+    min_L: int
+    per_L: list[tuple[int, int, float, bool]] = field(default_factory=list)  # L, configs, min speedup, parity
+    losses: list[str] = field(default_factory=list)
+    launch: dict[str, dict] = field(default_factory=dict)  # kind -> launch parameters
+    launch_by_bucket: dict[str, dict[int, dict]] = field(default_factory=dict)
+    note: str = ""
+
+    def markdown(self) -> str:
+        shown = "never (Triton did not qualify)" if self.min_L == NEVER else str(self.min_L)
+        lines = [f"## Threshold: sel_triton_min_L = {shown}", "", self.note, "",
+                 "| L | configs | min speedup triton vs sdpa | parity on all |", "| --- | --- | --- | --- |"]
+        lines += [f"| {L} | {n} | {s:.2f} | {'yes' if ok else 'no'} |" for L, n, s, ok in self.per_L]
+        if self.losses:
+            lines += ["", f"Configurations below the threshold where Triton is > {MAX_LOSS:.0%} faster:"]
+            lines += [f"- {x}" for x in self.losses]
+        for kind, cfg in self.launch.items():
+            buckets = ", ".join(f"L<={b}: {_name(c)}" for b, c in sorted(self.launch_by_bucket.get(kind, {}).items()))
+            lines.append(f"\nTriton launch ({kind}): {_name(cfg)}; by L bucket: {buckets}")
+        return "\n".join(lines) + "\n"
+
+
+def _name(cfg: dict) -> str:
+    return f"BLOCK_L={cfg['block_l']} num_warps={cfg['num_warps']} num_stages={cfg['num_stages']}"
+
+
+def bucket(L: int) -> int:
+    """L bucket: the next power of two, at least 16 (the packed-SDPA buckets)."""
+    return max(16, 1 << max(int(L) - 1, 0).bit_length())
+
+
+def _by_config(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["status"] == "ok":
+            out[r["config"]][r["method"]] = r
+    return out
+
+
+def choose_min_L(rows: list[dict]) -> Decision:
+    pairs = []  # (L, speedup, parity ok, config)
+    for config, methods in _by_config(rows).items():
+        if "sdpa" in methods and "triton" in methods:
+            tri = methods["triton"]
+            pairs.append((tri["L_max"], methods["sdpa"]["ms"] / tri["ms"], tri["parity"] == "ok", config))
+    if not pairs:
+        return Decision(NEVER, note="No configuration has both `sdpa` and `triton` measured: Triton never qualifies.")
+    Ls = sorted({p[0] for p in pairs})
+    per_L = []
+    for L in Ls:
+        at = [p for p in pairs if p[0] == L]
+        per_L.append((L, len(at), min(p[1] for p in at), all(p[2] for p in at)))
+
+    def qualifies(L):
+        return all(p[1] >= MIN_SPEEDUP and p[2] for p in pairs if p[0] >= L)
+
+    def losses(L):
+        return [f"{c}: triton {s:.2f}x faster" for l_, s, _, c in pairs if l_ < L and s > 1 + MAX_LOSS]
+
+    candidates = [L for L in Ls if qualifies(L)]
+    clean = [L for L in candidates if not losses(L)]
+    rule = (f"Rule: smallest L from which triton >= {MIN_SPEEDUP}x packed SDPA with parity on every measured "
+            f"configuration, none below it more than {MAX_LOSS:.0%} slower on sdpa than on triton; "
+            f"{len(pairs)} configurations with both measured.")
+    if clean:
+        return Decision(clean[0], per_L, note=rule)
+    if candidates:
+        return Decision(candidates[0], per_L, losses(candidates[0]),
+                        note=rule + " No L avoids every loss below it; the losses are listed.")
+    return Decision(NEVER, per_L, note=rule + " No L qualifies: the dispatcher keeps packed SDPA.")
+
+
+def _best_variant(configs: list[dict[str, dict]]) -> dict | None:
+    """Variant with the lowest geometric-mean ms / best-ms over `configs`, parity ok everywhere."""
+    names = None
+    for methods in configs:
+        ok = {m for m, r in methods.items() if variant_config(m) and r["parity"] == "ok"}
+        names = ok if names is None else names & ok
+    if not names:
+        return None
+    def slowdown(name):
+        return sum(math.log(c[name]["ms"] / min(c[m]["ms"] for m in names)) for c in configs)
+    best = variant_config(min(sorted(names), key=slowdown))
+    return {"block_l": best["BLOCK_L"], "num_warps": best["num_warps"], "num_stages": best["num_stages"]}
+
+
+def choose_launch(rows: list[dict], decision: Decision) -> None:
+    by_kind: dict[str, list] = defaultdict(list)
+    for methods in _by_config(rows).values():
+        if any(variant_config(m) for m in methods):
+            by_kind[next(iter(methods.values()))["kind"]].append(methods)
+    for kind, configs in by_kind.items():
+        best = _best_variant(configs)
+        if best is None:
+            continue
+        decision.launch[kind] = best
+        buckets: dict[int, list] = defaultdict(list)
+        for c in configs:
+            buckets[bucket(next(iter(c.values()))["L_max"])].append(c)
+        decision.launch_by_bucket[kind] = {b: cfg for b, cs in sorted(buckets.items())
+                                           if (cfg := _best_variant(cs)) is not None}
+
+
+def derive(rows: list[dict]) -> Decision:
+    decision = choose_min_L(rows)
+    choose_launch(rows, decision)
+    return decision
+
+
+def write_profile(decision: Decision, device_name: str, *, source: Path) -> Path:
+    """Merge the decision into `configs/profiles/<device-slug>.yaml` (other keys kept)."""
+    path = profile_path(device_name)
+    profile = yaml.safe_load(path.read_text()) if path.exists() else {}
+    profile = profile or {}
+    profile.setdefault("runtime", {})["sel_triton_min_L"] = decision.min_L
+    if decision.launch:
+        fwd = profile.setdefault("triton_fwd", {})
+        fwd.update(decision.launch)
+        fwd["by_L_bucket"] = decision.launch_by_bucket
+    profile["measured"] = {"source": str(source), "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+                           "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity; <= {MAX_LOSS:.0%} loss below"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds`.\n"
+              "# Values override configs/base.yaml on this device; environment variables override both.\n")
+    path.write_text(header + yaml.safe_dump(profile, sort_keys=False))
+    load_config.cache_clear()
+    return path
