@@ -1,0 +1,91 @@
+"""The release gate's regression rule on recorded CSVs.
+
+`baseline_cpu.csv` is a real CPU run; `latest_cpu.csv` is that run with four recorded
+changes: sdpa on `L=16 few` 1.25x slower (blocks), sdpa on `L=16 many` 1.05x (passes),
+masked_sdpa on `L=64 few` 1.5x (a torch baseline: shown, never blocks), sdpa on
+`L=64 many` failed (blocks), and gather_sdpa on `L=64 few` not measured (listed only)."""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from selgate.bench import regression, tables
+from selgate.bench.__main__ import main
+
+DATA = Path(__file__).parent / "data" / "bench"
+DEVICE = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """A results tree holding the recorded baseline and latest run of DEVICE."""
+    monkeypatch.setattr(tables, "RESULTS_DIR", tmp_path)
+    root = tmp_path / "nvidia-h100-80gb-hbm3"
+    (root / "2026-11-21").mkdir(parents=True)
+    (root / "2026-11-22").mkdir()
+    shutil.copy(DATA / "baseline_cpu.csv", root / "baseline.csv")
+    shutil.copy(DATA / "baseline_cpu.csv", root / "2026-11-21" / "sweep.csv")
+    shutil.copy(DATA / "latest_cpu.csv", root / "2026-11-22" / "sweep.csv")
+    return root
+
+
+def short(config: str) -> str:
+    """'decode N=4 ... L=16 S_kv=64 few float32' -> 'L=16 few'."""
+    m = re.search(r"(L=\d+) S_kv=\d+ (\w+)", config)
+    return f"{m[1]} {m[2]}"
+
+
+def test_rule_on_recorded_csvs():
+    base, latest = tables.read_csv(DATA / "baseline_cpu.csv"), tables.read_csv(DATA / "latest_cpu.csv")
+    rows, blocking = regression.compare_rows(base, latest)
+    verdicts = {(short(r["config"]), r["method"]): r["verdict"] for r in rows}
+    assert verdicts[("L=16 few", "sdpa")] == "BLOCKING"
+    assert verdicts[("L=16 many", "sdpa")] == "ok"
+    assert verdicts[("L=64 few", "masked_sdpa")] == "slower (torch baseline)"
+    assert verdicts[("L=64 many", "sdpa")] == "error"
+    assert verdicts[("L=64 few", "gather_sdpa")] == "not measured"
+    assert len(blocking) == 2
+    slow = next(b for b in blocking if "L=16" in b)
+    assert "0.3916 ms" in slow and "0.4895 ms" in slow and "1.25x" in slow  # both numbers shown
+    assert "recorded failure" in next(b for b in blocking if "L=64" in b)
+
+
+def test_identical_results_do_not_block():
+    base = tables.read_csv(DATA / "baseline_cpu.csv")
+    rows, blocking = regression.compare_rows(base, base)
+    assert blocking == [] and all(r["ratio"] == 1.0 for r in rows)
+
+
+def test_threshold_is_exclusive_at_ten_percent():
+    base = tables.read_csv(DATA / "baseline_cpu.csv")[:1]
+    for factor, blocks in ((1.10, False), (1.1001, True)):
+        latest = [{**base[0], "ms": base[0]["ms"] * factor}]
+        assert bool(regression.compare_rows(base, latest)[1]) is blocks, factor
+
+
+def test_compare_to_baseline_uses_newest_results_of_the_device(results):
+    cmp = regression.compare_to_baseline(DEVICE)
+    assert cmp.latest == results / "2026-11-22" / "sweep.csv"
+    assert len(cmp.blocking) == 2
+    md = cmp.markdown()
+    assert "| config | method | baseline ms | latest ms | ratio | verdict |" in md
+    assert "0.3916 | 0.4895 | 1.250 | BLOCKING" in md
+    assert "1 baseline configurations were not measured" in md
+    assert regression.compare_to_baseline("nvidia-h100-80gb-hbm3").blocking == cmp.blocking  # slug works too
+
+
+def test_missing_baseline_is_reported_not_blocking(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "RESULTS_DIR", tmp_path)
+    cmp = regression.compare_to_baseline("NVIDIA A100-SXM4-80GB")
+    assert cmp.blocking == [] and cmp.rows == []
+    assert "no committed baseline" in cmp.markdown()
+
+
+def test_compare_and_baseline_commands(results, capsys):
+    assert main(["compare", "--device", DEVICE]) == 1
+    assert "2 blocking" in capsys.readouterr().out
+    assert main(["baseline", "--device", DEVICE]) == 0  # promote the latest run
+    assert main(["compare", "--device", DEVICE]) == 0
