@@ -1,0 +1,71 @@
+"""`python -m selgate.lanes {list,detect,run}`: what lanes exist, which one this machine
+runs, and running it."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import lane_names, load_lane
+from .detect import detect_lane
+from .runner import plan_lane, resolve_lane, run_plan
+
+
+def _list(_args) -> int:
+    detected = None
+    try:
+        detected = detect_lane().lane
+    except ValueError as e:
+        print(f"# {e}", file=sys.stderr)
+    for name in lane_names():
+        lane = load_lane(name)
+        mark = "*" if name == detected else " "
+        caps = ",".join(map(str, lane["capabilities"])) or "-"
+        print(f"{mark} {name:<6} capability {caps:<12} size {lane['size']:<6} workers {lane['workers']!s:<5} "
+              f"{lane['description']}")
+    return 0
+
+
+def _detect(args) -> int:
+    d = detect_lane()
+    if args.name:
+        print(d.lane)
+    else:
+        print(f"lane {d.lane}: GPU {d.gpu}, compute capability {d.capability or 'none'}")
+    return 0
+
+
+def _run(args) -> int:
+    name, capability = resolve_lane(args.lane)
+    plan = plan_lane(load_lane(name), capability=capability, workers=args.workers, k=args.k,
+                     emulate=args.emulate, policy_only=args.policy_only, extra=args.pytest_args)
+    return run_plan(plan, docker=args.docker)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m selgate.lanes", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="lanes and what each runs (* = detected here)").set_defaults(fn=_list)
+    d = sub.add_parser("detect", help="the lane for this machine's GPU class")
+    d.add_argument("--name", action="store_true", help="print only the lane name")
+    d.set_defaults(fn=_detect)
+    r = sub.add_parser("run", help="run a lane's pytest selection into reports/out/<lane>/")
+    r.add_argument("lane", help=f"one of {lane_names()} or 'auto'")
+    r.add_argument("--workers", type=int, help="xdist workers (default: the lane's, GPU lanes one per GPU)")
+    r.add_argument("-k", help="pytest -k expression narrowing the lane")
+    r.add_argument("--docker", action="store_true", help="run inside the lane's image")
+    r.add_argument("--emulate", action="store_true",
+                   help="run a GPU lane on another GPU under NSA_SEL_CAPABILITY=<lane's capability>; "
+                        "results go to reports/out/<lane>-emulated/")
+    r.add_argument("--policy-only", action="store_true", help="run only the lane's policy checks")
+    r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    r.set_defaults(fn=_run)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Which lane this machine runs: the GPU class from torch's compute capability, matched
+against the `capabilities` each lane YAML declares; no CUDA device means the CPU lane."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import LANE_DIR, lane_names, load_lane
+
+
+@dataclass(frozen=True)
+class Detected:
+    lane: str
+    capability: str | None   # "9.0", or None without a CUDA device
+    gpu: str                 # device name, "none" on CPU
+
+
+def device_capability() -> tuple[str | None, str]:
+    """(capability, GPU name) of CUDA device 0, or (None, "none")."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "none"
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{major}.{minor}", torch.cuda.get_device_name(0)
+
+
+def lane_for(capability: str | None, lane_dir=LANE_DIR) -> str:
+    """The lane that declares `capability` (None: the CPU lane); ValueError when none does."""
+    lanes = [load_lane(n, lane_dir) for n in lane_names(lane_dir)]
+    if capability is None:
+        matches = [lane["name"] for lane in lanes if lane["device"] == "cpu"]
+    else:
+        matches = [lane["name"] for lane in lanes if capability in map(str, lane["capabilities"])]
+    if len(matches) != 1:
+        declared = {lane["name"]: lane["capabilities"] for lane in lanes}
+        what = "no CUDA device" if capability is None else f"compute capability {capability}"
+        raise ValueError(f"detect: {what} matches lanes {matches}, expected exactly one; lanes declare "
+                         f"{declared} (add or fix a lanes/<name>.yaml)")
+    return matches[0]
+
+
+def detect_lane() -> Detected:
+    capability, gpu = device_capability()
+    return Detected(lane_for(capability), capability, gpu)

@@ -1,0 +1,19 @@
+"""The running lane's policy checks (`policy:` in lanes/<lane>.yaml) as tests; the lane
+runner adds this file to every lane run, with SELGATE_LANE naming the lane."""
+import os
+
+import pytest
+
+from selgate.lanes.config import load_lane
+from selgate.lanes.policy import run_check
+
+LANE = os.environ.get("SELGATE_LANE", "").removesuffix("-emulated")
+CHECKS = load_lane(LANE)["policy"] if LANE else []
+
+
+@pytest.mark.policy
+@pytest.mark.skipif(not LANE, reason="SELGATE_LANE is unset: run through `python -m selgate.lanes run`")
+@pytest.mark.parametrize("check", CHECKS, ids=[c["name"] for c in CHECKS])
+def test_lane_policy(check):
+    ok, why = run_check(check)
+    assert ok, why

@@ -1,0 +1,53 @@
+"""`python -m selgate.reports {gate,release}`: merge the lanes' JUnit, write the Markdown
+report and exit with the verdict (0 passed, 1 blocked, 2 bad policy or arguments)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .gate import POLICY_FILE, evaluate, load_policy, required_lanes
+from .markdown import render, write_report
+from .release import render_release
+from .results import load_results, merge
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "reports" / "out"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m selgate.reports", description=__doc__)
+    p.add_argument("command", choices=("gate", "release"))
+    p.add_argument("--lanes", help="comma-separated lanes to require and read (replaces the profile's)")
+    p.add_argument("--profile", help="gate.yaml profile (default: its default_profile; release: release)")
+    p.add_argument("--results", action="append", type=Path,
+                   help=f"folder of <lane>/junit.xml, repeatable, first wins per lane (default {OUT})")
+    p.add_argument("--policy", type=Path, default=POLICY_FILE, help="gate policy YAML")
+    p.add_argument("--out", type=Path, default=OUT, help="where merged.xml and the report go")
+    args = p.parse_args(argv)
+    lanes = [x for x in (args.lanes or "").split(",") if x] or None
+    try:
+        policy = load_policy(args.policy)
+        profile = args.profile or ("release" if args.command == "release" else None)
+        required = required_lanes(policy, profile, lanes)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = load_results(args.results or [OUT], lanes)
+    verdict = evaluate(policy, results, required)
+    if results:
+        merge(results, args.out / "merged.xml")
+    if args.command == "release":
+        text, name = render_release(results, verdict), "release.md"
+    else:
+        text, name = render(results, verdict), "report.md"
+    write_report(text, args.out / name)
+    print(verdict.headline(), flush=True)
+    for line in verdict.blocking[1:]:
+        print(f"  also blocking: {line}", file=sys.stderr)
+    print(f"report: {args.out / name}")
+    return 0 if verdict.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

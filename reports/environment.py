@@ -1,0 +1,64 @@
+"""The environment stamp: what a lane's results were produced on (GPU, capability, driver,
+CUDA, torch, triton, commit, tolerance overrides and capability override in effect)."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV_FILE = "environment.json"
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def commit() -> str:
+    """GITHUB_SHA in CI, else the checkout's HEAD (`+dirty` with uncommitted tracked changes)."""
+    if os.environ.get("GITHUB_SHA"):
+        return os.environ["GITHUB_SHA"][:12]
+    head = _run(["git", "rev-parse", "--short=12", "HEAD"])
+    if head is None:
+        return "unknown"
+    return head + ("+dirty" if _run(["git", "status", "--porcelain", "--untracked-files=no"]) else "")
+
+
+def collect_environment() -> dict:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "absent"
+    env = {
+        "lane": os.environ.get("SELGATE_LANE", "adhoc"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "triton": triton_version,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+        "gpu": "none",
+        "capability": "none",
+        "driver": "none",
+        "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
+        "capability_override": os.environ.get("NSA_SEL_CAPABILITY") or "none",
+        "tolerance_overrides": os.environ.get("SELGATE_TOL_OVERRIDES") or "none",
+        "commit": commit(),
+        "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        env.update(gpu=torch.cuda.get_device_name(0), capability=f"{major}.{minor}",
+                   gpu_count=str(torch.cuda.device_count()))
+        driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        env["driver"] = driver.splitlines()[0] if driver else "unknown"
+    return env

@@ -1,0 +1,129 @@
+"""The gate: the policy in gate.yaml applied to the lanes' results, giving a verdict whose
+first blocking line names what blocks."""
+from __future__ import annotations
+
+import datetime
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .results import LaneResult
+
+POLICY_FILE = Path(__file__).resolve().parent / "gate.yaml"
+QUARANTINE_KEYS = ("test", "owner", "reason", "expires")
+ABORTED = {2: "interrupted", 3: "internal error", 4: "usage error"}
+
+
+@dataclass
+class Verdict:
+    required_lanes: list
+    blocking: list = field(default_factory=list)
+    quarantined: list = field(default_factory=list)   # (CaseResult, entry)
+    notes: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.blocking
+
+    def headline(self) -> str:
+        if self.passed:
+            return f"GATE PASSED: required lanes {', '.join(self.required_lanes)}"
+        more = f" (and {len(self.blocking) - 1} more)" if len(self.blocking) > 1 else ""
+        return f"GATE BLOCKED: {self.blocking[0]}{more}"
+
+
+def load_policy(path: Path = POLICY_FILE) -> dict:
+    """gate.yaml, validated: ValueError names the bad entry."""
+    policy = yaml.safe_load(Path(path).read_text()) or {}
+    for key in ("default_profile", "profiles", "required_families", "quarantine"):
+        if key not in policy:
+            raise ValueError(f"{path}: missing key {key!r}")
+    for i, entry in enumerate(policy["quarantine"] or []):
+        missing = [k for k in QUARANTINE_KEYS if not str(entry.get(k, "")).strip()]
+        if missing:
+            raise ValueError(f"{path}: quarantine[{i}] ({entry.get('test', '?')}): missing {missing}; "
+                             f"every entry needs {list(QUARANTINE_KEYS)}")
+        entry["expires"] = _date(entry["expires"], f"{path}: quarantine[{i}].expires")
+    return policy
+
+
+def _date(value, where: str) -> datetime.date:
+    if isinstance(value, datetime.date):
+        return value
+    try:
+        return datetime.date.fromisoformat(str(value))
+    except ValueError:
+        raise ValueError(f"{where}: expected a date YYYY-MM-DD, got {value!r}") from None
+
+
+def required_lanes(policy: dict, profile: str | None, lanes: list | None) -> list:
+    if lanes:
+        return list(lanes)
+    name = profile or policy["default_profile"]
+    if name not in policy["profiles"]:
+        raise ValueError(f"--profile: expected one of {sorted(policy['profiles'])}, got {name!r}")
+    return list(policy["profiles"][name]["required_lanes"])
+
+
+def lane_families(policy: dict, lane: str) -> list:
+    """Families a lane must pass: gate.yaml's plus its lane YAML's (an emulated run counts
+    as its lane)."""
+    from selgate.lanes.config import LANE_DIR, load_lane
+
+    base = lane.removesuffix("-emulated")
+    extra = load_lane(base)["required_families"] if (LANE_DIR / f"{base}.yaml").exists() else []
+    return list(dict.fromkeys([*policy["required_families"], *extra]))
+
+
+def _quarantine_entry(policy: dict, case) -> dict | None:
+    for entry in policy["quarantine"] or []:
+        if fnmatch.fnmatchcase(case.nodeid, entry["test"]) and case.lane in entry.get("lanes", [case.lane]):
+            return entry
+    return None
+
+
+def evaluate(policy: dict, results: dict, required: list, today: datetime.date | None = None) -> Verdict:
+    """Apply the policy to `{lane: LaneResult}`; blocking lines come most fundamental first."""
+    today = today or datetime.datetime.now(datetime.timezone.utc).date()
+    v = Verdict(required)
+    family_gaps = []
+    for entry in policy["quarantine"] or []:
+        if entry["expires"] < today:
+            v.blocking.append(f"quarantine of {entry['test']} (owner {entry['owner']}) expired on "
+                              f"{entry['expires']}: fix the test or renew the entry")
+    for name in required:
+        lane: LaneResult | None = results.get(name)
+        if lane is None:
+            v.blocking.append(f"required lane {name} missing: no {name}/junit.xml in the results "
+                              f"(run `python -m selgate.lanes run {name}`)")
+            continue
+        counts = lane.counts()
+        status = (lane.environment or {}).get("pytest_exitstatus")
+        if lane.environment is None:
+            v.blocking.append(f"required lane {name} unstamped: no environment.json beside {lane.junit} "
+                              "(not run through `python -m selgate.lanes run`)")
+        elif status in ABORTED:
+            v.blocking.append(f"required lane {name} aborted: pytest exit {status} ({ABORTED[status]})")
+        if not lane.cases:
+            v.blocking.append(f"required lane {name} empty: {lane.junit} holds no tests")
+        elif counts["pass"] == 0 and counts["fail"] == 0 and counts["error"] == 0:
+            v.blocking.append(f"required lane {name} skipped: all {len(lane.cases)} tests skipped or xfailed")
+        for family in lane_families(policy, name):
+            fc = lane.counts(family)
+            if fc["pass"] == 0 and lane.cases:
+                family_gaps.append(f"required lane {name}: family {family} has no passing test "
+                                  f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})")
+    for lane in results.values():
+        for case in lane.cases:
+            if case.outcome not in ("fail", "error"):
+                continue
+            entry = _quarantine_entry(policy, case)
+            if entry is not None and entry["expires"] >= today:
+                v.quarantined.append((case, entry))
+            else:
+                seed = f" (seed {case.seed})" if case.seed else ""
+                v.blocking.append(f"lane {lane.name}: {case.outcome.upper()} {case.nodeid}{seed}: {case.message}")
+    v.blocking += family_gaps
+    return v

@@ -1,0 +1,95 @@
+"""The Markdown report a person reads: families x lanes counts, the blocking lines, each
+failure with a one-line repro and its seed, quarantined tests, then the environments.
+Kept under GitHub's 1 MiB step-summary limit by dropping failure lines past the budget."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from .families import FAMILIES, HARNESS, OTHER
+from .gate import Verdict
+from .results import OUTCOMES
+
+SUMMARY_LIMIT = 1024 * 1024
+ENV_KEYS = ("gpu", "capability", "capability_override", "driver", "cuda", "torch", "triton", "triton_interpret",
+            "python", "commit", "tolerance_overrides", "host", "finished", "pytest_exitstatus")
+
+
+def _lane_cfg(lane: str) -> dict | None:
+    from selgate.lanes.config import LANE_DIR, load_lane
+
+    base = lane.removesuffix("-emulated")
+    return load_lane(base) if (LANE_DIR / f"{base}.yaml").exists() else None
+
+
+def repro_command(case, environment: dict | None) -> str:
+    """One shell line re-running `case` alone with its lane's env, size and overrides."""
+    cfg = _lane_cfg(case.lane)
+    env = {"SELGATE_LANE": case.lane, **{k: str(v) for k, v in ((cfg or {}).get("env") or {}).items()}}
+    environment = environment or {}
+    if environment.get("capability_override", "none") != "none":
+        env["NSA_SEL_CAPABILITY"] = environment["capability_override"]
+    if environment.get("tolerance_overrides", "none") != "none":
+        env["SELGATE_TOL_OVERRIDES"] = environment["tolerance_overrides"]
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    size = f" --size {cfg['size']}" if cfg else ""
+    return f"{prefix} python -m pytest {shlex.quote(case.nodeid)}{size} -p no:xdist"
+
+
+def _cell(counts: dict) -> str:
+    cell = "/".join(str(counts[o]) for o in OUTCOMES)
+    return f"**{cell}**" if counts["fail"] or counts["error"] else cell
+
+
+def render(results: dict, verdict: Verdict, *, title: str = "selgate gate report",
+           max_bytes: int = SUMMARY_LIMIT) -> str:
+    lanes = list(dict.fromkeys([*verdict.required_lanes, *results]))
+    present = [n for n in lanes if n in results]
+    head = [f"# {title}", "", f"**{verdict.headline()}**", ""]
+    seen = {c.family for r in results.values() for c in r.cases}
+    families = [*FAMILIES, *(f for f in (HARNESS, OTHER) if f in seen)]
+    table = ["## Results by family", "", "Cells: pass/fail/error/skip/xfail.", "",
+             "| family | " + " | ".join(f"{n}" + ("" if n in results else " (missing)") for n in lanes) + " |",
+             "| --- |" + " --- |" * len(lanes)]
+    for family in families:
+        table.append(f"| {family} | " + " | ".join(_cell(results[n].counts(family)) if n in results else "-"
+                                                    for n in lanes) + " |")
+    table.append("| **all** | " + " | ".join(_cell(results[n].counts()) if n in results else "-" for n in lanes) + " |")
+    blocking = ["", "## Blocking", ""] + ([f"- {b}" for b in verdict.blocking] or ["none"])
+    quarantine = ["", "## Quarantined (not blocking until expiry)", ""] + (
+        [f"- {c.lane}: {c.outcome} `{c.nodeid}`: owner {e['owner']}, expires {e['expires']}: {e['reason']}"
+         for c, e in verdict.quarantined] or ["none"])
+    env = ["", "## Environment", "", "| | " + " | ".join(present) + " |", "| --- |" + " --- |" * len(present)]
+    for key in ENV_KEYS:
+        env.append(f"| {key} | " + " | ".join(str((results[n].environment or {}).get(key, "?")) for n in present) + " |")
+    fixed = "\n".join(head + table + blocking + quarantine + env) + "\n"
+
+    failures = [c for n in present for c in results[n].cases if c.outcome in ("fail", "error")]
+    lines, budget = [], max_bytes - len(fixed.encode()) - 2048
+    for i, c in enumerate(failures):
+        seed = c.seed if c.seed else "none recorded"
+        entry = (f"- **{c.lane}** {c.outcome} `{c.nodeid}` (seed {seed}): {c.message}\n"
+                 f"  `{repro_command(c, results[c.lane].environment)}`")
+        budget -= len(entry.encode()) + 1
+        if budget < 0:
+            lines.append(f"- ... {len(failures) - i} more failures omitted to stay under "
+                         f"{max_bytes} bytes; the merged JUnit has them all")
+            break
+        lines.append(entry)
+    fail_section = ["", "## Failures", ""] + (lines or ["none"])
+    return "\n".join(head + table + blocking + fail_section + quarantine + env) + "\n"
+
+
+def write_report(text: str, path: Path) -> None:
+    """Write the report and append it to $GITHUB_STEP_SUMMARY when set, within its limit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        used = Path(summary).stat().st_size if Path(summary).exists() else 0
+        room = SUMMARY_LIMIT - used
+        if len(text.encode()) > room:
+            text = f"(report of {len(text.encode())} bytes does not fit the step summary; see the {path.name} artifact)\n"
+        with open(summary, "a") as f:
+            f.write(text)

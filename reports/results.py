@@ -1,0 +1,127 @@
+"""Lanes' results read back from `<results>/<lane>/junit.xml` (+ environment.json) with
+junitparser, one outcome per test, and merged into one JUnit file whose suites carry
+their lane and environment as properties."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from junitparser import Error, Failure, JUnitXml, Properties, Skipped
+
+from .environment import ENV_FILE
+from .families import family_of
+
+OUTCOMES = ("pass", "fail", "error", "skip", "xfail")
+_RANK = {"pass": 0, "skip": 1, "xfail": 2, "fail": 3, "error": 4}   # a repeated test keeps its worst
+
+
+@dataclass
+class CaseResult:
+    lane: str
+    nodeid: str
+    family: str
+    outcome: str
+    message: str = ""
+    seed: str | None = None
+
+
+@dataclass
+class LaneResult:
+    name: str
+    junit: Path
+    environment: dict | None
+    cases: list = field(default_factory=list)
+
+    def counts(self, family: str | None = None) -> dict:
+        out = dict.fromkeys(OUTCOMES, 0)
+        for c in self.cases:
+            if family is None or c.family == family:
+                out[c.outcome] += 1
+        return out
+
+
+def _properties(case) -> dict:
+    props = case.child(Properties)
+    return {p.name: p.value for p in props} if props is not None else {}
+
+
+def _outcome(case) -> tuple[str, str]:
+    for r in case.result:
+        if isinstance(r, Error):
+            return "error", r.message or (r.text or "")[:200]
+        if isinstance(r, Failure):
+            return "fail", r.message or (r.text or "")[:200]
+    for r in case.result:
+        if isinstance(r, Skipped):
+            return ("xfail" if r.type == "pytest.xfail" else "skip"), r.message or ""
+    return "pass", ""
+
+
+def _nodeid(case) -> str:
+    """pytest writes classname `a.b.test_mod.TestC`; without a `nodeid` property (xdist's
+    crash reports) the file path is rebuilt up to the module."""
+    parts = case.classname.split(".")
+    mod = next((i for i in range(len(parts) - 1, -1, -1) if parts[i].startswith("test")
+                and not parts[i].startswith("Test")), len(parts) - 1)
+    return "/".join(parts[:mod + 1]) + ".py::" + "::".join([*parts[mod + 1:], case.name])
+
+
+def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
+    """A test reported twice (its failure, then xdist's crash error) keeps its worst outcome
+    and the seed and family its first report carried."""
+    worst, other = (new, old) if _RANK[new.outcome] > _RANK[old.outcome] else (old, new)
+    return replace(worst, seed=worst.seed or other.seed, family=old.family)
+
+
+def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
+    """The lane's results, or None when it has no junit.xml."""
+    junit = Path(lane_dir) / "junit.xml"
+    if not junit.exists():
+        return None
+    env_path = junit.parent / ENV_FILE
+    env = json.loads(env_path.read_text()) if env_path.exists() else None
+    result = LaneResult(name, junit, env)
+    by_id: dict = {}
+    for suite in JUnitXml.fromfile(str(junit)):
+        for case in suite:
+            props = _properties(case)
+            nodeid = props.get("nodeid") or _nodeid(case)
+            outcome, message = _outcome(case)
+            family = props.get("family") or family_of(nodeid)
+            new = CaseResult(name, nodeid, family, outcome, " ".join(message.split())[:300], props.get("seed"))
+            old = by_id.get(nodeid)
+            by_id[nodeid] = new if old is None else _combine(old, new)
+    result.cases = list(by_id.values())
+    return result
+
+
+def load_results(roots, lanes=None) -> dict:
+    """{lane: LaneResult} from the lane folders under `roots` (first root holding a lane
+    wins); with `lanes`, only those (a missing one is simply absent)."""
+    found: dict = {}
+    for root in map(Path, roots):
+        for sub in sorted(p for p in root.glob("*/") if p.is_dir()):
+            if sub.name in found or (lanes is not None and sub.name not in lanes):
+                continue
+            lane = load_lane(sub.name, sub)
+            if lane is not None:
+                found[sub.name] = lane
+    return found
+
+
+def merge(results: dict, path: Path) -> JUnitXml:
+    """One JUnit file of every lane's suites, each stamped with `lane` and the environment."""
+    merged = JUnitXml("selgate")
+    for name, lane in results.items():
+        for suite in JUnitXml.fromfile(str(lane.junit)):
+            suite.name = f"{name}"
+            suite.add_property("lane", name)
+            for key, value in sorted((lane.environment or {"environment": "missing"}).items()):
+                if key != "lane":
+                    suite.add_property(key, str(value))
+            merged.add_testsuite(suite)
+    merged.update_statistics()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged.write(str(path), pretty=True)
+    return merged
