@@ -1,0 +1,102 @@
+"""The threshold optimiser, the profile it writes, and the dispatcher reading that profile."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from selgate.bench import tables, thresholds
+from selgate.bench.__main__ import main
+from selgate.kernels import config, policy
+
+DEVICE = "NVIDIA H100 80GB HBM3"
+
+
+def row(L, method, ms, *, parity="ok", kind="decode", tag="a"):
+    return {"config": f"{kind} L={L} {tag}", "kind": kind, "L": L, "L_max": L, "method": method, "status": "ok",
+            "ms": ms, "parity": parity, "ours": True}
+
+
+def sweep(speedups, **kw):
+    """sdpa at 1 ms and triton at 1/speedup ms for each L."""
+    return [r for L, s in speedups.items() for r in (row(L, "sdpa", 1.0, **kw), row(L, "triton", 1.0 / s, **kw))]
+
+
+def test_smallest_L_from_which_triton_wins_by_1_2x():
+    d = thresholds.derive(sweep({16: 0.8, 32: 1.05, 64: 1.3, 128: 2.0, 256: 3.0}))
+    assert d.min_L == 64 and d.losses == []
+    assert [(L, n) for L, n, _, _ in d.per_L] == [(16, 1), (32, 1), (64, 1), (128, 1), (256, 1)]
+
+
+def test_every_config_of_an_L_must_qualify():
+    rows = sweep({16: 0.8, 64: 1.3, 128: 2.0}) + sweep({64: 1.15}, tag="b")
+    assert thresholds.derive(rows).min_L == 128
+
+
+def test_a_dip_above_moves_the_threshold_and_losses_below_are_reported():
+    d = thresholds.derive(sweep({16: 0.8, 32: 1.3, 64: 1.1, 128: 2.0}))
+    assert d.min_L == 128
+    assert d.losses == ["decode L=32 a: triton 1.30x faster"]
+    assert "No L avoids every loss" in d.markdown()
+
+
+def test_parity_failure_disqualifies_triton():
+    rows = sweep({16: 2.0, 32: 2.0}) + [row(64, "sdpa", 1.0), row(64, "triton", 0.5, parity="FAIL max_err=1 > 0.1")]
+    d = thresholds.derive(rows)
+    assert d.min_L == thresholds.NEVER
+    assert "never" in d.markdown()
+
+
+def test_launch_parameters_per_kind_and_bucket():
+    rows = []
+    for L, fast, slow in ((16, "triton@32x4x2", "triton@64x4x3"), (1000, "triton@64x4x3", "triton@32x4x2")):
+        rows += [row(L, fast, 1.0), row(L, slow, 3.0 if L == 1000 else 1.5), row(L, "triton@16x8x2", 0.1, parity="FAIL")]
+    d = thresholds.derive(rows)
+    assert d.launch_by_bucket["decode"] == {16: {"block_l": 32, "num_warps": 4, "num_stages": 2},
+                                           1024: {"block_l": 64, "num_warps": 4, "num_stages": 3}}
+    assert d.launch["decode"] == {"block_l": 64, "num_warps": 4, "num_stages": 3}  # geomean: 1.5x vs 3x slowdown
+
+
+@pytest.fixture
+def config_dir(tmp_path, monkeypatch):
+    """A private configs/ folder (the real base.yaml, an existing profile with a key to keep)."""
+    (tmp_path / "profiles").mkdir()
+    shutil.copy(config.CONFIG_DIR / "base.yaml", tmp_path / "base.yaml")
+    (tmp_path / "profiles" / "nvidia-h100-80gb-hbm3.yaml").write_text("policy:\n  triton_sel_min_capability: '9.0'\n")
+    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
+    monkeypatch.delenv("NSA_SEL_TRITON_MIN_L", raising=False)
+    config.load_config.cache_clear()
+    yield tmp_path
+    config.load_config.cache_clear()
+
+
+def test_profile_is_written_and_read_back_by_the_dispatcher(config_dir):
+    d = thresholds.derive(sweep({16: 0.8, 64: 1.5}) + [row(64, "triton@32x4x2", 0.5)])
+    path = thresholds.write_profile(d, DEVICE, source="sweep.csv")
+    assert path == config_dir / "profiles" / "nvidia-h100-80gb-hbm3.yaml"
+    cfg = config.load_config(DEVICE)
+    assert cfg["_profile"] == str(path)
+    assert cfg["runtime"]["sel_triton_min_L"] == 64
+    assert cfg["runtime"]["sdpa_budget_mb"] == 1024  # base keys survive the merge
+    assert cfg["policy"]["triton_sel_min_capability"] == "9.0"  # the profile's other keys are kept
+    assert cfg["triton_fwd"]["decode"] == {"block_l": 32, "num_warps": 4, "num_stages": 2}
+    assert cfg["triton_fwd"]["prefill"] == config.load_config("cpu")["triton_fwd"]["prefill"]  # not measured: base
+    assert policy.settings(DEVICE).min_L == 64
+    assert policy.settings("cpu").min_L == config.load_config("cpu")["runtime"]["sel_triton_min_L"]
+
+
+def test_env_still_overrides_the_measured_profile(config_dir, monkeypatch):
+    thresholds.write_profile(thresholds.derive(sweep({16: 2.0})), DEVICE, source="sweep.csv")
+    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "512")
+    assert policy.settings(DEVICE).min_L == 512
+
+
+def test_thresholds_command(config_dir, tmp_path, capsys):
+    csv_path = tables.write_csv(sweep({16: 0.9, 32: 1.4}), tmp_path / "run" / "sweep.csv")
+    assert main(["thresholds", str(csv_path), "--device", DEVICE]) == 0
+    assert "sel_triton_min_L = 32" in capsys.readouterr().out
+    assert config.load_config(DEVICE)["runtime"]["sel_triton_min_L"] == 32
+    assert "sel_triton_min_L = 32" in (tmp_path / "run" / "sweep.thresholds.md").read_text()
+    no_triton = tables.write_csv([row(16, "sdpa", 1.0)], tmp_path / "run" / "sdpa_only.csv")
+    with pytest.raises(SystemExit, match="no configuration with both"):
+        main(["thresholds", str(no_triton), "--device", DEVICE])
