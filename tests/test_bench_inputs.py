@@ -1,0 +1,121 @@
+"""Benchmark inputs, parity check and timing statistics (CPU, tiny shapes)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selgate.bench.baselines import METHODS, block_indices
+from selgate.bench.inputs import decode_problem, make_inputs, prefill_problem
+from selgate.bench.parity import check_parity, poisoned, selected_key_mask
+from selgate.bench.timing import median_interval, rotation_count, time_calls
+from selgate.reference import expand_ranges, normalize_ranges, selected_lengths, selection_attention_ref, validate_ranges
+
+CPU = torch.device("cpu")
+
+
+def lengths(x):
+    return selected_lengths(x.ranges)
+
+
+@pytest.mark.parametrize("dist", ["few", "many", "mixed"])
+def test_decode_ranges_are_normalised_nsa_selections(dist):
+    p = decode_problem(32, 2, 8, 8, 48, dist, "float32")
+    x = make_inputs(p, seed=1, device=CPU)
+    validate_ranges(x.ranges, p.S_kv)
+    assert torch.equal(normalize_ranges(x.ranges, p.S_kv), x.ranges)
+    L = lengths(x)
+    assert int(L.max()) == 48 and int(L.min()) >= 1
+    assert bool((x.ranges[..., 0, 0] == 0).all())  # block 0 forced
+    assert bool((x.ranges[..., 1].amax(-1) == p.S_kv).all())  # the local block ending at t = S_kv - 1
+    real = (x.ranges[..., 1] > x.ranges[..., 0]).sum(-1)
+    if dist == "few":
+        assert int(real.max()) <= 4 and bool((L == 48).all())
+    if dist == "many":
+        assert int(real.max()) > 4 and bool((L == 48).all())
+    if dist == "mixed":
+        assert set(L.unique().tolist()) == {24, 48}
+
+
+def test_decode_inputs_are_fresh_per_seed():
+    p = decode_problem(4, 2, 8, 8, 16, "few", "float32")
+    a, b = make_inputs(p, seed=0, device=CPU), make_inputs(p, seed=1, device=CPU)
+    assert not torch.equal(a.q, b.q) and not torch.equal(a.k, b.k)
+
+
+def test_prefill_ranges_are_causal_blocks():
+    p = prefill_problem(96, 4, 2, 8, 8, 8, 3, "float32")
+    x = make_inputs(p, seed=0, device=CPU)
+    assert (p.B, p.S, p.G, p.h) == (1, 96, 2, 2) and x.ranges.shape[:4] == (1, 96, 2, 3)
+    validate_ranges(x.ranges, p.S_kv)
+    L = lengths(x)
+    assert int(L.max()) <= 24 and int(L[0, 0].max()) == 1  # query 0 sees key 0 only
+    nb = p.S_kv // p.l_sel
+    ids = block_indices(x.ranges, p.l_sel, p.n_blocks, p.S_kv)  # absent blocks: nb + 1
+    idx, valid = expand_ranges(x.ranges, int(L.max()))
+    covered = torch.zeros(*ids.shape[:3], nb + 2, dtype=torch.bool)
+    covered.scatter_(-1, torch.where(valid, idx // p.l_sel, nb + 1), True)
+    listed = torch.zeros_like(covered).scatter_(-1, ids, True)
+    assert torch.equal(covered[..., :nb], listed[..., :nb])
+
+
+def test_bad_problem_arguments_are_named():
+    with pytest.raises(ValueError, match="dist: expected one of"):
+        decode_problem(4, 2, 8, 8, 16, "some", "float32")
+    with pytest.raises(ValueError, match="S_kv: 8 is smaller than L=16"):
+        decode_problem(4, 2, 8, 8, 16, "few", "float32", S_kv=8)
+    with pytest.raises(ValueError, match="heads: 6 is not a multiple of groups=4"):
+        prefill_problem(64, 6, 4, 8, 8, 8, 2, "float32")
+
+
+def test_poisoned_keys_are_exactly_the_unselected_ones():
+    x = make_inputs(decode_problem(3, 2, 8, 8, 16, "many", "float32"), seed=0, device=CPU)
+    keep = selected_key_mask(x.ranges, x.k.shape[2])
+    assert torch.equal(keep.sum(-1), lengths(x)[:, 0])  # decode: one row per (b, g)
+    bad = poisoned(x)
+    assert torch.equal(torch.isnan(bad.k[..., 0]), ~keep) and torch.equal(torch.isnan(bad.v[..., 0]), ~keep)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_parity_accepts_the_reference_and_rejects_errors(dtype):
+    x = make_inputs(decode_problem(8, 2, 16, 8, 32, "mixed", dtype), seed=3, device=CPU)
+    ref = selection_attention_ref(x.q, x.k, x.v, x.ranges, scale=x.scale).to(x.v.dtype)
+    assert check_parity(ref, x).ok
+    wrong = ref.clone()
+    wrong[5, 0, 0, 1, 3] += 0.25
+    verdict = check_parity(wrong, x)
+    assert not verdict.ok and verdict.max_err == pytest.approx(0.25, rel=0.05) and verdict.label().startswith("FAIL")
+    wrong[5, 0, 0, 1, 3] = float("nan")
+    assert not check_parity(wrong, x).ok
+
+
+def test_an_out_of_selection_read_fails_parity():
+    """masked dense SDPA reads every key, so on poisoned keys its output is NaN (that is why
+    it is declared `reads_all_keys`); the selection paths ignore the poison."""
+    p = decode_problem(4, 2, 8, 8, 16, "few", "float32")
+    x = make_inputs(p, seed=0, device=CPU)
+    assert METHODS["masked_sdpa"].reads_all_keys
+    assert not check_parity(METHODS["masked_sdpa"].build(p, poisoned(x))(), x).ok
+    for name in ("sdpa", "gather_sdpa"):
+        assert check_parity(METHODS[name].build(p, poisoned(x))(), x).ok, name
+
+
+def test_median_interval_order_statistics():
+    t = median_interval([float(i) for i in range(20, 0, -1)])
+    assert (t.median_ms, t.lo_ms, t.hi_ms, t.n) == (10.5, 6.0, 16.0, 20)
+    one = median_interval([2.0])
+    assert (one.median_ms, one.lo_ms, one.hi_ms) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError, match="at least one"):
+        median_interval([])
+
+
+def test_time_calls_rotates_input_sets():
+    seen = []
+    calls = [lambda i=i: seen.append(i) for i in range(3)]
+    t = time_calls(calls, CPU, warmup=2, iters=7)
+    assert t.n == 7 and seen == [0, 1] + [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_rotation_covers_four_l2_sizes():
+    assert rotation_count(1 << 20, CPU) == 8
+    assert rotation_count(40 << 20, CPU) == 5
+    assert rotation_count(1 << 30, CPU) == 2
