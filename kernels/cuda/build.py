@@ -1,0 +1,110 @@
+"""On-demand build of the CUDA decode extension (`torch.utils.cpp_extension.load`).
+
+Each build lands in its own directory keyed by the hash of the sources and flags and by the
+device's compute capability, so a stale or foreign binary is never loaded and a second
+process reuses the first one's build. A failed build is remembered for the process: the
+wrapper then falls back (reason "build") instead of recompiling on every call.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+SOURCES = ("sel_decode.cu", "sel_decode_bind.cpp")
+HEADERS = ("sel_decode.h",)
+# No --use_fast_math: the kernels call exp2f/log2f on pre-scaled scores, which keep their
+# accuracy without it, and fast math would also flush denormals in the p*V sums.
+CUDA_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
+CXX_FLAGS = ("-O3", "-std=c++17")
+DEFAULT_CACHE = Path.home() / ".cache" / "selgate" / "cuda"
+
+
+class BuildError(RuntimeError):
+    """The extension could not be compiled or loaded; the message ends with the compiler's output."""
+
+
+def source_hash(source_dir: Path = SOURCE_DIR) -> str:
+    """sha256 over the sources, headers, flags and TORCH_CUDA_ARCH_LIST (which changes the build)."""
+    h = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        h.update(name.encode() + b"\0" + (source_dir / name).read_bytes() + b"\0")
+    h.update(" ".join((*CUDA_FLAGS, *CXX_FLAGS)).encode())
+    h.update(os.environ.get("TORCH_CUDA_ARCH_LIST", "").encode())
+    return h.hexdigest()
+
+
+def cache_dir(arch: str, source_dir: Path = SOURCE_DIR) -> Path:
+    """Build directory for compute capability `arch` (e.g. "90"): `$NSA_SEL_CUDA_CACHE`
+    (default ~/.cache/selgate/cuda) / `<hash16>-sm<arch>-torch<version>`."""
+    import torch
+
+    base = Path(os.environ.get("NSA_SEL_CUDA_CACHE", DEFAULT_CACHE))
+    return base / f"{source_hash(source_dir)[:16]}-sm{arch}-torch{torch.__version__.replace('+', '_')}"
+
+
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}  # arch -> extension module or the BuildError it raised
+build_seconds: dict[str, float] = {}  # arch -> wall time of this process's build or load
+
+
+def device_arch(device=None) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}{minor}"
+
+
+def load_extension(device=None):
+    """The compiled extension for `device`'s architecture; builds it on first use.
+
+    Raises `BuildError` (also on every later call once a build failed in this process)."""
+    arch = device_arch(device)
+    with _lock:
+        if arch not in _loaded:
+            _loaded[arch] = _build(arch)
+        ext = _loaded[arch]
+    if isinstance(ext, BuildError):
+        raise ext
+    return ext
+
+
+def _build(arch: str):
+    from torch.utils.cpp_extension import load
+
+    out = cache_dir(arch)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        ext = load(
+            name=f"selgate_sel_decode_{out.name[:16]}_sm{arch}",
+            sources=[str(SOURCE_DIR / s) for s in SOURCES],
+            extra_cflags=list(CXX_FLAGS),
+            extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+            build_directory=str(out),
+            verbose=os.environ.get("NSA_SEL_CUDA_VERBOSE") == "1",
+        )
+    except Exception as exc:  # compiler, linker or import failure: keep the reason, fall back
+        return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
+    build_seconds[arch] = time.perf_counter() - start
+    return ext
+
+
+def prebuild() -> None:
+    """Eager build (NSA_SEL_CUDA_BUILD=1 at import): compile now for the current device so the
+    first decode call pays nothing. Without a CUDA device there is nothing to build for."""
+    import warnings
+
+    import torch
+
+    if not torch.cuda.is_available():
+        warnings.warn("NSA_SEL_CUDA_BUILD=1 but no CUDA device is visible: the CUDA decode kernel is not built",
+                      RuntimeWarning, stacklevel=2)
+        return
+    try:
+        load_extension()
+    except BuildError as exc:
+        warnings.warn(f"NSA_SEL_CUDA_BUILD=1: {exc}", RuntimeWarning, stacklevel=2)

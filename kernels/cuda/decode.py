@@ -1,0 +1,75 @@
+"""The CUDA decode backend's Python entry point: input checks, the reasons it declines a
+call (`BackendUnavailable`), range normalisation, and the call into the extension."""
+from __future__ import annotations
+
+import torch
+
+from selgate.kernels.errors import BackendUnavailable
+from selgate.reference.ranges import normalize_ranges
+from selgate.reference.validation import check_inputs, resolve_scale
+
+from . import build
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+MAX_RANGES = 1024  # per row; the row's prefix sums live in shared memory
+MIN_CAPABILITY = (8, 0)  # cp.async and bf16 tensor cores
+KERNELS = ("auto", "mma", "simt")
+
+
+def unsupported_reason(q, d) -> BackendUnavailable | None:
+    """Why this validated call cannot run on the CUDA decode kernel, or None.
+
+    Shape and dtype reasons come first so they are the same on every machine."""
+    if d.S != 1:
+        return BackendUnavailable("not_decode", f"the CUDA kernel serves decode (S == 1), got S={d.S} (q {tuple(q.shape)})")
+    if q.dtype not in DTYPES:
+        return BackendUnavailable("dtype", f"expected fp16, bf16 or fp32, got {q.dtype}")
+    for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
+        if dim % 8 or dim > MAX_HEAD_DIM:
+            return BackendUnavailable("head_dim", f"{name}={dim}: expected a multiple of 8 up to {MAX_HEAD_DIM}")
+    if d.n > MAX_RANGES:
+        return BackendUnavailable("ranges", f"n={d.n} ranges per row: at most {MAX_RANGES}")
+    if not torch.cuda.is_available():
+        return BackendUnavailable("no_cuda", "no CUDA device is visible")
+    if q.device.type != "cuda":
+        return BackendUnavailable("device", f"inputs are on {q.device}, not on a CUDA device")
+    cap = torch.cuda.get_device_capability(q.device)
+    if cap < MIN_CAPABILITY:
+        return BackendUnavailable("capability", f"compute capability {cap[0]}.{cap[1]} < 8.0")
+    return None
+
+
+def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
+                             normalized=False, kernel: str = "auto"):
+    """Selection attention for decode (S == 1) on the CUDA kernel; same contract as the reference.
+
+    q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] -> o [B,1,G,h,Dv]
+    (dtype of v), and lse fp32 [B,1,G,h] with `return_lse`. Ranges are normalised first
+    unless `normalized=True` (the kernel still clamps every read to `<= t`). `kernel`:
+    "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt".
+
+    Raises ValueError/TypeError for bad input and `BackendUnavailable` (reason "not_decode",
+    "dtype", "head_dim", "ranges", "no_cuda", "device", "capability", "build" or "launch")
+    when this backend cannot serve the call."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
+    reason = unsupported_reason(q, d)
+    if reason is not None:
+        raise reason
+    use_mma = q.dtype != torch.float32 if kernel == "auto" else kernel == "mma"
+    if use_mma and q.dtype == torch.float32:
+        raise BackendUnavailable("dtype", "the tensor-core kernel takes fp16/bf16; fp32 runs on kernel='simt'")
+    try:
+        ext = build.load_extension(q.device)
+    except build.BuildError as exc:
+        raise BackendUnavailable("build", str(exc)) from exc
+    norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
+    pos = None if positions is None else positions.to(torch.int64).contiguous()
+    try:
+        o, lse = ext.fwd(q.contiguous(), k.contiguous(), v.contiguous(), norm.to(torch.int64).contiguous(), pos,
+                         resolve_scale(scale, d.Dk), use_mma)
+    except RuntimeError as exc:
+        raise BackendUnavailable("launch", str(exc)) from exc
+    return (o, lse) if return_lse else o

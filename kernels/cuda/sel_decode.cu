@@ -1,0 +1,620 @@
+// NSA selection attention, decode (S = 1): one thread block per (b, g) row and group of heads.
+//
+// Both kernels stream the row's selected keys tile by tile: the row's ranges are clamped to
+// [0, min(t+1, S_kv)) and prefix-summed in shared memory once, every key of a tile is found
+// by binary search over those sums, and its K and V rows travel with 16-byte cp.async copies
+// into a 3-stage shared-memory ring (keys past the row's length are zero-filled, never read).
+// Scores live in the log2 domain (scale * log2(e) folded in once) so the online softmax uses
+// exp2f; accumulation is fp32 throughout and o and lse are written once.
+//
+// - sel_decode_mma (fp16/bf16): 4 warps, 64-key tiles, each warp owns 16 keys of every tile
+//   and keeps its own running max/sum and p*V accumulators in registers (mma.sync m16n8k16,
+//   heads on the M side); the 4 partial softmaxes are merged once at the end.
+// - sel_decode_simt (any dtype, the fp32 path): 8 warps, dot products and p*V on CUDA cores,
+//   one block-wide online softmax per tile.
+#include "sel_decode.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace selgate {
+namespace {
+
+constexpr int kStages = 3;
+constexpr int kMmaThreads = 128;
+constexpr int kMmaTile = 64;
+constexpr int kMmaHeads = 16;
+constexpr int kSimtThreads = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int64_t* ranges;
+  const int64_t* positions;
+  void* o;
+  float* lse;
+  int64_t G, h, S_kv;
+  int Dk, Dv, n;
+  int hpb;          // heads per block
+  int head_groups;  // blocks per (b, g) row
+  int tile;         // keys per tile
+  int k_stride, v_stride, stage_elems;  // shared-memory row strides and stage size, in elements
+  int off_L, off_q, off_sc, off_stats, off_kv;  // byte offsets in dynamic shared memory
+  float scale_log2;
+};
+
+// ---------------------------------------------------------------- small device helpers
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Eight 16-bit or four 32-bit values, one 16-byte shared-memory load, widened to fp32.
+template <typename T>
+__device__ __forceinline__ void load_vec(float* out, const T* src) {
+  constexpr int VEC = 16 / sizeof(T);
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] = to_float(x[e]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* dst, const float* acc, float mul) {
+  constexpr int VEC = 16 / sizeof(T);
+  uint4 raw;
+  T* x = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) x[e] = from_float<T>(acc[e] * mul);
+  *reinterpret_cast<uint4*>(dst) = raw;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy; `valid == false` writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// ---------------------------------------------------------------- ranges and tile loads
+// Clamp the row's ranges to [0, lim), lim = min(t + 1, S_kv), and store per range the
+// inclusive prefix sum of lengths (`cum`) and `off` = start - first position of the range,
+// so position `pos` of the row's concatenated keys is key `off[j] + pos` for the first j
+// with cum[j] > pos. Also stores the row's length L. Ends with a block barrier.
+__device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned char* smem) {
+  int64_t* cum = reinterpret_cast<int64_t*>(smem);
+  int64_t* off = cum + p.n;
+  const int64_t t = p.positions ? p.positions[b] : p.S_kv - 1;
+  const int64_t lim = max(min(t + 1, p.S_kv), int64_t(0));
+  const int64_t* r = p.ranges + row * p.n * 2;
+  for (int j = threadIdx.x; j < p.n; j += blockDim.x) {
+    const int64_t s = min(max(r[2 * j], int64_t(0)), lim);
+    const int64_t e = min(max(r[2 * j + 1], int64_t(0)), lim);
+    cum[j] = max(e - s, int64_t(0));
+    off[j] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t c = 0;
+    for (int j = 0; j < p.n; ++j) {
+      const int64_t len = cum[j];
+      off[j] -= c;
+      c += len;
+      cum[j] = c;
+    }
+    *reinterpret_cast<int64_t*>(smem + p.off_L) = c;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ int64_t key_of(int64_t pos, const int64_t* cum, const int64_t* off, int n) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (cum[mid] > pos) hi = mid; else lo = mid + 1;
+  }
+  return off[lo] + pos;
+}
+
+// Issue the cp.async copies of keys [pos0, pos0 + tile) of the row: 8 threads per key row,
+// each moving 16-byte chunks of K then V. Positions >= L are zero-filled.
+template <typename T>
+__device__ __forceinline__ void load_tile(const Params& p, const T* kg, const T* vg, int64_t pos0, int64_t L,
+                                          T* ks, T* vs, const unsigned char* smem) {
+  constexpr int VEC = 16 / sizeof(T);
+  const int64_t* cum = reinterpret_cast<const int64_t*>(smem);
+  const int64_t* off = cum + p.n;
+  const int ckk = p.Dk / VEC, ckv = p.Dv / VEC;
+  for (int jj = threadIdx.x >> 3; jj < p.tile; jj += blockDim.x >> 3) {
+    const int64_t pos = pos0 + jj;
+    const bool valid = pos < L;
+    const int64_t key = valid ? key_of(pos, cum, off, p.n) : 0;
+    const T* krow = kg + key * p.Dk;
+    const T* vrow = vg + key * p.Dv;
+    for (int c = threadIdx.x & 7; c < ckk; c += 8) cp_async16(ks + jj * p.k_stride + c * VEC, krow + c * VEC, valid);
+    for (int c = threadIdx.x & 7; c < ckv; c += 8) cp_async16(vs + jj * p.v_stride + c * VEC, vrow + c * VEC, valid);
+  }
+}
+
+// ---------------------------------------------------------------- tensor-core kernel
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 x = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&x);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 x = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&x);
+}
+
+template <typename T> __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<__half>(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// DVB: Dv rounded up to 64, 128 or 256 (sizes the register accumulators).
+template <typename T, int DVB>
+__global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int NV = DVB / 8;  // n8 output tiles
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tg = lane & 3, mi = lane >> 3, rr = lane & 7;
+  const int64_t row = blockIdx.x / p.head_groups;
+  const int head0 = static_cast<int>(blockIdx.x % p.head_groups) * p.hpb;
+  const int HG = static_cast<int>(min(int64_t(p.hpb), p.h - head0));
+  const int k16 = (p.Dk + 15) & ~15;
+  T* qs = reinterpret_cast<T*>(smem + p.off_q);  // [16][k_stride], zero outside [HG, Dk)
+  T* kv = reinterpret_cast<T*>(smem + p.off_kv);
+
+  const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
+  for (int i = tid; i < kMmaHeads * k16; i += blockDim.x) {
+    const int r = i / k16, c = i % k16;
+    qs[r * p.k_stride + c] = (r < HG && c < p.Dk) ? qg[r * p.Dk + c] : from_float<T>(0.f);
+  }
+  // K columns [Dk, k16) meet zero q columns in the last k-step: keep them zero, not garbage.
+  for (int i = tid; i < kStages * kMmaTile * (k16 - p.Dk); i += blockDim.x) {
+    const int w = k16 - p.Dk, r = i / w;
+    kv[(r / kMmaTile) * p.stage_elems + (r % kMmaTile) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
+  }
+  setup_ranges(p, row, row / p.G, smem);
+  const int64_t L = *reinterpret_cast<const int64_t*>(smem + p.off_L);
+
+  const T* kg = static_cast<const T*>(p.k) + row * p.S_kv * p.Dk;
+  const T* vg = static_cast<const T*>(p.v) + row * p.S_kv * p.Dv;
+  const int64_t ntiles = (L + kMmaTile - 1) / kMmaTile;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) {
+      T* ks = kv + s * p.stage_elems;
+      load_tile<T>(p, kg, vg, int64_t(s) * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem);
+    }
+    cp_async_commit();
+  }
+
+  float o[NV][4];
+#pragma unroll
+  for (int nv = 0; nv < NV; ++nv) o[nv][0] = o[nv][1] = o[nv][2] = o[nv][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
+  const uint32_t q_addr = smem_u32(qs + ((mi & 1) * 8 + rr) * p.k_stride + (mi >> 1) * 8);
+
+  for (int64_t t = 0; t < ntiles; ++t) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int64_t tn = t + kStages - 1;
+      if (tn < ntiles) {
+        T* ks = kv + (tn % kStages) * p.stage_elems;
+        load_tile<T>(p, kg, vg, tn * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem);
+      }
+      cp_async_commit();
+    }
+    const int64_t pos0 = t * kMmaTile + warp * 16;
+    if (pos0 >= L) continue;  // warp-uniform: this warp's 16 keys are all past the row's end
+    const T* ks = kv + (t % kStages) * p.stage_elems;
+    const T* vs = ks + kMmaTile * p.k_stride;
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    const uint32_t k_addr = smem_u32(ks + (warp * 16 + (mi >> 1) * 8 + rr) * p.k_stride + (mi & 1) * 8);
+    for (int kk = 0; kk < k16 / 16; ++kk) {
+      uint32_t a[4], bk[4];
+      ldmatrix_x4(a, q_addr + kk * 32);
+      ldmatrix_x4(bk, k_addr + kk * 32);
+      mma16816<T>(s[0], a, bk[0], bk[1]);
+      mma16816<T>(s[1], a, bk[2], bk[3]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[j][e] = pos0 + j * 8 + 2 * tg + (e & 1) < L ? s[j][e] * p.scale_log2 : -INFINITY;
+    const float mn0 = fmaxf(m0, quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]))));
+    const float mn1 = fmaxf(m1, quad_max(fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]))));
+    const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][0] = exp2f(s[j][0] - mn0);
+      s[j][1] = exp2f(s[j][1] - mn0);
+      s[j][2] = exp2f(s[j][2] - mn1);
+      s[j][3] = exp2f(s[j][3] - mn1);
+    }
+    l0 = l0 * a0 + (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
+    l1 = l1 * a1 + (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
+#pragma unroll
+    for (int nv = 0; nv < NV; ++nv) {
+      o[nv][0] *= a0;
+      o[nv][1] *= a0;
+      o[nv][2] *= a1;
+      o[nv][3] *= a1;
+    }
+    // The score accumulator layout is the A-operand layout of the p*V product.
+    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
+                            pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+    const uint32_t v_addr = smem_u32(vs + (warp * 16 + (mi & 1) * 8 + rr) * p.v_stride + (mi >> 1) * 8);
+#pragma unroll
+    for (int n2 = 0; n2 < NV / 2; ++n2) {
+      if (n2 * 16 < p.Dv) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_addr + n2 * 32);
+        mma16816<T>(o[2 * n2], pa, bv[0], bv[1]);
+        mma16816<T>(o[2 * n2 + 1], pa, bv[2], bv[3]);
+      }
+    }
+  }
+
+  // Merge the four warps' partial softmaxes (the stage ring is free once every copy landed).
+  cp_async_wait<0>();
+  __syncthreads();
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+  float* m_s = reinterpret_cast<float*>(kv);  // [4 warps][16 rows]
+  float* l_s = m_s + 4 * kMmaHeads;
+  float* o_s = l_s + 4 * kMmaHeads;           // [4 warps][16 rows][DVB]
+  if (tg == 0) {
+    m_s[warp * 16 + g] = m0;
+    m_s[warp * 16 + g + 8] = m1;
+    l_s[warp * 16 + g] = l0;
+    l_s[warp * 16 + g + 8] = l1;
+  }
+#pragma unroll
+  for (int nv = 0; nv < NV; ++nv) {
+    if (nv * 8 < p.Dv) {
+      float* r0 = o_s + (warp * 16 + g) * DVB + nv * 8 + 2 * tg;
+      r0[0] = o[nv][0];
+      r0[1] = o[nv][1];
+      r0[8 * DVB] = o[nv][2];
+      r0[8 * DVB + 1] = o[nv][3];
+    }
+  }
+  __syncthreads();
+  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;
+  for (int i = tid; i < HG * p.Dv; i += blockDim.x) {
+    const int r = i / p.Dv, c = i % p.Dv;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) M = fmaxf(M, m_s[w * 16 + r]);
+    float num = 0.f, den = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float f = exp2f(m_s[w * 16 + r] - M);
+        num += f * o_s[(w * 16 + r) * DVB + c];
+        den += f * l_s[w * 16 + r];
+      }
+    }
+    og[i] = from_float<T>(den > 0.f ? num / den : 0.f);
+  }
+  for (int r = tid; r < HG; r += blockDim.x) {
+    float M = -INFINITY, den = 0.f;
+    for (int w = 0; w < 4; ++w) M = fmaxf(M, m_s[w * 16 + r]);
+    if (M != -INFINITY)
+      for (int w = 0; w < 4; ++w) den += exp2f(m_s[w * 16 + r] - M) * l_s[w * 16 + r];
+    p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------- CUDA-core kernel
+template <typename T>
+__global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int VEC = 16 / sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  const int64_t row = blockIdx.x / p.head_groups;
+  const int head0 = static_cast<int>(blockIdx.x % p.head_groups) * p.hpb;
+  const int HG = static_cast<int>(min(int64_t(p.hpb), p.h - head0));
+  const int TL = p.tile;
+  float* qs = reinterpret_cast<float*>(smem + p.off_q);   // [HG][Dk], pre-scaled by scale*log2(e)
+  float* sc = reinterpret_cast<float*>(smem + p.off_sc);  // [HG][TL] scores, then probabilities
+  float* m_run = reinterpret_cast<float*>(smem + p.off_stats);
+  float* l_run = m_run + p.hpb;
+  float* alpha = l_run + p.hpb;
+  T* kv = reinterpret_cast<T*>(smem + p.off_kv);
+
+  const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
+  for (int i = tid; i < HG * p.Dk; i += blockDim.x) qs[i] = to_float(qg[i]) * p.scale_log2;
+  for (int i = tid; i < HG; i += blockDim.x) {
+    m_run[i] = -INFINITY;
+    l_run[i] = 0.f;
+  }
+  setup_ranges(p, row, row / p.G, smem);
+  const int64_t L = *reinterpret_cast<const int64_t*>(smem + p.off_L);
+
+  const T* kg = static_cast<const T*>(p.k) + row * p.S_kv * p.Dk;
+  const T* vg = static_cast<const T*>(p.v) + row * p.S_kv * p.Dv;
+  const int64_t ntiles = (L + TL - 1) / TL;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) {
+      T* ks = kv + s * p.stage_elems;
+      load_tile<T>(p, kg, vg, int64_t(s) * TL, L, ks, ks + TL * p.k_stride, smem);
+    }
+    cp_async_commit();
+  }
+
+  // Scores: `tpp` lanes per (head, key) pair split the dot product (TL is a multiple of 32,
+  // so each warp's lanes share one head and the loop trip count is warp-uniform).
+  const int ckk = p.Dk / VEC, ckv = p.Dv / VEC;
+  const int pairs = HG * TL;
+  int tpp = 1;
+  while (tpp < 8 && pairs * tpp * 2 <= static_cast<int>(blockDim.x)) tpp *= 2;
+  const int groups = blockDim.x / tpp, gi = tid / tpp, sub = tid % tpp;
+  // p*V: thread owns VEC output columns of one head for the keys j = part (mod kpart).
+  const int slots = HG * ckv, kpart = blockDim.x / slots;
+  const int part = tid / slots, slot = tid % slots, hh_pv = slot / ckv, c_pv = slot % ckv;
+  float acc[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
+
+  for (int64_t t = 0; t < ntiles; ++t) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int64_t tn = t + kStages - 1;
+      if (tn < ntiles) {
+        T* ks = kv + (tn % kStages) * p.stage_elems;
+        load_tile<T>(p, kg, vg, tn * TL, L, ks, ks + TL * p.k_stride, smem);
+      }
+      cp_async_commit();
+    }
+    const T* ks = kv + (t % kStages) * p.stage_elems;
+    const T* vs = ks + TL * p.k_stride;
+    const int nvalid = static_cast<int>(min(int64_t(TL), L - t * TL));
+
+    for (int pr = gi; pr < pairs; pr += groups) {
+      const int hh = pr / TL, j = pr % TL;
+      float d = 0.f;
+      if (j < nvalid) {
+        const T* kr = ks + j * p.k_stride;
+        const float* qr = qs + hh * p.Dk;
+        for (int c = sub; c < ckk; c += tpp) {
+          float kf[VEC];
+          load_vec(kf, kr + c * VEC);
+#pragma unroll
+          for (int e4 = 0; e4 < VEC; e4 += 4) {
+            const float4 q4 = *reinterpret_cast<const float4*>(qr + c * VEC + e4);
+            d = fmaf(q4.x, kf[e4], d);
+            d = fmaf(q4.y, kf[e4 + 1], d);
+            d = fmaf(q4.z, kf[e4 + 2], d);
+            d = fmaf(q4.w, kf[e4 + 3], d);
+          }
+        }
+      }
+      for (int o = tpp >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      if (sub == 0) sc[hh * TL + j] = j < nvalid ? d : -INFINITY;
+    }
+    __syncthreads();
+
+    for (int hh = warp; hh < HG; hh += nwarps) {
+      float* sr = sc + hh * TL;
+      float mx = -INFINITY;
+      for (int j = lane; j < TL; j += 32) mx = fmaxf(mx, sr[j]);
+      const float m_old = m_run[hh];
+      const float m_new = fmaxf(m_old, warp_max(mx));  // finite: the tile has a valid key
+      float sum = 0.f;
+      for (int j = lane; j < TL; j += 32) {
+        const float e = exp2f(sr[j] - m_new);
+        sr[j] = e;
+        sum += e;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float a = exp2f(m_old - m_new);
+        alpha[hh] = a;
+        l_run[hh] = l_run[hh] * a + sum;
+        m_run[hh] = m_new;
+      }
+    }
+    __syncthreads();
+
+    if (part < kpart) {
+      const float a = alpha[hh_pv];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] *= a;
+      const float* prob = sc + hh_pv * TL;
+      for (int j = part; j < nvalid; j += kpart) {
+        const float pj = prob[j];
+        float vf[VEC];
+        load_vec(vf, vs + j * p.v_stride + c_pv * VEC);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(pj, vf[e], acc[e]);
+      }
+    }
+  }
+
+  cp_async_wait<0>();
+  __syncthreads();
+  if (kpart > 1) {  // fixed-order sum of the key partitions (deterministic)
+    float* red = reinterpret_cast<float*>(kv);
+    if (part > 0 && part < kpart)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) red[((part - 1) * slots + slot) * VEC + e] = acc[e];
+    __syncthreads();
+    if (part == 0)
+      for (int q2 = 1; q2 < kpart; ++q2)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] += red[((q2 - 1) * slots + slot) * VEC + e];
+  }
+  if (part == 0) {
+    const float l = l_run[hh_pv];
+    T* og = static_cast<T*>(p.o) + (row * p.h + head0 + hh_pv) * p.Dv + c_pv * VEC;
+    store_vec(og, acc, l > 0.f ? 1.f / l : 0.f);
+  }
+  for (int i = tid; i < HG; i += blockDim.x) {
+    const float l = l_run[i];
+    p.lse[row * p.h + head0 + i] = l > 0.f ? (m_run[i] + log2f(l)) * kLn2 : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------- host side
+int align16(int64_t x) { return static_cast<int>((x + 15) & ~int64_t(15)); }
+
+template <typename Kernel>
+void launch(Kernel kernel, const Params& p, int64_t blocks, int threads, int smem_bytes, cudaStream_t stream) {
+  int dev = 0, max_smem = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  TORCH_CHECK(smem_bytes <= max_smem, "sel_decode: needs ", smem_bytes, " bytes of shared memory per block, device allows ",
+              max_smem);
+  TORCH_CHECK(blocks <= 0x7fffffff, "sel_decode: ", blocks, " blocks exceed the grid limit");
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_mma(Params p, int64_t B, cudaStream_t stream) {
+  const int k16 = (p.Dk + 15) & ~15, v16 = (p.Dv + 15) & ~15;
+  const int dvb = p.Dv <= 64 ? 64 : p.Dv <= 128 ? 128 : 256;
+  p.hpb = static_cast<int>(std::min<int64_t>(p.h, kMmaHeads));
+  p.head_groups = static_cast<int>((p.h + p.hpb - 1) / p.hpb);
+  p.tile = kMmaTile;
+  p.k_stride = k16 + 8;  // +16 bytes: ldmatrix rows land in distinct banks
+  p.v_stride = v16 + 8;
+  p.stage_elems = kMmaTile * (p.k_stride + p.v_stride);
+  p.off_L = 16 * p.n;
+  p.off_q = align16(p.off_L + 8);
+  p.off_kv = align16(p.off_q + kMmaHeads * p.k_stride * int64_t(sizeof(T)));
+  const int64_t ring = int64_t(kStages) * p.stage_elems * sizeof(T);
+  const int64_t merge = (8 * kMmaHeads + 4 * kMmaHeads * int64_t(dvb)) * 4;
+  const int smem_bytes = align16(p.off_kv + std::max(ring, merge));
+  const int64_t blocks = B * p.G * p.head_groups;
+  if (dvb == 64) launch(sel_decode_mma<T, 64>, p, blocks, kMmaThreads, smem_bytes, stream);
+  else if (dvb == 128) launch(sel_decode_mma<T, 128>, p, blocks, kMmaThreads, smem_bytes, stream);
+  else launch(sel_decode_mma<T, 256>, p, blocks, kMmaThreads, smem_bytes, stream);
+}
+
+template <typename T>
+void launch_simt(Params p, int64_t B, cudaStream_t stream) {
+  constexpr int VEC = 16 / sizeof(T);
+  const int ckv = p.Dv / VEC;
+  p.hpb = static_cast<int>(std::min<int64_t>({p.h, int64_t(kSimtThreads / ckv), 32, int64_t(std::max(1, 2048 / p.Dk))}));
+  p.head_groups = static_cast<int>((p.h + p.hpb - 1) / p.hpb);
+  p.k_stride = p.Dk + VEC;  // +16 bytes per row: conflict-free 16-byte reads across rows
+  p.v_stride = p.Dv + VEC;
+  const int64_t row_bytes = int64_t(p.k_stride + p.v_stride) * sizeof(T);
+  p.tile = kStages * 64 * row_bytes <= 112 * 1024 ? 64 : 32;
+  p.stage_elems = p.tile * (p.k_stride + p.v_stride);
+  p.off_L = 16 * p.n;
+  p.off_q = align16(p.off_L + 8);
+  p.off_sc = align16(p.off_q + int64_t(p.hpb) * p.Dk * 4);
+  p.off_stats = align16(p.off_sc + int64_t(p.hpb) * p.tile * 4);
+  p.off_kv = align16(p.off_stats + 3 * int64_t(p.hpb) * 4);
+  const int64_t ring = int64_t(kStages) * p.tile * row_bytes;
+  const int64_t red = int64_t(kSimtThreads) * VEC * 4;
+  const int smem_bytes = align16(p.off_kv + std::max(ring, red));
+  launch(sel_decode_simt<T>, p, B * p.G * p.head_groups, kSimtThreads, smem_bytes, stream);
+}
+
+}  // namespace
+
+void sel_decode_launch(const DecodeArgs& a, cudaStream_t stream) {
+  TORCH_CHECK(a.Dk > 0 && a.Dk <= 256 && a.Dk % 8 == 0, "sel_decode: Dk must be a multiple of 8 in [8, 256], got ", a.Dk);
+  TORCH_CHECK(a.Dv > 0 && a.Dv <= 256 && a.Dv % 8 == 0, "sel_decode: Dv must be a multiple of 8 in [8, 256], got ", a.Dv);
+  TORCH_CHECK(a.n >= 0 && a.n <= 4096, "sel_decode: n (ranges per row) must be in [0, 4096], got ", a.n);
+  TORCH_CHECK(!(a.use_mma && a.dtype == Dtype::kFloat), "sel_decode: the tensor-core kernel takes fp16/bf16 only");
+  if (a.B * a.G * a.h == 0) return;
+  Params p{};
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.ranges = a.ranges;
+  p.positions = a.positions;
+  p.o = a.o;
+  p.lse = a.lse;
+  p.G = a.G;
+  p.h = a.h;
+  p.S_kv = a.S_kv;
+  p.Dk = a.Dk;
+  p.Dv = a.Dv;
+  p.n = a.n;
+  p.scale_log2 = a.scale * kLog2e;
+  switch (a.dtype) {
+    case Dtype::kHalf:
+      if (a.use_mma) launch_mma<__half>(p, a.B, stream); else launch_simt<__half>(p, a.B, stream);
+      break;
+    case Dtype::kBFloat16:
+      if (a.use_mma) launch_mma<__nv_bfloat16>(p, a.B, stream); else launch_simt<__nv_bfloat16>(p, a.B, stream);
+      break;
+    case Dtype::kFloat:
+      launch_simt<float>(p, a.B, stream);
+      break;
+  }
+}
+
+}  // namespace selgate

@@ -1,0 +1,63 @@
+// Python binding of the selection decode kernels: tensor checks, allocation, stream.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "sel_decode.h"
+
+namespace {
+
+selgate::Dtype dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return selgate::Dtype::kHalf;
+    case at::kBFloat16: return selgate::Dtype::kBFloat16;
+    case at::kFloat: return selgate::Dtype::kFloat;
+    default: TORCH_CHECK(false, "sel_decode: q must be fp16, bf16 or fp32, got ", t.scalar_type());
+  }
+}
+
+void check_operand(const char* name, const at::Tensor& t, const at::Tensor& q, int64_t rank) {
+  TORCH_CHECK(t.is_cuda() && t.device() == q.device(), "sel_decode: ", name, " must be on ", q.device(), ", got ", t.device());
+  TORCH_CHECK(t.is_contiguous(), "sel_decode: ", name, " must be contiguous");
+  TORCH_CHECK(t.dim() == rank, "sel_decode: ", name, " must be ", rank, "-D, got ", t.sizes());
+}
+
+// q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges int64 [B,1,G,n,2], positions int64 [B,1].
+// Returns {o [B,1,G,h,Dv], lse fp32 [B,1,G,h]}.
+std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& ranges,
+                            const c10::optional<at::Tensor>& positions, double scale, bool use_mma) {
+  check_operand("q", q, q, 5);
+  check_operand("k", k, q, 4);
+  check_operand("v", v, q, 4);
+  check_operand("ranges", ranges, q, 5);
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "sel_decode: q, k, v dtypes differ");
+  TORCH_CHECK(ranges.scalar_type() == at::kLong, "sel_decode: ranges must be int64");
+  const int64_t B = q.size(0), G = q.size(2), h = q.size(3), Dk = q.size(4), S_kv = k.size(2), Dv = v.size(3);
+  TORCH_CHECK(q.size(1) == 1, "sel_decode: decode only (S == 1), got S = ", q.size(1));
+  TORCH_CHECK(k.size(0) == B && k.size(1) == G && k.size(3) == Dk, "sel_decode: k ", k.sizes(), " does not match q ", q.sizes());
+  TORCH_CHECK(v.size(0) == B && v.size(1) == G && v.size(2) == S_kv, "sel_decode: v ", v.sizes(), " does not match k ", k.sizes());
+  TORCH_CHECK(ranges.size(0) == B && ranges.size(1) == 1 && ranges.size(2) == G && ranges.size(4) == 2,
+              "sel_decode: ranges ", ranges.sizes(), " must be [B, 1, G, n, 2]");
+  const int64_t* pos_ptr = nullptr;
+  if (positions.has_value()) {
+    check_operand("positions", *positions, q, 2);
+    TORCH_CHECK(positions->scalar_type() == at::kLong && positions->size(0) == B && positions->size(1) == 1,
+                "sel_decode: positions must be int64 [B, 1], got ", positions->sizes());
+    pos_ptr = positions->data_ptr<int64_t>();
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto o = at::empty({B, 1, G, h, Dv}, v.options());
+  auto lse = at::empty({B, 1, G, h}, q.options().dtype(at::kFloat));
+  selgate::DecodeArgs args{dtype_of(q), use_mma, q.data_ptr(), k.data_ptr(), v.data_ptr(), ranges.data_ptr<int64_t>(),
+                           pos_ptr, o.data_ptr(), lse.data_ptr<float>(), B, G, h, S_kv,
+                           static_cast<int>(Dk), static_cast<int>(Dv), static_cast<int>(ranges.size(3)),
+                           static_cast<float>(scale)};
+  selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream());
+  return {o, lse};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("fwd", &fwd, "NSA selection attention decode forward: returns (o, lse)");
+}
