@@ -42,20 +42,29 @@ def probe() -> dict:
     return stats()
 
 
-def run_check(check: dict, timeout: float = 600) -> tuple[bool, str]:
-    """(passed, one-line explanation) for one lane policy check."""
-    env = {**os.environ, **{k: str(v) for k, v in check["env"].items()}}
-    proc = subprocess.run([sys.executable, "-m", "selgate.lanes.policy"], env=env, capture_output=True,
+def probe_in_subprocess(env: dict, timeout: float = 600) -> dict:
+    """`probe()`'s counters from a fresh interpreter with `env` added to os.environ."""
+    full = {**os.environ, **{k: str(v) for k, v in env.items()}}
+    proc = subprocess.run([sys.executable, "-m", "selgate.lanes.policy"], env=full, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
-        return False, f"{check['name']}: probe failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
-    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"policy probe with env {env} failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def judge(check: dict, stats: dict) -> tuple[bool, str]:
+    """(passed, one-line explanation) of one policy check against the probe's counters."""
     launched = triton_launches(stats)
     ok = (launched > 0) == check["triton_launches"]
     want = "launch" if check["triton_launches"] else "never launch"
     return ok, (f"{check['name']}: Triton must {want} with env {check['env']}; counted {launched} Triton "
                 f"launches, calls {stats['calls']}, fallbacks {stats['fallback_reasons']}, capability "
                 f"{stats['capability']} ({stats['capability_source']})")
+
+
+def run_check(check: dict) -> tuple[bool, str]:
+    return judge(check, probe_in_subprocess(check["env"]))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ def worker_device(worker: str | None, visible: str | None, count: int) -> str | 
 
 
 def _device_count() -> int:
+    """Visible NVIDIA devices without initialising CUDA; skips importing torch (seconds
+    per restarted worker) on machines without an NVIDIA driver."""
+    if not os.path.exists("/proc/driver/nvidia/gpus") and not os.path.exists("/dev/nvidia0"):
+        return 0
     import torch  # NVML-based count: does not initialise CUDA
 
     return torch.cuda.device_count()

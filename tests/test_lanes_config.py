@@ -1,0 +1,93 @@
+"""Lane YAMLs, GPU-class detection and the lane runner's command line (no pytest is run)."""
+import json
+
+import pytest
+import yaml
+
+from selgate.lanes.config import TOL_ENV, lane_names, load_lane, tolerance_env
+from selgate.lanes.detect import lane_for
+from selgate.lanes.runner import plan_lane
+
+
+def test_every_lane_yaml_loads_and_declares_a_policy():
+    assert {"cpu", "sm80", "sm89", "sm90"} <= set(lane_names())
+    for name in lane_names():
+        lane = load_lane(name)
+        assert lane["policy"], f"lane {name} shows no policy"
+
+
+def test_sm89_lane_asserts_the_adr_both_ways():
+    checks = {c["triton_launches"]: c["env"] for c in load_lane("sm89")["policy"]}
+    assert checks[False] == {"NSA_SEL_CAPABILITY": "8.9"}
+    assert checks[True] == {"NSA_SEL_CAPABILITY": "8.9", "NSA_TRITON_SEL_FORCE": "1"}
+
+
+@pytest.mark.parametrize("cap,lane", [(None, "cpu"), ("9.0", "sm90"), ("8.9", "sm89"), ("8.0", "sm80"),
+                                      ("8.6", "sm80")])
+def test_detection_maps_capability_to_lane(cap, lane):
+    assert lane_for(cap) == lane
+
+
+def test_detection_names_an_unknown_capability():
+    with pytest.raises(ValueError, match="compute capability 10.0 matches lanes"):
+        lane_for("10.0")
+
+
+def _write_lane(tmp_path, **changes):
+    lane = {k: v for k, v in load_lane("sm90").items() if k != "name"}
+    lane.update(changes)
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(lane))
+    return tmp_path
+
+
+def test_tolerance_override_needs_a_reason(tmp_path):
+    _write_lane(tmp_path, tolerance_overrides={"fp16": {"max_factor": 3}})
+    with pytest.raises(ValueError, match=r"tolerance_overrides.fp16: every override needs a 'reason'"):
+        load_lane("x", tmp_path)
+
+
+def test_tolerance_overrides_reach_the_env_without_reasons(tmp_path):
+    _write_lane(tmp_path, tolerance_overrides={"fp16": {"max_factor": 3, "reason": "measured 2.6x on L4"}})
+    env = tolerance_env(load_lane("x", tmp_path))
+    assert json.loads(env[TOL_ENV]) == {"fp16": {"max_factor": 3}}
+
+
+def test_unknown_family_and_bad_workers_are_rejected(tmp_path):
+    _write_lane(tmp_path, required_families=["parity", "parrity"])
+    with pytest.raises(ValueError, match=r"required_families: unknown \['parrity'\]"):
+        load_lane("x", tmp_path)
+    _write_lane(tmp_path, workers=0)
+    with pytest.raises(ValueError, match="workers: expected an integer >= 1"):
+        load_lane("x", tmp_path)
+
+
+def test_cpu_plan_runs_xdist_with_timeout_junit_and_triton_cache():
+    plan = plan_lane(load_lane("cpu"), capability=None, k="parity")
+    args = plan.pytest_args
+    assert args[args.index("-n") + 1] == "2"
+    assert args[args.index("--timeout") + 1] == "300"
+    assert args[args.index("--junitxml") + 1] == "reports/out/cpu/junit.xml"
+    assert args[args.index("--size") + 1] == "tiny"
+    assert args[args.index("-k") + 1] == "parity"
+    assert "selgate.lanes.xdist_gpu" in args and "selgate.reports.stamp" in args
+    assert "lanes/test_lane_policy.py" in args
+    assert plan.env["TRITON_INTERPRET"] == "1" and plan.env["SELGATE_LANE"] == "cpu"
+    assert plan.env["TRITON_CACHE_DIR"].endswith("triton/cpu-cpu")
+
+
+def test_gpu_lane_refuses_the_wrong_device_unless_emulated():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        plan_lane(load_lane("sm90"), capability=None)
+    with pytest.raises(ValueError, match=r"this device has 9.0; pass --emulate"):
+        plan_lane(load_lane("sm89"), capability="9.0", gpus=1)
+    plan = plan_lane(load_lane("sm89"), capability="9.0", gpus=2, emulate=True, policy_only=True)
+    assert plan.env["NSA_SEL_CAPABILITY"] == "8.9"
+    assert plan.out_name == "sm89-emulated"
+    assert plan.env["TRITON_CACHE_DIR"].endswith("triton/sm89-emulated-sm90")
+    assert plan.pytest_args[0] == "lanes/test_lane_policy.py" and "conformance" not in plan.pytest_args
+    assert plan.pytest_args[plan.pytest_args.index("-n") + 1] == "2"   # one worker per GPU
+
+
+def test_gpu_lane_without_visible_gpus_fails_clearly():
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES leaves no GPU visible"):
+        plan_lane(load_lane("sm90"), capability="9.0", gpus=0)

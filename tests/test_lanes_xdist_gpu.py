@@ -1,0 +1,80 @@
+"""One GPU per xdist worker, and a test that kills its worker becomes that test's error
+while the lane's other results survive (real pytest -n runs in a subprocess)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from selgate.lanes.xdist_gpu import worker_device
+from selgate.reports.results import load_lane
+
+
+@pytest.mark.parametrize("worker,visible,count,expected", [
+    ("gw0", "4,5", 0, "4"),          # an inherited CUDA_VISIBLE_DEVICES is honoured, not renumbered
+    ("gw1", "4,5", 0, "5"),
+    ("gw2", "4,5", 0, "4"),          # more workers than GPUs: wrap around
+    ("gw1", " 4, 5 ", 0, "5"),
+    ("gw1", "GPU-aa,GPU-bb", 0, "GPU-bb"),
+    ("gw3", None, 8, "3"),           # unset: every device
+    ("gw0", "", 0, None),            # nothing visible: leave it alone
+    (None, "4,5", 0, None),          # not an xdist worker
+])
+def test_worker_device_mapping(worker, visible, count, expected):
+    assert worker_device(worker, visible, count) == expected
+
+
+def test_bad_worker_id_is_named():
+    with pytest.raises(ValueError, match="PYTEST_XDIST_WORKER: expected 'gw<N>', got 'w1'"):
+        worker_device("w1", "0,1", 0)
+
+
+def _run_pytest(tmp_path, source, workers, env=None, plugins=("selgate.lanes.xdist_gpu",)):
+    (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(source))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", str(workers), *(a for p in plugins for a in ("-p", p)),
+         "-p", "no:cacheprovider", "--junitxml", "out/junit.xml", "test_synthetic.py"],
+        cwd=tmp_path, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+    return proc, load_lane("synthetic", tmp_path / "out")
+
+
+def test_each_worker_sees_one_gpu_of_the_inherited_set(tmp_path):
+    source = """
+        import os, pytest
+        @pytest.mark.parametrize("i", range(4))
+        def test_record(i):
+            open(f"seen-{os.environ['PYTEST_XDIST_WORKER']}", "a").write(os.environ["CUDA_VISIBLE_DEVICES"] + "\\n")
+    """
+    proc, lane = _run_pytest(tmp_path, source, 2, {"CUDA_VISIBLE_DEVICES": "6,3"})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    seen = {p.name: set(p.read_text().split()) for p in tmp_path.glob("seen-*")}
+    assert seen == {"seen-gw0": {"6"}, "seen-gw1": {"3"}}
+    assert lane.counts()["pass"] == 4
+
+
+def test_a_test_that_kills_its_worker_is_an_error_and_the_rest_survive(tmp_path):
+    source = """
+        import os
+        def log(name):
+            open("pids", "a").write(f"{name} {os.getpid()}\\n")
+        def test_before(): log("before")
+        def test_exit(): os._exit(3)
+        def test_abort(): os.abort()
+        def test_fault():
+            log("fault")
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        def test_after(): log("after")
+        def test_failing(): assert 1 == 2
+    """
+    proc, lane = _run_pytest(tmp_path, source, 1, plugins=("selgate.lanes.xdist_gpu", "selgate.reports.stamp"))
+    outcomes = {c.nodeid.split("::")[1]: c.outcome for c in lane.cases}
+    assert outcomes == {"test_before": "pass", "test_exit": "error", "test_abort": "error",
+                        "test_fault": "error", "test_after": "pass", "test_failing": "fail"}, proc.stdout[-3000:]
+    crashed = {c.nodeid.split("::")[1]: c.message for c in lane.cases if c.outcome == "error"}
+    assert all("crashed while running" in m for m in crashed.values())
+    pids = dict(line.split() for line in (tmp_path / "pids").read_text().splitlines())
+    assert pids["after"] != pids["fault"], "the poisoned worker must be replaced before the next test"
+    assert json.loads((tmp_path / "out" / "environment.json").read_text())["pytest_exitstatus"] == 1
+    assert [c.family for c in lane.cases] == ["other"] * 6
