@@ -125,11 +125,12 @@ def _build_fla(p, x):
                                       scale=x.scale), p)
 
 
-def triton_config(p: Problem) -> dict:
-    """The launch parameters the Triton forward picks for `p` on this device (from configs/)."""
+def triton_config(p: Problem, device: torch.device) -> dict:
+    """The launch parameters the Triton forward picks for `p` on `device` (from configs/)."""
     from selgate.kernels.triton.fwd import launch_config
 
-    return launch_config(p.D, p.Dv, torch.finfo(getattr(torch, p.dtype)).bits // 8, decode=p.S == 1)
+    kind = "interpreter" if device.type == "cpu" else "decode" if p.S == 1 else "prefill"
+    return launch_config(p.D, p.Dv, torch.finfo(getattr(torch, p.dtype)).bits // 8, kind)
 
 
 def _build_triton(p, x, config=None):

@@ -56,7 +56,7 @@ def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) ->
            "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None, "kv_bytes": None,
            "io_bytes": None, "gbps": None, "tflops": None, "frac_copy": None, "frac_matmul": None, "speedups": "",
            "parity": "", "max_err": None, "kernel_config": "", "note": "", "device": device_name,
-           "copy_gbps": round(limits.copy_gbps, 1), "matmul_tflops": round(limits.matmul_tflops, 2)}
+           "copy_gbps": limits.copy_gbps, "matmul_tflops": limits.matmul_tflops}
     row.update(fields)
     return row
 
@@ -64,6 +64,16 @@ def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) ->
 def _error(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip().splitlines()[0]
     return text[:300]
+
+
+def _launch_name(method: str, p: Problem, device) -> str:
+    """'BLOCK_LxWARPSxSTAGES' the Triton method ran with; the timing stands even if the kernel's
+    config helper changed shape."""
+    try:
+        cfg = variant_config(method) or triton_config(p, device)
+        return f"{cfg['BLOCK_L']}x{cfg['num_warps']}x{cfg['num_stages']}"
+    except (TypeError, KeyError, ImportError) as e:
+        return f"unknown ({_error(e)})"
 
 
 def _measure(p, method, sets, device, s: Settings) -> dict:
@@ -81,8 +91,7 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
     t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
     fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n)
     if method.startswith("triton"):
-        cfg = variant_config(method) or triton_config(p)
-        fields["kernel_config"] = f"{cfg['BLOCK_L']}x{cfg['num_warps']}x{cfg['num_stages']}"
+        fields["kernel_config"] = _launch_name(method, p, device)
     return fields
 
 
@@ -115,7 +124,7 @@ def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Li
     timed = {r["method"]: r["ms"] for r in rows if r["status"] == "ok"}
     for r in rows:
         if r["status"] == "ok":
-            r["speedups"] = ";".join(f"{m}={ms / r['ms']:.3f}" for m, ms in timed.items() if m != r["method"])
+            r["speedups"] = ";".join(f"{m}={ms / r['ms']:.4g}" for m, ms in timed.items() if m != r["method"])
     return rows
 
 

@@ -1,0 +1,107 @@
+"""`python -m selgate.bench sel` on tiny CPU shapes: tables, metrics, robustness, arguments."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from selgate.bench import baselines, tables
+from selgate.bench.__main__ import main
+from selgate.bench.presets import PRESETS
+
+TINY = ["sel", "--N", "3", "--H", "2", "--D", "16", "--Dv", "8", "--L_list", "16,24", "--iters", "3", "--warmup", "1"]
+
+
+def run(tmp_path, capsys, *args):
+    assert main([*TINY, "--out", str(tmp_path), *args]) == 0
+    out = capsys.readouterr().out
+    return tables.read_csv(tmp_path / "sel.csv"), out
+
+
+def test_decode_smoke_tables_and_metrics(tmp_path, capsys):
+    rows, out = run(tmp_path, capsys, "--dtype", "fp32", "--dist", "few,mixed",
+                    "--backends", "sdpa,masked_sdpa,gather_sdpa,reference")
+    assert len(rows) == 4 * 4 and {r["status"] for r in rows} == {"ok"} and {r["parity"] for r in rows} == {"ok"}
+    assert out.rstrip().splitlines()[-1].startswith("files: ") and "## selgate bench summary" in out
+    md = (tmp_path / "sel.md").read_text()
+    assert md.count("\n| decode N=3") == 16 and "95% interval" in md
+    for r in rows:
+        assert r["ms_lo"] <= r["ms"] <= r["ms_hi"] and r["iters"] == 3
+        if r["dist"] == "few":  # every one of the 3 rows selects L keys of K (D=16) and V (Dv=8), fp32
+            assert r["kv_bytes"] == 3 * r["L"] * (16 + 8) * 4
+        assert r["io_bytes"] == r["kv_bytes"] + 3 * 2 * (16 + 8) * 4
+        assert r["gbps"] == pytest.approx(r["io_bytes"] / r["ms"] / 1e6, rel=1e-4)
+        assert r["frac_copy"] == pytest.approx(r["gbps"] / r["copy_gbps"], rel=1e-2)
+    by = {(r["config"], r["method"]): r for r in rows}
+    for (config, method), r in by.items():
+        for other, x in tables.parse_speedups(r["speedups"]).items():
+            assert x == pytest.approx(by[(config, other)]["ms"] / r["ms"], rel=2e-3)
+
+
+def test_prefill_smoke_skips_what_does_not_apply(tmp_path, capsys):
+    rows, _ = run(tmp_path, capsys, "--T", "64", "--heads", "4", "--groups", "2", "--l_sel", "8", "--n_blocks", "3",
+                  "--backends", "sdpa,gather_sdpa,dense_causal,fla_nsa,cuda")
+    got = {r["method"]: r for r in rows}
+    assert got["sdpa"]["status"] == "ok" and got["sdpa"]["parity"] == "ok" and got["sdpa"]["dtype"] == "bfloat16"
+    assert got["gather_sdpa"]["parity"] == "ok"
+    assert got["dense_causal"]["status"] == "ok" and got["dense_causal"]["parity"] == "n/a"
+    assert got["cuda"]["status"] == "skip" and got["cuda"]["note"] == "decode only"
+    assert got["fla_nsa"]["status"] == "skip" and "CUDA" in got["fla_nsa"]["note"]
+
+
+def test_a_failing_backend_is_logged_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    def broken(p, x):
+        def call():
+            raise RuntimeError("kernel exploded\nsecond line")
+        return call
+    monkeypatch.setitem(baselines.METHODS, "broken", baselines.Method("broken", True, broken))
+    rows, out = run(tmp_path, capsys, "--dtype", "fp32", "--backends", "broken,sdpa")
+    assert [r["status"] for r in rows] == ["error", "ok"] * 2
+    assert rows[0]["note"] == "RuntimeError: kernel exploded"
+    assert "errors (first 5):" in out and "kernel exploded" in (tmp_path / "sel.md").read_text()
+
+
+def test_time_budget_skips_the_rest_and_default_output_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tables, "RESULTS_DIR", tmp_path)
+    assert main([*TINY, "--budget_s", "0", "--backends", "sdpa"]) == 0
+    rows = tables.read_csv(tables.latest_csv("cpu"))
+    assert tables.latest_csv("cpu").parent.parent == tmp_path / "cpu"
+    assert [r["status"] for r in rows] == ["skip", "skip"] and "time budget" in rows[0]["note"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dist", "some"], "expected a comma-separated subset of"),
+    (["--backends", "sdpa,nope"], "backend: expected one of"),
+    (["--N", "1x"], "expected comma-separated integers"),
+])
+def test_bad_arguments_are_named(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_decode_and_prefill_flags_exclude_each_other():
+    with pytest.raises(SystemExit, match="--decode and --T"):
+        main([*TINY, "--decode", "--T", "64"])
+
+
+def test_presets_hold_the_issue_matrices():
+    seed = [p for _, ps, _ in PRESETS["seed"]() for p in ps]
+    assert len(seed) == 2 * 2 * 2 * 7 * 3 * 3 and {p.B for p in seed} == {64, 256, 1024}
+    assert {p.L for p in seed} == {16, 32, 64, 128, 256, 512, 1024} and {p.dtype for p in seed} == {"bfloat16"}
+    (_, decode, _), (_, prefill, _) = PRESETS["issue4"]()
+    assert {(p.B, p.h, p.D, p.Dv, p.L) for p in decode} == {(1024, 8, 128, 128, 512), (1024, 8, 128, 128, 1024)}
+    (pf,) = prefill
+    assert (pf.B, pf.S, pf.G, pf.h, pf.D, pf.Dv, pf.l_sel, pf.n_blocks) == (1, 65536, 4, 16, 128, 128, 64, 16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Triton runs on CPU only under TRITON_INTERPRET=1 (bin/test sets it)")
+def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
+    """fp32 only: the interpreter computes bf16 wrongly (triton issue 11584)."""
+    rows, _ = run(tmp_path, capsys, "--N", "2", "--L_list", "16", "--dtype", "fp32",
+                  "--backends", "sdpa,triton,triton@16x4x2")
+    got = {r["method"]: r for r in rows}
+    assert got["triton"]["status"] == "ok" and got["triton"]["parity"] == "ok"
+    assert got["triton@16x4x2"]["parity"] == "ok" and got["triton@16x4x2"]["kernel_config"] == "16x4x2"
