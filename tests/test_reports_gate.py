@@ -1,0 +1,158 @@
+"""The gate on synthetic JUnit files: what passes, and each thing that must block
+(a failing case, a missing/skipped/empty/unstamped required lane, an expired quarantine,
+a required family without a pass)."""
+import datetime
+import json
+from xml.sax.saxutils import quoteattr
+
+import pytest
+import yaml
+
+from selgate.reports.__main__ import main
+from selgate.reports.families import FAMILIES
+
+REQUIRED = ["parity", "bounds", "policy"]
+TODAY = datetime.datetime.now(datetime.timezone.utc).date()
+
+
+def write_lane(root, lane, cases, env=True, exitstatus=0):
+    """A pytest-shaped junit.xml (+ environment.json) under root/lane/. `cases`: tuples
+    (nodeid, outcome, family, seed) with outcome pass/fail/error/skip/xfail."""
+    body = {"pass": "", "fail": '<failure message="assert 1 == 2">trace</failure>',
+            "error": '<error message="worker \'gw0\' crashed">crash</error>',
+            "skip": '<skipped type="pytest.skip" message="needs a GPU" />',
+            "xfail": '<skipped type="pytest.xfail" message="known" />'}
+    xml = []
+    for nodeid, outcome, family, seed in cases:
+        module, name = nodeid.split("::")
+        props = f'<property name="nodeid" value={quoteattr(nodeid)} /><property name="family" value="{family}" />'
+        props += f'<property name="seed" value="{seed}" />' if seed is not None else ""
+        xml.append(f'<testcase classname="{module[:-3].replace("/", ".")}" name={quoteattr(name)} time="0.1">'
+                   f"<properties>{props}</properties>{body[outcome]}</testcase>")
+    d = root / lane
+    d.mkdir(parents=True)
+    (d / "junit.xml").write_text('<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+                                 f'<testsuite name="pytest" tests="{len(cases)}">{"".join(xml)}</testsuite>'
+                                 "</testsuites>")
+    if env:
+        (d / "environment.json").write_text(json.dumps({
+            "lane": lane, "gpu": "none", "capability": "none", "torch": "2.13.0", "triton": "3.6.0",
+            "commit": "abc123", "capability_override": "none", "tolerance_overrides": "none",
+            "pytest_exitstatus": exitstatus}))
+
+
+def passing_cases(families=REQUIRED + ["backward", "gradcheck", "determinism", "decode", "group", "varlen",
+                                       "empty_ranges", "bad_input"]):
+    return [(f"conformance/test_{f}.py::test_{f}[case0]", "pass", f, 7) for f in families]
+
+
+def write_policy(tmp_path, quarantine=(), required_lanes=("cpu",)):
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump({"default_profile": "merge",
+                                    "profiles": {"merge": {"required_lanes": list(required_lanes)},
+                                                 "release": {"required_lanes": ["cpu", "sm90"]}},
+                                    "required_families": REQUIRED, "quarantine": list(quarantine)}))
+    return path
+
+
+def gate(tmp_path, capsys, *extra, policy=None):
+    rc = main(["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
+               "--policy", str(policy or write_policy(tmp_path)), *extra])
+    return rc, capsys.readouterr().out.splitlines()[0]
+
+
+def test_all_required_results_pass(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases() + [("tests/test_x.py::test_gpu", "skip", "harness", None)])
+    rc, line = gate(tmp_path, capsys)
+    assert (rc, line) == (0, "GATE PASSED: required lanes cpu")
+    assert (tmp_path / "out" / "report.md").exists() and (tmp_path / "out" / "merged.xml").exists()
+
+
+def test_a_failing_case_blocks_and_is_named(tmp_path, capsys):
+    cases = passing_cases() + [("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity", 3)]
+    write_lane(tmp_path / "res", "cpu", cases)
+    rc, line = gate(tmp_path, capsys)
+    assert rc == 1
+    assert line == ("GATE BLOCKED: lane cpu: FAIL conformance/test_parity.py::test_parity[fp16-case3] "
+                    "(seed 3): assert 1 == 2")
+
+
+def test_a_crashed_case_blocks(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases() + [("conformance/test_bounds.py::test_oob", "error",
+                                                               "bounds", None)])
+    rc, line = gate(tmp_path, capsys)
+    assert rc == 1 and "ERROR conformance/test_bounds.py::test_oob" in line
+
+
+def test_a_failure_in_a_present_optional_lane_blocks(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    write_lane(tmp_path / "res", "sm90", [("conformance/test_dtype.py::test_bf16", "fail", "dtype", 1)])
+    rc, line = gate(tmp_path, capsys)
+    assert rc == 1 and line.startswith("GATE BLOCKED: lane sm90: FAIL conformance/test_dtype.py::test_bf16")
+
+
+def test_a_missing_required_lane_blocks(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    rc, line = gate(tmp_path, capsys, "--profile", "release")
+    assert rc == 1
+    assert line.startswith("GATE BLOCKED: required lane sm90 missing: no sm90/junit.xml")
+
+
+def test_lanes_flag_replaces_the_profile(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    rc, line = gate(tmp_path, capsys, "--profile", "release", "--lanes", "cpu")
+    assert (rc, line) == (0, "GATE PASSED: required lanes cpu")
+
+
+@pytest.mark.parametrize("cases,env,exitstatus,expected", [
+    ([], True, 5, "required lane cpu empty"),
+    ([("conformance/test_parity.py::test_p", "skip", "parity", None)], True, 0, "required lane cpu skipped: all 1"),
+    (passing_cases(), False, 0, "required lane cpu unstamped"),
+    (passing_cases(), True, 2, "required lane cpu aborted: pytest exit 2 (interrupted)"),
+    (passing_cases(REQUIRED[:-1]), True, 0, "required lane cpu: family policy has no passing test"),
+])
+def test_a_lane_without_evidence_blocks(tmp_path, capsys, cases, env, exitstatus, expected):
+    write_lane(tmp_path / "res", "cpu", cases, env=env, exitstatus=exitstatus)
+    rc, line = gate(tmp_path, capsys)
+    assert rc == 1 and line.startswith(f"GATE BLOCKED: {expected}"), line
+
+
+def _quarantine(expires, test="conformance/test_parity.py::test_parity[*]"):
+    return {"test": test, "owner": "kernels-team", "reason": "issue 12: fp16 drift", "expires": expires}
+
+
+def test_a_live_quarantine_lets_its_failure_through(tmp_path, capsys):
+    cases = passing_cases() + [("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity", 3)]
+    write_lane(tmp_path / "res", "cpu", cases)
+    policy = write_policy(tmp_path, [_quarantine(TODAY + datetime.timedelta(days=7))])
+    rc, line = gate(tmp_path, capsys, policy=policy)
+    assert rc == 0, line
+    assert "owner kernels-team" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_an_expired_quarantine_blocks_even_with_every_test_passing(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    policy = write_policy(tmp_path, [_quarantine(TODAY - datetime.timedelta(days=1))])
+    rc, line = gate(tmp_path, capsys, policy=policy)
+    assert rc == 1
+    assert line.startswith("GATE BLOCKED: quarantine of conformance/test_parity.py::test_parity[*] "
+                           "(owner kernels-team) expired on")
+
+
+def test_a_quarantine_entry_without_owner_is_a_policy_error(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    entry = _quarantine(TODAY)
+    del entry["owner"]
+    rc = main(["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
+               "--policy", str(write_policy(tmp_path, [entry]))])
+    assert rc == 2
+    assert "quarantine[0] (conformance/test_parity.py::test_parity[*]): missing ['owner']" in capsys.readouterr().err
+
+
+def test_the_shipped_policy_requires_known_families_and_the_cpu_lane_for_merges():
+    from selgate.reports.gate import load_policy, required_lanes
+
+    policy = load_policy()
+    assert set(policy["required_families"]) <= set(FAMILIES)
+    assert required_lanes(policy, None, None) == ["cpu"]
+    assert required_lanes(policy, "release", None) == ["cpu", "sm90"]
