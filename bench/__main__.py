@@ -20,7 +20,7 @@ from selgate.kernels.config import current_device_name
 from . import tables
 from .baselines import METHODS, default_methods, get_method
 from .inputs import DISTS, decode_problem, prefill_problem
-from .presets import PRESETS
+from .presets import PRESETS, Matrix, issue4_checks
 from .sweep import Settings, run_sweep
 from .timing import measure_limits
 
@@ -86,8 +86,8 @@ def add_sel(sub) -> None:
     p.add_argument("--name", help="file name stem (default: the preset, else 'sel')")
 
 
-def matrices(a) -> list:
-    """(name, problems, settings) groups the arguments ask for."""
+def matrices(a) -> list[Matrix]:
+    """The matrices the arguments ask for."""
     dtype = DTYPES[a.dtype]
     if a.sweep:
         return PRESETS[a.sweep](dtype)
@@ -95,42 +95,41 @@ def matrices(a) -> list:
     if a.T is not None:
         if a.decode:
             raise SystemExit("--decode and --T (prefill) exclude each other")
-        return [("prefill", [prefill_problem(a.T, a.heads, a.groups, D, Dv, a.l_sel, a.n_blocks, dtype, B=a.B)
-                             for D in a.D for Dv in (a.Dv or [D])], s)]
+        return [Matrix("prefill", [prefill_problem(a.T, a.heads, a.groups, D, Dv, a.l_sel, a.n_blocks, dtype, B=a.B)
+                                   for D in a.D for Dv in (a.Dv or [D])], s)]
     problems = [decode_problem(N, H, D, Dv, L, dist, dtype, G=a.G, S_kv=a.S_kv or None)
                 for N in a.N for H in a.H for D in a.D for Dv in (a.Dv or [D]) for L in a.L_list for dist in a.dist]
-    return [("decode", problems, s)]
+    return [Matrix("decode", problems, s)]
 
 
 def cmd_sel(a) -> int:
     device = torch.device(a.device)
     groups = matrices(a)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    methods = a.backends or default_methods(device)
     limits = measure_limits(device, getattr(torch, DTYPES[a.dtype]))
-    rows, budget = [], a.budget_s
-    for name, problems, settings in groups:
-        started = time.monotonic()
-        rows += run_sweep(problems, methods, device, limits, settings, device_name, budget_s=budget, desc=name)
-        budget -= time.monotonic() - started
+    rows, deadline = [], time.monotonic() + a.budget_s
+    for m in groups:
+        methods = a.backends or list(m.methods) or default_methods(device)
+        rows += run_sweep(m.problems, methods, device, limits, m.settings, device_name,
+                          budget_s=deadline - time.monotonic(), desc=m.name)
     out = a.out or tables.results_dir(device_name)
     csv_path, md_path = tables.write_tables(rows, out, a.name or a.sweep or "sel")
-    print(tables.summary(rows, [csv_path, md_path]))
+    print("\n".join([tables.summary(rows, [csv_path, md_path]), *issue4_checks(rows)]))
     return 0
 
 
 def cmd_thresholds(a) -> int:
     from .thresholds import derive, write_profile
 
-    rows = tables.read_csv(a.csv)
+    rows = [r for path in a.csv for r in tables.read_csv(path)]
     device_name = a.device or rows[0]["device"]
     result = derive(rows)
     print(result.markdown())
     if not result.per_L:
-        raise SystemExit(f"{a.csv}: no configuration with both `sdpa` and `triton` measured; profile not written")
+        raise SystemExit(f"{', '.join(map(str, a.csv))}: no configuration with both `sdpa` and `triton` measured; profile not written")
     if not a.dry_run:
-        a.csv.with_suffix(".thresholds.md").write_text(result.markdown())
-        print(f"wrote {write_profile(result, device_name, source=a.csv)}")
+        a.csv[0].with_suffix(".thresholds.md").write_text(result.markdown())
+        print(f"wrote {write_profile(result, device_name, source=', '.join(map(str, a.csv)))}")
     return 0
 
 
@@ -162,7 +161,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_sel(sub)
     t = sub.add_parser("thresholds", help="derive the device profile from a results CSV")
-    t.add_argument("csv", type=Path)
+    t.add_argument("csv", type=Path, nargs="+", help="results CSVs of one device (e.g. full.csv launch.csv)")
     t.add_argument("--device", help="device name or slug (default: the CSV's device column)")
     t.add_argument("--dry_run", action="store_true", help="print the decision, write nothing")
     b = sub.add_parser("baseline", help="promote a results CSV to the device's committed baseline")

@@ -4,29 +4,77 @@
 L in {512, 1024}; prefill bf16 B=1, T=65536, 64 heads in 4 groups, D=Dv=128, 16 blocks
 of 64). `seed`: H in {4, 8}, D, Dv in {64, 128}, L in {16..1024}, N in {64, 256, 1024},
 few/many/mixed (504 decode configurations, few timed calls each). `full`: both.
+`launch`: Triton launch variants (BLOCK_L x warps x stages) over L, for the optimiser's
+per-bucket block sizes.
 """
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from .inputs import DISTS, Problem, decode_problem, prefill_problem
 from .sweep import Settings
 
 SEED_L = (16, 32, 64, 128, 256, 512, 1024)
+LAUNCH_VARIANTS = tuple(f"triton@{b}x{w}x{s}" for b in (16, 32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 3)))
 
 
-def issue4(dtype: str = "bfloat16") -> list[tuple[str, list[Problem], Settings]]:
-    decode = [decode_problem(1024, 8, 128, 128, L, dist, dtype) for L in (512, 1024) for dist in ("few", "many")]
-    prefill = [prefill_problem(65536, 64, 4, 128, 128, 64, 16, dtype)]
-    return [("issue4-decode", decode, Settings(warmup=10, iters=100)),
-            ("issue4-prefill", prefill, Settings(warmup=2, iters=10, max_seconds=4.0))]
+@dataclass(frozen=True)
+class Matrix:
+    name: str
+    problems: list[Problem]
+    settings: Settings
+    methods: tuple[str, ...] = ()  # empty: the device's defaults or --backends
 
 
-def seed(dtype: str = "bfloat16") -> list[tuple[str, list[Problem], Settings]]:
+def issue4_decode(dtype: str) -> list[Problem]:
+    return [decode_problem(1024, 8, 128, 128, L, dist, dtype) for L in (512, 1024) for dist in ("few", "many")]
+
+
+def issue4_prefill(dtype: str) -> Problem:
+    return prefill_problem(65536, 64, 4, 128, 128, 64, 16, dtype)
+
+
+def issue4(dtype: str = "bfloat16") -> list[Matrix]:
+    return [Matrix("issue4-decode", issue4_decode(dtype), Settings(warmup=10, iters=100)),
+            Matrix("issue4-prefill", [issue4_prefill(dtype)], Settings(warmup=2, iters=10, max_seconds=4.0))]
+
+
+def seed(dtype: str = "bfloat16") -> list[Matrix]:
     problems = [decode_problem(N, H, D, Dv, L, dist, dtype)
                 for N, H, D, Dv, L, dist in itertools.product((64, 256, 1024), (4, 8), (64, 128), (64, 128), SEED_L,
                                                               DISTS)]
-    return [("seed", problems, Settings(warmup=3, iters=15, max_seconds=0.5))]
+    return [Matrix("seed", problems, Settings(warmup=3, iters=15, max_seconds=0.5))]
 
 
-PRESETS = {"issue4": issue4, "seed": seed, "full": lambda dtype="bfloat16": issue4(dtype) + seed(dtype)}
+def launch(dtype: str = "bfloat16") -> list[Matrix]:
+    methods = ("sdpa", "triton", *LAUNCH_VARIANTS)
+    decode = [decode_problem(1024, 8, D, D, L, "many", dtype) for D in (64, 128) for L in SEED_L]
+    return [Matrix("launch-decode", decode, Settings(warmup=3, iters=20, max_seconds=0.5), methods),
+            Matrix("launch-prefill", [issue4_prefill(dtype)], Settings(warmup=2, iters=5, max_seconds=1.0), methods)]
+
+
+PRESETS = {"issue4": issue4, "seed": seed, "full": lambda dtype="bfloat16": issue4(dtype) + seed(dtype),
+           "launch": launch}
+
+
+def issue4_checks(rows: list[dict]) -> list[str]:
+    """The forward issue's benchmark bars, for the rows of `rows` that measure them."""
+    dtype = "bfloat16"
+    decode = {p.key for p in issue4_decode(dtype)}
+    prefill = issue4_prefill(dtype).key
+    by = {(r["config"], r["method"]): r for r in rows if r["status"] == "ok"}
+    lines = []
+    for (config, method), r in sorted(by.items()):
+        if method not in ("triton", "cuda"):
+            continue
+        if config in decode:
+            x_floor = 1 / r["frac_copy"]
+            gather = by.get((config, "gather_sdpa"))
+            vs = f"{gather['ms'] / r['ms']:.1f}x" if gather else "not measured"
+            verdict = "PASS" if x_floor <= 1.5 and gather and gather["ms"] / r["ms"] >= 5 else "FAIL"
+            lines.append(f"- {verdict} {config} / {method}: {r['ms']:.4f} ms = {x_floor:.2f}x the HBM floor "
+                         f"(bar 1.5x), {vs} vs gather_sdpa (bar 5x)")
+        elif config == prefill:
+            lines.append(f"- {'PASS' if r['ms'] <= 15 else 'FAIL'} {config} / {method}: {r['ms']:.2f} ms (bar 15 ms)")
+    return ["", "Forward-issue bars:"] + lines if lines else []

@@ -47,13 +47,16 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
     number of timed calls is cut (to no fewer than 3) when they would take over `max_seconds`."""
     if not calls:
         raise ValueError("calls: expected at least one callable")
-    started = time.perf_counter()
-    for i in range(warmup):
-        calls[i % len(calls)]()
-    synchronize(device)
-    per_call = (time.perf_counter() - started) / max(warmup, 1)
-    if per_call > 0 and warmup:
-        iters = max(min(iters, int(max_seconds / per_call)), 3)
+    if warmup:
+        calls[0]()  # a first call may compile; it does not count towards the estimate
+        synchronize(device)
+        started = time.perf_counter()
+        for i in range(1, warmup):
+            calls[i % len(calls)]()
+        synchronize(device)
+        per_call = (time.perf_counter() - started) / (warmup - 1) if warmup > 1 else 0.0
+        if per_call > 0:
+            iters = max(min(iters, int(max_seconds / per_call)), 3)
     samples = []
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]

@@ -8,7 +8,7 @@ import torch
 
 from selgate.bench import baselines, tables
 from selgate.bench.__main__ import main
-from selgate.bench.presets import PRESETS
+from selgate.bench.presets import PRESETS, issue4_checks
 
 TINY = ["sel", "--N", "3", "--H", "2", "--D", "16", "--Dv", "8", "--L_list", "16,24", "--iters", "3", "--warmup", "1"]
 
@@ -87,10 +87,10 @@ def test_decode_and_prefill_flags_exclude_each_other():
 
 
 def test_presets_hold_the_issue_matrices():
-    seed = [p for _, ps, _ in PRESETS["seed"]() for p in ps]
+    seed = [p for m in PRESETS["seed"]() for p in m.problems]
     assert len(seed) == 2 * 2 * 2 * 7 * 3 * 3 and {p.B for p in seed} == {64, 256, 1024}
     assert {p.L for p in seed} == {16, 32, 64, 128, 256, 512, 1024} and {p.dtype for p in seed} == {"bfloat16"}
-    (_, decode, _), (_, prefill, _) = PRESETS["issue4"]()
+    decode, prefill = (m.problems for m in PRESETS["issue4"]())
     assert {(p.B, p.h, p.D, p.Dv, p.L) for p in decode} == {(1024, 8, 128, 128, 512), (1024, 8, 128, 128, 1024)}
     (pf,) = prefill
     assert (pf.B, pf.S, pf.G, pf.h, pf.D, pf.Dv, pf.l_sel, pf.n_blocks) == (1, 65536, 4, 16, 128, 128, 64, 16)
@@ -105,3 +105,22 @@ def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
     got = {r["method"]: r for r in rows}
     assert got["triton"]["status"] == "ok" and got["triton"]["parity"] == "ok"
     assert got["triton@16x4x2"]["parity"] == "ok" and got["triton@16x4x2"]["kernel_config"] == "16x4x2"
+
+
+def test_issue4_bars_are_checked_from_the_rows():
+    (dec, *_), (pf,) = (m.problems for m in PRESETS["issue4"]())
+    rows = [{"config": dec.key, "method": "triton", "status": "ok", "ms": 0.5, "frac_copy": 0.8},
+            {"config": dec.key, "method": "gather_sdpa", "status": "ok", "ms": 3.0, "frac_copy": 0.1},
+            {"config": pf.key, "method": "triton", "status": "ok", "ms": 20.0, "frac_copy": 0.1}]
+    lines = issue4_checks(rows)
+    assert any(x.startswith(f"- PASS {dec.key} / triton: 0.5000 ms = 1.25x the HBM floor") and "6.0x vs gather" in x
+               for x in lines)
+    assert f"- FAIL {pf.key} / triton: 20.00 ms (bar 15 ms)" in lines
+    rows[1]["ms"] = 2.0  # only 4x faster than gather-then-SDPA
+    assert issue4_checks(rows)[2].startswith("- FAIL")
+
+
+def test_launch_preset_sweeps_triton_variants():
+    decode, prefill = PRESETS["launch"]()
+    assert decode.methods[:2] == ("sdpa", "triton") and "triton@64x4x3" in decode.methods
+    assert {p.L for p in decode.problems} == {16, 32, 64, 128, 256, 512, 1024}
