@@ -41,15 +41,15 @@ def _write_lane(tmp_path, **changes):
 
 
 def test_tolerance_override_needs_a_reason(tmp_path):
-    _write_lane(tmp_path, tolerance_overrides={"fp16": {"max_factor": 3}})
+    _write_lane(tmp_path, tolerance_overrides={"fp16": {"factor": 3}})
     with pytest.raises(ValueError, match=r"tolerance_overrides.fp16: every override needs a 'reason'"):
         load_lane("x", tmp_path)
 
 
 def test_tolerance_overrides_reach_the_env_without_reasons(tmp_path):
-    _write_lane(tmp_path, tolerance_overrides={"fp16": {"max_factor": 3, "reason": "measured 2.6x on L4"}})
+    _write_lane(tmp_path, tolerance_overrides={"fp16": {"factor": 3, "reason": "measured 2.6x on L4"}})
     env = tolerance_env(load_lane("x", tmp_path))
-    assert json.loads(env[TOL_ENV]) == {"fp16": {"max_factor": 3}}
+    assert json.loads(env[TOL_ENV]) == {"fp16": {"factor": 3}}
 
 
 def test_unknown_family_and_bad_workers_are_rejected(tmp_path):
