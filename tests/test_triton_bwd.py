@@ -96,8 +96,9 @@ def test_backward_matches_fp64_reference(case, dtype):
     base = ref if dtype == torch.float32 else reference_grads(q, k, v, r, pos, do, w, dtype)[0]
     norm = normalize_ranges(r, k.shape[2], pos)
     # small tiles and chunks: several KV tiles, and tiles split into partials, even at tiny sizes
-    got = triton_backward(q, k, v, o.to(dtype), lse.float(), do.to(dtype), norm, scale=resolve_scale(None, q.shape[-1]),
-                          positions=pos, dlse=w.float(), out=poisoned_like(q, k, v), block_n=16, chunk=5)
+    got = triton_backward(q, k, v, o.to(dtype), lse.float(), do.to(dtype), norm,
+                          scale=resolve_scale(None, q.shape[-1]), positions=pos, dlse=w.float(),
+                          out=poisoned_like(q, k, v), config=dict(block_n=16, chunk=5))
     for name, a, b, c in zip(("dq", "dk", "dv"), got, ref, base):
         assert a.dtype == dtype
         assert_within_spec(a, b, c, dtype, f"{case} {dtype} {name}")
@@ -115,7 +116,7 @@ def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero(
     used = ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).any(1)  # [B, G, S_kv]
     assert bool((~used).any()) and bool(used.any())
     run = lambda k, v: triton_backward(q, k, v, o.float(), lse.float(), do, norm, scale=sc,  # noqa: E731
-                                       out=poisoned_like(q, k, v), block_n=16, chunk=3)
+                                       out=poisoned_like(q, k, v), config=dict(block_n=16, chunk=3))
     clean = run(k, v)
     kp, vp = k.clone(), v.clone()
     kp[~used] = float("nan")
@@ -136,8 +137,8 @@ def test_repeated_runs_are_bitwise_equal(dtype):
     norm = normalize_ranges(r, k.shape[2])
     o, lse = selection_attention_ref(q, k, v, norm, return_lse=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
-    runs = [triton_backward(q, k, v, o.to(dtype), lse.float(), do, norm, scale=0.25, block_n=16, chunk=4)
-            for _ in range(2)]
+    runs = [triton_backward(q, k, v, o.to(dtype), lse.float(), do, norm, scale=0.25,
+                            config=dict(block_n=16, chunk=4)) for _ in range(2)]
     for a, b in zip(*runs):
         assert torch.equal(a, b)
 

@@ -267,24 +267,42 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
+def launch_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
+    """Launch parameters: `dq_*` for the dq kernel; `block_n` (KV tile), `block_m`
+    ((query row x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per
+    program) for dk/dv. Sized from sm90 compiles to stay within 255 registers without
+    spills: head dims above 128 and fp32 (IEEE dots, no tensor cores) take smaller tiles."""
+    small = max(_pow2(Dk), _pow2(Dv)) <= 128
+    if dtype == torch.float32:
+        return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2,
+                    block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK)
+    return dict(dq_block_n=64 if small else 32, dq_warps=4, dq_stages=2,
+                block_n=64 if small else 32, block_m=64 if small else 32, warps=8, stages=2, chunk=DEFAULT_CHUNK)
+
+
 def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None,
-                    block_n: int = 64, block_m: int = 64, chunk: int = DEFAULT_CHUNK):
+                    config: dict | None = None):
     """Gradients `(dq, dk, dv)` of selection attention, in the dtype of `q`, `k`, `v`.
 
     `norm_ranges` must be normalised (`normalize_ranges`); `o` and `lse` come from the
     forward, `do` is the gradient of `o`, `dlse` (optional) the gradient of `lse`.
     `out` = `(dq, dk, dv)` contiguous tensors to write into (tests poison them; dk and dv
-    are zero-filled first, since tiles no row selected are never visited). `block_n` (KV
-    tile), `block_m` ((query row x head) columns of one dk/dv MMA) and `chunk` (pairs per
-    dk/dv program) are tuning knobs that never change the math."""
+    are zero-filled first, since tiles no row selected are never visited). `config`
+    overrides keys of `launch_config` (tests shrink tiles, benchmarks sweep): tuning knobs
+    that never change the math."""
     d = check_inputs(q, k, v, norm_ranges, scale=scale, positions=positions)
-    if block_m < 16 or block_m & (block_m - 1):
-        raise ValueError(f"block_m={block_m}: expected a power of two >= 16")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"q: the Triton backward takes fp16, bf16 or fp32, got {q.dtype}")
     for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
         if dim % 8 or dim > 256:
             raise ValueError(f"{name}={dim}: the Triton backward needs a head dim that is a multiple of 8, at most 256")
+    cfg = launch_config(d.Dk, d.Dv, q.dtype)
+    unknown = set(config or {}) - set(cfg)
+    if unknown:
+        raise ValueError(f"config: unknown keys {sorted(unknown)}; expected some of {sorted(cfg)}")
+    cfg.update(config or {})
+    if cfg["block_m"] < 16 or cfg["block_m"] & (cfg["block_m"] - 1):
+        raise ValueError(f"config['block_m']={cfg['block_m']}: expected a power of two >= 16")
     _check_like("o", o, (d.B, d.S, d.G, d.h, d.Dv))
     _check_like("do", do, (d.B, d.S, d.G, d.h, d.Dv))
     _check_like("lse", lse, (d.B, d.S, d.G, d.h), torch.float32)
@@ -297,8 +315,6 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     BLOCK_H = _pow2(d.h)  # dq: the h heads of one row are the MMA's M side (at least 16)
     heads_kv = triton.next_power_of_2(d.h)  # dk/dv: block_m // heads_kv rows share one MMA
-    big_d = max(BLOCK_DK, BLOCK_DV) > 128
-    warps = 8 if big_d or BLOCK_DK + BLOCK_DV > 128 else 4
 
     n_rows = d.B * d.S * d.G * d.h
     delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
@@ -314,11 +330,12 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {got.stride()}")
     _dq_kernel[(d.S, d.B * d.G)](
         q, k, v, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.h, d.Dk, d.Dv,
-        scale, qk_scale_log2, N_R=d.n, BLOCK_H=BLOCK_H, BLOCK_N=32 if big_d else 64, BLOCK_DK=BLOCK_DK,
-        BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=warps)
+        scale, qk_scale_log2, N_R=d.n, BLOCK_H=BLOCK_H, BLOCK_N=cfg["dq_block_n"], BLOCK_DK=BLOCK_DK,
+        BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=cfg["dq_warps"],
+        num_stages=cfg["dq_stages"])
 
-    bn = min(block_n, 32) if big_d else block_n
-    idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, chunk)
+    bn = cfg["block_n"]
+    idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
     dk.zero_()
     dv.zero_()
     pdk = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DK, dtype=torch.float32, device=q.device)
@@ -328,8 +345,9 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
             q, k, v, do, lse, delta, idx.pair_row, idx.pair_lo, idx.pair_hi,
             idx.item_seg, idx.item_start, idx.item_end, idx.item_slot, dk, dv, pdk, pdv,
             idx.n_tiles, d.S_kv, d.h, d.Dk, d.Dv, scale, qk_scale_log2,
-            ROWS=max(1, block_m // heads_kv), BLOCK_H=heads_kv, BLOCK_N=bn, BLOCK_DK=BLOCK_DK,
-            BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=warps)
+            ROWS=max(1, cfg["block_m"] // heads_kv), BLOCK_H=heads_kv, BLOCK_N=bn, BLOCK_DK=BLOCK_DK,
+            BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=cfg["warps"],
+            num_stages=cfg["stages"])
     if idx.n_multi:
         _reduce_partials_kernel[(idx.n_multi,)](
             pdk, pdv, idx.multi_seg, idx.multi_slot, idx.multi_count, dk, dv, idx.n_tiles, d.S_kv,
