@@ -133,8 +133,15 @@ def triton_config(p: Problem, device: torch.device) -> dict:
     return launch_config(p.D, p.Dv, torch.finfo(getattr(torch, p.dtype)).bits // 8, kind)
 
 
-def _build_triton(p, x, config=None):
-    """The raw forward on normalised ranges (no validation, as the dispatcher calls it)."""
+def _build_triton(p, x):
+    """The strict Triton entry on normalised ranges, as the dispatcher calls it."""
+    from selgate.kernels.triton import selection_attention_triton
+
+    return lambda: selection_attention_triton(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
+
+
+def _build_triton_launch(p, x, config):
+    """The raw forward with explicit launch parameters (variants are compared with each other)."""
     from selgate.kernels.triton.fwd import triton_forward
 
     return lambda: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=config)[0]
@@ -143,7 +150,7 @@ def _build_triton(p, x, config=None):
 def _build_cuda(p, x):
     from selgate.kernels.cuda import selection_attention_cuda
 
-    return lambda: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale)
+    return lambda: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
 
 
 def _build_auto(p, x):
@@ -201,7 +208,7 @@ def get_method(name: str) -> Method:
     if cfg is None:
         raise ValueError(f"backend: expected one of {sorted(METHODS)} or triton@<BLOCK_L>x<warps>x<stages>, "
                          f"got {name!r}")
-    return Method(name, True, functools.partial(_build_triton, config=cfg), METHODS["triton"].skip_reason)
+    return Method(name, True, functools.partial(_build_triton_launch, config=cfg), METHODS["triton"].skip_reason)
 
 
 def default_methods(device: torch.device) -> list[str]:
