@@ -5,6 +5,7 @@ per lane and architecture, and the lane's own policy checks. Locally, or in Dock
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
         return run_lane_in_docker(plan.lane, pytest_args=plan.pytest_args, env=env,
                                   reports_dir=out_dir, cache_dir=plan.cache_dir)
     cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
-    print("+ " + " ".join(f"{k}={v}" for k, v in plan.env.items()) + " " + " ".join(cmd), flush=True)
+    print("+ " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + cmd), flush=True)
     return subprocess.call(cmd, cwd=ROOT, env={**os.environ, **plan.env})
 
 
