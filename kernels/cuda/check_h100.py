@@ -1,0 +1,273 @@
+"""Device check and benchmark of the CUDA decode kernel (issue 8), in one run.
+
+1. Parity against the fp64 golden reference over h in {1,2,4,8,16}, (Dk, Dv) pairs from
+   {64,128,192}, L from 0 to 2048, few/many/mixed ranges, fp16/bf16 on both kernels
+   (tensor cores "mma", CUDA cores "simt") and fp32 ("simt"). Every case NaN-poisons the
+   keys outside the selection (keys past `t` included), NaN-poisons the allocator's free
+   memory before the call (the outputs reuse it), passes raw ranges (shuffled, duplicated,
+   out of bounds) so normalisation runs, and empties one row (o exact zeros, lse -inf).
+2. Benchmark, side by side in one process: CUDA kernel, packed SDPA and the Triton path
+   (when importable) on NSA-style ranges (l_sel = 64, n blocks; normalised once outside the
+   timed call, as the dispatcher does), against the HBM floor = (selected K/V + q + o bytes)
+   / device-to-device copy bandwidth measured in the same run.
+
+Usage on a GPU machine: python -m selgate.kernels.cuda.check_h100 [--out FILE.md]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import subprocess
+import sys
+
+import torch
+
+from selgate.bench.inputs import Inputs, decode_problem, make_inputs
+from selgate.bench.parity import check_parity, poisoned
+from selgate.bench.timing import measure_limits, rotation_count
+from selgate.kernels.sdpa import selection_attention_sdpa
+from selgate.reference import build_ranges, normalize_ranges, selection_attention_ref
+from selgate.reference.golden import gather_attention
+
+from . import build
+from .decode import selection_attention_cuda
+
+H_LIST = (1, 2, 4, 8, 16)
+DIMS = ((64, 64), (128, 128), (192, 192), (64, 192), (192, 64), (128, 192))
+L_LIST = (0, 1, 7, 64, 100, 333, 512, 1000, 2048)
+DISTS = ("few", "many", "mixed")
+VARIANTS = ((torch.float32, "simt"), (torch.float16, "simt"), (torch.bfloat16, "simt"), (torch.float16, "mma"),
+            (torch.bfloat16, "mma"))
+BENCH_GRID = dict(N=(256, 1024), h=(4, 8), D=(64, 128), n=(8, 16))
+L_SEL = 64
+
+
+# ------------------------------------------------------------------------------ parity
+def decode_case(h, Dk, Dv, L, dist, dtype, *, seed, device, B=3, G=2):
+    """One parity case: clean q/k/v, raw ranges, positions, and k/v with NaN outside the selection.
+
+    Batch 1 decodes at `t = S_kv - 38` while its ranges reach `S_kv` (the kernel must clamp),
+    the last batch's first group selects nothing."""
+    name = str(dtype).removeprefix("torch.")
+    if L == 0:
+        S_kv, gen = 64, torch.Generator(device=device).manual_seed(seed)
+        q = torch.randn(B, 1, G, h, Dk, generator=gen, device=device).to(dtype)
+        k = torch.randn(B, G, S_kv, Dk, generator=gen, device=device).to(dtype)
+        v = torch.randn(B, G, S_kv, Dv, generator=gen, device=device).to(dtype)
+        x = Inputs(q, k, v, torch.zeros(B, 1, G, 2, 2, dtype=torch.int32, device=device), Dk ** -0.5)
+    else:
+        x = make_inputs(decode_problem(B, h, Dk, Dv, L, dist, name, G=G), seed=seed, device=device)
+        S_kv = x.k.shape[2]
+    x.ranges[-1, 0, 0] = 0
+    positions = torch.full((B, 1), S_kv - 1, dtype=torch.int64, device=device)
+    if S_kv > 64:
+        positions[1] = S_kv - 38
+    n = x.ranges.shape[3]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(device)
+    far = torch.tensor([S_kv + 3, S_kv + 9], dtype=x.ranges.dtype, device=device).expand(B, 1, G, 1, 2)
+    raw = torch.cat([x.ranges[..., perm, :], x.ranges[..., :1, :], far], dim=3)
+    raw[-1, 0, 0] = 0
+    norm = normalize_ranges(raw, S_kv, positions)
+    bad = poisoned(Inputs(x.q, x.k, x.v, norm, x.scale))
+    return x, raw, positions, norm, bad
+
+
+def errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """Max and mean abs error where `ref` is finite; inf when `got` is non-finite there or
+    differs from `ref` where `ref` is not finite (lse = -inf of empty rows)."""
+    g = got.double()
+    fin = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(g), fin) or not torch.equal(g[~fin], ref[~fin]):
+        return math.inf, math.inf
+    if not fin.any():
+        return 0.0, 0.0
+    e = (g - ref).abs()[fin]
+    return float(e.max()), float(e.mean())
+
+
+def bounds(dtype, plain: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """SPEC.md: fp32 max 1e-5 / mean 1e-6; fp16/bf16 max 2x plain PyTorch error + 2 eps max|ref|, mean 1e-3."""
+    if dtype == torch.float32:
+        return 1e-5, 1e-6
+    fin = torch.isfinite(ref)
+    floor = 2 * torch.finfo(dtype).eps * float(ref[fin].abs().max()) if fin.any() else 0.0
+    return 2 * errors(plain, ref)[0] + floor, 1e-3
+
+
+def poison_allocator(device, nbytes=256 << 20) -> None:
+    """Fill free cached device memory with NaN so an output element never written shows up."""
+    torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(float("nan"))
+
+
+def run_case(h, Dk, Dv, L, dist, dtype, kernel, *, seed, device) -> dict:
+    x, raw, positions, norm, bad = decode_case(h, Dk, Dv, L, dist, dtype, seed=seed, device=device)
+    ref_o, ref_lse = selection_attention_ref(x.q, x.k, x.v, raw, scale=x.scale, positions=positions, return_lse=True)
+    plain_o, plain_lse = gather_attention(x.q, x.k, x.v, norm, scale=x.scale, dtype=dtype)
+    poison_allocator(device)
+    o, lse = selection_attention_cuda(bad.q, bad.k, bad.v, raw, scale=x.scale, positions=positions,
+                                      return_lse=True, kernel=kernel)
+    o2, lse2 = selection_attention_cuda(bad.q, bad.k, bad.v, raw, scale=x.scale, positions=positions,
+                                        return_lse=True, kernel=kernel)
+    res = dict(h=h, Dk=Dk, Dv=Dv, L=L, dist=dist, dtype=str(dtype).removeprefix("torch."), kernel=kernel)
+    ok = True
+    for name, got, ref, plain in (("o", o, ref_o, plain_o), ("lse", lse, ref_lse, plain_lse)):
+        mx, mean = errors(got, ref)
+        bmx, bmean = bounds(dtype, plain, ref)
+        res[f"{name}_max"], res[f"{name}_mean"], res[f"{name}_bound"] = mx, mean, bmx
+        ok &= mx <= bmx and mean <= bmean
+    res["empty_row_exact"] = bool((o[-1, 0, 0] == 0).all() and torch.isneginf(lse[-1, 0, 0]).all())
+    res["deterministic"] = bool(torch.equal(o, o2) and torch.equal(lse, lse2))
+    res["ok"] = ok and res["empty_row_exact"] and res["deterministic"]
+    return res
+
+
+def parity_matrix(device) -> list[dict]:
+    """h x (Dk, Dv) x dist for every dtype/kernel, with L cycling through L_LIST, plus edge shapes."""
+    results, seed = [], 0
+    for dtype, kernel in VARIANTS:
+        for (h, (Dk, Dv), dist) in itertools.product(H_LIST, DIMS, DISTS):
+            L = L_LIST[seed % len(L_LIST)]
+            seed += 1
+            results.append(run_case(h, Dk, Dv, L, dist, dtype, kernel, seed=seed, device=device))
+        # odd head dims (pad paths), Dk = Dv = 256, tiny dims, h > 16 (several blocks per row)
+        for h, Dk, Dv, L in ((3, 72, 40, 300), (2, 256, 256, 700), (5, 8, 8, 65), (20, 128, 128, 513), (33, 64, 64, 129)):
+            seed += 1
+            results.append(run_case(h, Dk, Dv, L, "mixed", dtype, kernel, seed=seed, device=device))
+        done = [r for r in results if r["kernel"] == kernel and r["dtype"] == str(dtype).removeprefix("torch.")]
+        print(f"parity {dtype} {kernel}: {sum(r['ok'] for r in done)}/{len(done)} pass", flush=True)
+    return results
+
+
+# ------------------------------------------------------------------------------ benchmark
+def nsa_inputs(N, h, D, n, dtype, *, seed, device) -> Inputs:
+    """Decode inputs with NSA ranges: n blocks of l_sel = 64 (block 0 and the 2 local blocks forced)."""
+    L = n * L_SEL
+    S_kv = 4 * L
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(N, 1, 1, h, D, generator=gen, device=device).to(dtype)
+    k = torch.randn(N, 1, S_kv, D, generator=gen, device=device).to(dtype)
+    v = torch.randn(N, 1, S_kv, D, generator=gen, device=device).to(dtype)
+    scores = torch.rand(N, 1, 1, S_kv // L_SEL, generator=gen, device=device)
+    return Inputs(q, k, v, build_ranges(scores, G=1, l_sel=L_SEL, n=n, S_kv=S_kv), D ** -0.5)
+
+
+def triton_method():
+    """The Triton decode path if this checkout has one, else None."""
+    try:
+        from selgate.kernels.triton import selection_attention_triton
+    except ImportError:
+        return None
+    return lambda x: selection_attention_triton(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
+
+
+def bench(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
+    from triton.testing import do_bench
+
+    limits = measure_limits(device, dtype)
+    methods = {
+        "cuda": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True),
+        "cuda_simt": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True,
+                                                        kernel="simt"),
+        "sdpa": lambda x: selection_attention_sdpa(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True),
+    }
+    tri = triton_method()
+    if tri is not None:
+        methods["triton"] = tri
+    rows = []
+    for N, h, D, n in itertools.product(*BENCH_GRID.values()):
+        L, es = n * L_SEL, torch.finfo(dtype).bits // 8
+        selected = N * L * 2 * D * es
+        sets = [nsa_inputs(N, h, D, n, dtype, seed=s, device=device)
+                for s in range(rotation_count(selected, device))]
+        moved = selected + 2 * N * h * D * es  # + q read + o written
+        row = dict(N=N, h=h, D=D, n=n, L=L, floor_us=moved / (limits.copy_gbps * 1e3))
+        for name, fn in methods.items():
+            try:
+                parity = check_parity(fn(poisoned(sets[0])), poisoned(sets[0]))
+                it = itertools.cycle(sets)
+                row[name] = do_bench(lambda: fn(next(it)), warmup=25, rep=200, return_mode="median") * 1e3
+                row[name + "_parity"] = parity.label()
+            except Exception as exc:  # a method that fails is reported, not fatal
+                row[name], row[name + "_parity"] = math.nan, f"error: {type(exc).__name__}: {str(exc)[:120]}"
+        row["x_sdpa"] = row["sdpa"] / row["cuda"]
+        row["x_floor"] = row["cuda"] / row["floor_us"]
+        rows.append(row)
+        del sets
+        torch.cuda.empty_cache()
+    return rows, limits.copy_gbps
+
+
+# ------------------------------------------------------------------------------ report
+def stamp() -> dict:
+    from selgate.reports.environment import collect_environment
+
+    env = collect_environment()
+    try:
+        env["nvcc"] = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    except (OSError, IndexError):
+        env["nvcc"] = "absent"
+    return env
+
+
+def markdown(env: dict, build_s: float, parity: list[dict], rows: list[dict], copy_gbps: float) -> str:
+    fails = [r for r in parity if not r["ok"]]
+    out = ["# CUDA selection decode kernel on the H100 (issue 8)", "",
+           "Produced by `python -m selgate.kernels.cuda.check_h100` in one process.", "",
+           "| " + " | ".join(f"{k}: {env.get(k)}" for k in ("gpu", "driver", "cuda", "torch", "triton", "nvcc", "commit")) + " |",
+           "", f"Extension build (or cache load) in this run: {build_s:.1f} s.", "",
+           f"## Parity: {len(parity) - len(fails)}/{len(parity)} cases pass", "",
+           "Worst case per dtype/kernel (max abs error / bound):", "",
+           "| dtype | kernel | cases | worst o err | its bound | worst lse err | its bound | all empty rows exact | deterministic |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (dt, ker), group in itertools.groupby(parity, key=lambda r: (r["dtype"], r["kernel"])):
+        g = list(group)
+        wo = max(g, key=lambda r: r["o_max"] / max(r["o_bound"], 1e-30))
+        wl = max(g, key=lambda r: r["lse_max"] / max(r["lse_bound"], 1e-30))
+        out.append(f"| {dt} | {ker} | {len(g)} | {wo['o_max']:.3g} | {wo['o_bound']:.3g} | {wl['lse_max']:.3g} | "
+                   f"{wl['lse_bound']:.3g} | {all(r['empty_row_exact'] for r in g)} | {all(r['deterministic'] for r in g)} |")
+    if fails:
+        out += ["", "Failing cases:", ""] + [f"- {r}" for r in fails[:40]]
+    out += ["", f"## Benchmark (bf16, l_sel = {L_SEL}, times in us, median of do_bench with L2 flush and rotating inputs)", "",
+            f"Copy bandwidth measured in this run: {copy_gbps:.0f} GB/s (read + write).", "",
+            "| N | h | D=Dv | n | L | cuda | cuda_simt | sdpa | triton | HBM floor | sdpa/cuda | cuda/floor | parity (cuda, sdpa) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {r['N']} | {r['h']} | {r['D']} | {r['n']} | {r['L']} | {r['cuda']:.1f} | {r['cuda_simt']:.1f} | "
+                   f"{r['sdpa']:.1f} | {r.get('triton', math.nan):.1f} | {r['floor_us']:.1f} | {r['x_sdpa']:.2f} | "
+                   f"{r['x_floor']:.2f} | {r['cuda_parity']}, {r['sdpa_parity']} |")
+    ok_sdpa = all(r["x_sdpa"] >= 1.2 for r in rows)
+    ok_floor = all(r["x_floor"] <= 1.3 for r in rows if r["L"] >= 512)
+    out += ["", f"Targets: >= 1.2x faster than packed SDPA everywhere: {'met' if ok_sdpa else 'NOT met'}; "
+            f"within 1.3x of the HBM floor at L >= 512: {'met' if ok_floor else 'NOT met'}.", ""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the Markdown report here")
+    ap.add_argument("--skip-bench", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    build.load_extension(device)
+    build_s = build.build_seconds.get(build.device_arch(device), 0.0)
+    print(f"extension ready in {build_s:.1f} s", flush=True)
+    parity = parity_matrix(device)
+    for r in parity:
+        if not r["ok"]:
+            print("FAIL", r, flush=True)
+    print(f"parity: {sum(r['ok'] for r in parity)}/{len(parity)} pass", flush=True)
+    rows, gbps = ([], math.nan) if args.skip_bench else bench(device)
+    text = markdown(stamp(), build_s, parity, rows, gbps)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+    return 0 if all(r["ok"] for r in parity) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The CUDA decode source compiles for every GPU class the lanes cover (compile only, no GPU).
+
+One nvcc call builds sm_80, sm_89 and sm_90 machine code with the flags torch's extension
+builder uses; the object must hold all three, and ptxas must report no register spills
+(a spill in the p*V accumulators would silently cost the kernel its bandwidth)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+from torch.utils import cpp_extension
+
+from selgate.kernels.cuda.build import CUDA_FLAGS, SOURCE_DIR
+
+ARCHS = ("80", "89", "90")
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
+@pytest.mark.timeout(600)
+def test_decode_kernel_compiles_for_sm80_sm89_sm90(tmp_path):
+    obj = tmp_path / "sel_decode.o"
+    cmd = [NVCC, "-c", str(SOURCE_DIR / "sel_decode.cu"), "-o", str(obj), *CUDA_FLAGS,
+           *cpp_extension.COMMON_NVCC_FLAGS, "-Xptxas", "-v",
+           # CPU wheels of torch ship c10/cuda headers without their generated config header
+           "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",
+           *(f"-I{p}" for p in cpp_extension.include_paths()),
+           *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"nvcc failed:\n{out.stderr[-4000:]}"
+    log = out.stdout + out.stderr
+    for arch in ARCHS:
+        assert f"for 'sm_{arch}'" in log, f"no sm_{arch} code was compiled"
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
+    assert spills and not any(spills), f"register spills: {spills}"
+    if shutil.which("cuobjdump"):
+        elf = subprocess.run(["cuobjdump", "--list-elf", str(obj)], capture_output=True, text=True).stdout
+        assert all(f"sm_{a}" in elf for a in ARCHS), elf

@@ -1,0 +1,209 @@
+"""The CUDA decode backend: why it declines a call (reason codes), input errors, the wrapper's
+plumbing into the extension, the build cache, and (GPU only) parity with the fp64 reference.
+
+CPU machines cannot run the kernel; there the extension is replaced by a stand-in that
+records what the wrapper passes it, so the wrapper's normalisation, scale and kernel choice
+are still checked, and build/launch failures are injected to check their reason codes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from selgate.kernels.cuda import build, decode, selection_attention_cuda
+from selgate.kernels.errors import BackendUnavailable
+from selgate.reference import normalize_ranges
+from tests.helpers import random_inputs
+
+ON_GPU = torch.cuda.is_available()
+
+
+def decode_inputs(dtype=torch.float16, h=3, Dk=16, Dv=8, S_kv=23, n=4, B=2, G=2, seed=0):
+    return random_inputs(B=B, S=1, G=G, h=h, Dk=Dk, Dv=Dv, S_kv=S_kv, n=n, dtype=dtype, seed=seed)
+
+
+def reason_of(*args, **kwargs) -> BackendUnavailable:
+    with pytest.raises(BackendUnavailable) as info:
+        selection_attention_cuda(*args, **kwargs)
+    return info.value
+
+
+def test_prefill_is_declined_as_not_decode():
+    q, k, v, r = random_inputs(S=3, dtype=torch.float16)
+    e = reason_of(q, k, v, r)
+    assert e.reason == "not_decode" and "S=3" in e.detail
+
+
+def test_fp64_is_declined_as_dtype():
+    e = reason_of(*decode_inputs(dtype=torch.float64))
+    assert e.reason == "dtype" and "float64" in e.detail
+
+
+@pytest.mark.parametrize("Dk, Dv, name", [(12, 8, "Dk=12"), (264, 8, "Dk=264"), (8, 20, "Dv=20"), (16, 272, "Dv=272")])
+def test_unsupported_head_dims_are_declined(Dk, Dv, name):
+    e = reason_of(*decode_inputs(Dk=Dk, Dv=Dv))
+    assert e.reason == "head_dim" and name in e.detail
+
+
+def test_too_many_ranges_are_declined():
+    e = reason_of(*decode_inputs(n=decode.MAX_RANGES + 1))
+    assert e.reason == "ranges" and str(decode.MAX_RANGES + 1) in e.detail
+
+
+def test_no_cuda_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert reason_of(*decode_inputs()).reason == "no_cuda"
+
+
+def test_cpu_tensors_with_a_cuda_device_present(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    e = reason_of(*decode_inputs())
+    assert e.reason == "device" and "cpu" in e.detail
+
+
+def test_bad_input_is_an_input_error_not_a_fallback():
+    q, k, v, r = decode_inputs()
+    with pytest.raises(ValueError, match=r"^k: expected \[B=2, G=2"):
+        selection_attention_cuda(q, k[:1], v, r)
+    with pytest.raises(TypeError, match="^ranges: expected int32 or int64"):
+        selection_attention_cuda(q, k, v, r.float())
+    with pytest.raises(ValueError, match="^kernel: expected one of"):
+        selection_attention_cuda(q, k, v, r, kernel="wgmma")
+
+
+class FakeExtension:
+    """Stands in for the compiled module on CPU: records its arguments, returns the
+    reference result computed from exactly those arguments (or raises `error`)."""
+
+    def __init__(self, error=None):
+        self.error, self.calls = error, []
+
+    def fwd(self, q, k, v, ranges, positions, scale, use_mma):
+        self.calls.append(dict(ranges=ranges, positions=positions, scale=scale, use_mma=use_mma))
+        if self.error:
+            raise self.error
+        from selgate.reference.golden import gather_attention
+
+        o, lse = gather_attention(q, k, v, ranges, scale=scale)
+        return o.to(v.dtype), lse.float()
+
+
+@pytest.fixture
+def runnable(monkeypatch):
+    """The wrapper believes the device can run the kernel; returns a setter for the extension."""
+    monkeypatch.setattr(decode, "unsupported_reason", lambda q, d: None)
+
+    def use(ext=None, build_error=None):
+        def load(device=None):
+            if build_error:
+                raise build.BuildError(build_error)
+            return ext
+        monkeypatch.setattr(build, "load_extension", load)
+        return ext
+    return use
+
+
+def test_build_failure_is_reason_build(runnable):
+    runnable(build_error="nvcc: sel_decode.cu(12): error: identifier undefined")
+    e = reason_of(*decode_inputs())
+    assert e.reason == "build" and "identifier undefined" in e.detail
+
+
+def test_launch_failure_is_reason_launch(runnable):
+    runnable(FakeExtension(RuntimeError("CUDA error: too many resources requested for launch")))
+    e = reason_of(*decode_inputs())
+    assert e.reason == "launch" and "too many resources" in e.detail
+
+
+def test_fp32_on_tensor_cores_is_declined(runnable):
+    runnable(FakeExtension())
+    e = reason_of(*decode_inputs(dtype=torch.float32), kernel="mma")
+    assert e.reason == "dtype"
+
+
+@pytest.mark.parametrize("dtype, kernel, use_mma", [
+    (torch.float16, "auto", True), (torch.bfloat16, "auto", True), (torch.float32, "auto", False),
+    (torch.float16, "simt", False)])
+def test_wrapper_normalises_ranges_and_picks_the_kernel(runnable, dtype, kernel, use_mma):
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs(dtype=torch.float32, seed=3)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    positions = torch.tensor([[20], [7]], dtype=torch.int32)
+    o, lse = selection_attention_cuda(q, k, v, r, positions=positions, return_lse=True, kernel=kernel)
+    call = ext.calls[0]
+    assert call["use_mma"] is use_mma
+    assert call["scale"] == pytest.approx(16 ** -0.5)
+    assert call["positions"].dtype == torch.int64 and call["positions"].tolist() == [[20], [7]]
+    assert call["ranges"].dtype == torch.int64
+    assert torch.equal(call["ranges"], normalize_ranges(r, k.shape[2], positions).long())
+    assert o.dtype == dtype and o.shape == (2, 1, 2, 3, 8) and lse.shape == (2, 1, 2, 3)
+
+
+def test_normalized_ranges_pass_through_unchanged(runnable):
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs()
+    norm = normalize_ranges(r, k.shape[2])
+    o = selection_attention_cuda(q, k, v, norm, scale=0.5, normalized=True)
+    assert torch.equal(ext.calls[0]["ranges"], norm.long()) and ext.calls[0]["scale"] == 0.5
+    assert isinstance(o, torch.Tensor)
+
+
+def test_failed_build_is_remembered_not_retried(monkeypatch):
+    attempts = []
+    monkeypatch.setattr(build, "_loaded", {})
+    monkeypatch.setattr(build, "device_arch", lambda device=None: "90")
+    monkeypatch.setattr(build, "_build", lambda arch: attempts.append(arch) or build.BuildError("ld: cannot find -lcudart"))
+    for _ in range(2):
+        with pytest.raises(build.BuildError, match="cannot find"):
+            build.load_extension()
+    assert attempts == ["90"]
+
+
+def test_cache_dir_is_keyed_by_source_and_arch(tmp_path, monkeypatch):
+    monkeypatch.setenv("NSA_SEL_CUDA_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in (*build.SOURCES, *build.HEADERS):
+        (src / name).write_bytes((build.SOURCE_DIR / name).read_bytes())
+    a90, a80 = build.cache_dir("90", src), build.cache_dir("80", src)
+    assert a90.parent == tmp_path / "cache" and a90 != a80 and "-sm90-" in a90.name
+    assert a90 == build.cache_dir("90", build.SOURCE_DIR)  # same bytes, same key
+    (src / "sel_decode.cu").write_text((src / "sel_decode.cu").read_text() + "\n// edited\n")
+    assert build.cache_dir("90", src) != a90
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the no-device path of the eager build")
+def test_eager_build_without_a_device_warns_and_imports():
+    env = {**os.environ, "NSA_SEL_CUDA_BUILD": "1"}
+    out = subprocess.run([sys.executable, "-c", "import selgate.kernels.cuda"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA device is visible" in out.stderr
+
+
+# ------------------------------------------------------------------------------ GPU
+gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device")
+
+
+@gpu
+@pytest.mark.parametrize("dtype, kernel", [(torch.float16, "mma"), (torch.bfloat16, "mma"), (torch.float32, "simt"),
+                                           (torch.bfloat16, "simt")])
+@pytest.mark.parametrize("h, Dk, Dv, L, dist", [(1, 64, 64, 0, "few"), (4, 128, 128, 1000, "many"),
+                                                (16, 192, 64, 333, "mixed"), (20, 72, 40, 129, "mixed")])
+def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, dist):
+    from selgate.kernels.cuda.check_h100 import run_case
+
+    res = run_case(h, Dk, Dv, L, dist, dtype, kernel, seed=L + h, device=torch.device("cuda"))
+    assert res["ok"], res
+
+
+@gpu
+def test_gpu_dispatchable_errors_stay_reasons():
+    q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.float16, Dk=12))
+    assert reason_of(q, k, v, r).reason == "head_dim"
+    q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.float32))
+    assert reason_of(q, k, v, r, kernel="mma").reason == "dtype"
