@@ -140,7 +140,7 @@ def cmd_baseline(a) -> int:
     src = a.csv or tables.latest_csv(device_name)
     if src is None:
         raise SystemExit(f"no results CSV under {tables.RESULTS_DIR} for {device_name!r}; run `sel` first")
-    dst = baseline_path(device_name)
+    dst = baseline_path(device_name, Path(src).stem)
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
     print(f"baseline for {device_name}: {dst} (from {src})")

@@ -1,8 +1,9 @@
 """The performance gate: latest bench results against the committed baseline of the device.
 
-The baseline is `bench/results/<device-slug>/baseline.csv` (promoted from a sweep with
-`python -m selgate.bench baseline`); the latest results are the newest CSV under
-`bench/results/<device-slug>/<date>/`. A configuration of one of our implementations
+Baselines are `bench/results/<device-slug>/baseline-<name>.csv`, promoted from a run
+with `python -m selgate.bench baseline` (`<name>` is the run's file stem, e.g. `full` for
+`--sweep full`); each is compared with the newest `bench/results/<device-slug>/<date>/<name>.csv`,
+so a later run of another matrix never stands in for the baselined one. A configuration of one of our implementations
 (`ours` in the CSV: sdpa, triton, cuda, auto) whose median is more than 10% above the
 baseline's, or that now fails where the baseline measured it, blocks the release. Torch
 baselines are shown for context (a slower torch explains a slower ratio) but never block.
@@ -20,28 +21,33 @@ from . import tables
 MAX_SLOWDOWN = 0.10
 
 
-def baseline_path(device_name: str) -> Path:
-    return tables.RESULTS_DIR / device_slug(device_name) / "baseline.csv"
+def baseline_path(device_name: str, name: str) -> Path:
+    return tables.RESULTS_DIR / device_slug(device_name) / f"baseline-{name}.csv"
+
+
+def baselines(device_name: str) -> list[Path]:
+    return sorted((tables.RESULTS_DIR / device_slug(device_name)).glob("baseline-*.csv"))
 
 
 @dataclass
 class Comparison:
     device: str
-    baseline: Path | None
-    latest: Path | None
+    pairs: list[tuple[Path, Path | None]] = field(default_factory=list)  # (baseline, latest run compared)
     rows: list[dict] = field(default_factory=list)  # config, method, ours, base_ms, latest_ms, ratio, verdict
     blocking: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
         lines = [f"### Performance vs baseline: {self.device}", "",
-                 f"baseline: `{self.baseline}`; latest: `{self.latest}`; blocking when an implementation of ours is "
-                 f"more than {MAX_SLOWDOWN:.0%} slower (latest / baseline > {1 + MAX_SLOWDOWN:.2f}).", ""]
+                 f"Blocking when an implementation of ours is more than {MAX_SLOWDOWN:.0%} slower "
+                 f"(latest / baseline > {1 + MAX_SLOWDOWN:.2f}).", ""]
+        lines += [f"- baseline `{b}` vs latest `{lt}`" for b, lt in self.pairs]
         lines += [f"- {n}" for n in self.notes]
         if self.blocking:
             lines += ["", f"**{len(self.blocking)} blocking:**"] + [f"- {b}" for b in self.blocking]
         elif self.rows:
-            lines += ["", f"No regression over {sum(r['ours'] for r in self.rows)} measured configurations of ours."]
+            lines += ["", f"No regression over {sum(r['ours'] and r['ratio'] is not None for r in self.rows)} measured "
+                      "configurations of ours."]
         if self.rows:
             lines += ["", "| config | method | baseline ms | latest ms | ratio | verdict |",
                       "| --- | --- | --- | --- | --- | --- |"]
@@ -82,23 +88,25 @@ def _key(r: dict) -> dict:
     return {"config": r["config"], "method": r["method"], "ours": r["ours"]}
 
 
-def compare_to_baseline(device: str, *, latest: Path | None = None, baseline: Path | None = None,
-                        max_slowdown: float = MAX_SLOWDOWN) -> Comparison:
-    """Compare the newest results of `device` (a name or slug) with its committed baseline.
+def compare_to_baseline(device: str, *, max_slowdown: float = MAX_SLOWDOWN) -> Comparison:
+    """Compare the newest results of `device` (a name or slug) with its committed baselines.
 
     Returns a `Comparison`: `.markdown()` is the table, `.blocking` the one-line reasons."""
-    baseline = Path(baseline) if baseline else baseline_path(device)
-    latest = Path(latest) if latest else tables.latest_csv(device)
-    cmp = Comparison(device, baseline if baseline.exists() else None, latest)
-    if not baseline.exists():
-        cmp.notes.append(f"no committed baseline at {baseline}: nothing to compare "
-                         "(`python -m selgate.bench baseline` promotes a sweep)")
-        return cmp
-    if latest is None:
-        cmp.notes.append(f"no results under {tables.RESULTS_DIR / device_slug(device)}: run `python -m selgate.bench sel`")
-        return cmp
-    cmp.rows, cmp.blocking = compare_rows(tables.read_csv(baseline), tables.read_csv(latest),
-                                          max_slowdown=max_slowdown)
+    cmp = Comparison(device)
+    found = baselines(device)
+    if not found:
+        cmp.notes.append(f"no committed baseline under {tables.RESULTS_DIR / device_slug(device)}: nothing to "
+                         "compare (`python -m selgate.bench baseline` promotes a run)")
+    for base in found:
+        name = base.stem.removeprefix("baseline-")
+        latest = tables.latest_csv(device, name)
+        cmp.pairs.append((base, latest))
+        if latest is None:
+            cmp.notes.append(f"{base.name}: no `{name}.csv` run under {base.parent}; run the same matrix again")
+            continue
+        rows, blocking = compare_rows(tables.read_csv(base), tables.read_csv(latest), max_slowdown=max_slowdown)
+        cmp.rows += rows
+        cmp.blocking += blocking
     missing = sum(r["verdict"] == "not measured" for r in cmp.rows)
     if missing:
         cmp.notes.append(f"{missing} baseline configurations were not measured in the latest run")

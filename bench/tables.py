@@ -96,10 +96,11 @@ def write_tables(rows: list[dict], out_dir: Path, name: str) -> tuple[Path, Path
     return csv_path, md_path
 
 
-def latest_csv(device_name: str, *, exclude: Path | None = None) -> Path | None:
-    """Newest results CSV of a device (by date folder, then modification time)."""
+def latest_csv(device_name: str, name: str | None = None) -> Path | None:
+    """Newest results CSV of a device (by date folder, then modification time), of file stem
+    `name` when given (e.g. 'full' for `--sweep full` runs)."""
     root = RESULTS_DIR / device_slug(device_name)
-    found = [p for p in root.glob("*/*.csv") if exclude is None or p.resolve() != Path(exclude).resolve()]
+    found = list(root.glob(f"*/{name or '*'}.csv"))
     return max(found, key=lambda p: (p.parent.name, p.stat().st_mtime), default=None)
 
 

@@ -26,9 +26,10 @@ def results(tmp_path, monkeypatch):
     root = tmp_path / "nvidia-h100-80gb-hbm3"
     (root / "2026-11-21").mkdir(parents=True)
     (root / "2026-11-22").mkdir()
-    shutil.copy(DATA / "baseline_cpu.csv", root / "baseline.csv")
+    shutil.copy(DATA / "baseline_cpu.csv", root / "baseline-sweep.csv")
     shutil.copy(DATA / "baseline_cpu.csv", root / "2026-11-21" / "sweep.csv")
     shutil.copy(DATA / "latest_cpu.csv", root / "2026-11-22" / "sweep.csv")
+    shutil.copy(DATA / "baseline_cpu.csv", root / "2026-11-22" / "launch.csv")  # another matrix, run later
     return root
 
 
@@ -66,9 +67,9 @@ def test_threshold_is_exclusive_at_ten_percent():
         assert bool(regression.compare_rows(base, latest)[1]) is blocks, factor
 
 
-def test_compare_to_baseline_uses_newest_results_of_the_device(results):
+def test_compare_to_baseline_uses_newest_run_of_the_same_matrix(results):
     cmp = regression.compare_to_baseline(DEVICE)
-    assert cmp.latest == results / "2026-11-22" / "sweep.csv"
+    assert cmp.pairs == [(results / "baseline-sweep.csv", results / "2026-11-22" / "sweep.csv")]
     assert len(cmp.blocking) == 2
     md = cmp.markdown()
     assert "| config | method | baseline ms | latest ms | ratio | verdict |" in md
@@ -84,8 +85,15 @@ def test_missing_baseline_is_reported_not_blocking(tmp_path, monkeypatch):
     assert "no committed baseline" in cmp.markdown()
 
 
+def test_a_baseline_without_a_new_run_is_noted(results):
+    (results / "baseline-full.csv").write_bytes((DATA / "baseline_cpu.csv").read_bytes())
+    cmp = regression.compare_to_baseline(DEVICE)
+    assert len(cmp.pairs) == 2 and len(cmp.blocking) == 2
+    assert "baseline-full.csv: no `full.csv` run" in cmp.markdown()
+
+
 def test_compare_and_baseline_commands(results, capsys):
     assert main(["compare", "--device", DEVICE]) == 1
     assert "2 blocking" in capsys.readouterr().out
-    assert main(["baseline", "--device", DEVICE]) == 0  # promote the latest run
+    assert main(["baseline", str(results / "2026-11-22" / "sweep.csv"), "--device", DEVICE]) == 0
     assert main(["compare", "--device", DEVICE]) == 0
