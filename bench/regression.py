@@ -37,7 +37,8 @@ class Comparison:
     blocking: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def markdown(self) -> str:
+    def markdown(self, max_rows: int = 200) -> str:
+        """Blocking lines, then our implementations' rows, slowest ratio first (torch baselines only when slower)."""
         lines = [f"### Performance vs baseline: {self.device}", "",
                  f"Blocking when an implementation of ours is more than {MAX_SLOWDOWN:.0%} slower "
                  f"(latest / baseline > {1 + MAX_SLOWDOWN:.2f}).", ""]
@@ -48,13 +49,17 @@ class Comparison:
         elif self.rows:
             lines += ["", f"No regression over {sum(r['ours'] and r['ratio'] is not None for r in self.rows)} measured "
                       "configurations of ours."]
-        if self.rows:
+        shown = [r for r in self.rows if r["ours"] or r["verdict"] != "ok"]
+        shown.sort(key=lambda r: -(r["ratio"] or float("inf")))  # unmeasured and slowest first
+        if shown:
             lines += ["", "| config | method | baseline ms | latest ms | ratio | verdict |",
                       "| --- | --- | --- | --- | --- | --- |"]
-            for r in sorted(self.rows, key=lambda r: -(r["ratio"] or float("inf"))):
+            for r in shown[:max_rows]:
                 lines.append(f"| {r['config']} | {r['method']} | {r['base_ms']:.4f} | "
                              f"{'' if r['latest_ms'] is None else format(r['latest_ms'], '.4f')} | "
                              f"{'' if r['ratio'] is None else format(r['ratio'], '.3f')} | {r['verdict']} |")
+            if len(shown) > max_rows:
+                lines.append(f"\n{len(shown) - max_rows} more rows with smaller ratios (the CSVs hold them).")
         return "\n".join(lines) + "\n"
 
 

@@ -75,6 +75,10 @@ def test_compare_to_baseline_uses_newest_run_of_the_same_matrix(results):
     assert "| config | method | baseline ms | latest ms | ratio | verdict |" in md
     assert "0.3916 | 0.4895 | 1.250 | BLOCKING" in md
     assert "1 baseline configurations were not measured" in md
+    assert "masked_sdpa | 0.0963 | 0.1445 | 1.500 | slower (torch baseline)" in md
+    assert "| gather_sdpa |" not in md.split("not measured |")[-1]  # torch rows within 10% are left out
+    short_md = cmp.markdown(max_rows=2)
+    assert short_md.count("\n| decode") == 2 and "more rows with smaller ratios" in short_md
     assert regression.compare_to_baseline("nvidia-h100-80gb-hbm3").blocking == cmp.blocking  # slug works too
 
 
