@@ -218,6 +218,7 @@ def test_unsupported_or_disabled_falls_back_with_reason(monkeypatch, cap, flags,
 @needs_triton
 def test_grad_goes_to_sdpa_unless_allowed(monkeypatch):
     monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("NSA_SEL_TRITON_ALLOW_GRAD", "0")
     q, k, v, r = inputs()
     for t in (q, k, v):
         t.requires_grad_(True)

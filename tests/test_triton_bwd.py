@@ -203,3 +203,21 @@ def test_bad_inputs_name_the_argument():
         triton_backward(q2, k2, v2, o, lse, o, norm, scale=1.0)
     with pytest.raises(ValueError, match=r"out\[1\]: expected shape"):
         triton_backward(q, k, v, o, lse, o, norm, scale=1.0, out=(q, q, v))
+
+
+def test_dispatcher_routes_grad_to_the_triton_backward(monkeypatch):
+    from selgate.kernels import selection_attention
+    from selgate.kernels.errors import StrictModeError
+    q, k, v, r, _ = make_case("h1_dk8", torch.float32, seed=6)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    monkeypatch.delenv("NSA_SEL_TRITON_ALLOW_GRAD", raising=False)  # default: on
+    o = selection_attention(*leaves, r, backend="triton", strict=True)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    (o * do).sum().backward()
+    ref, _, _ = reference_grads(q, k, v, r, None, do.double(), torch.zeros(q.shape[:4], dtype=torch.float64,
+                                                                        device=DEVICE), torch.float64)
+    for name, leaf, b in zip(("dq", "dk", "dv"), leaves, ref):
+        assert_within_spec(leaf.grad, b, b, torch.float32, f"dispatched {name}")
+    monkeypatch.setenv("NSA_SEL_TRITON_ALLOW_GRAD", "0")
+    with pytest.raises(StrictModeError, match="grad"):
+        selection_attention(*leaves, r, backend="triton", strict=True)

@@ -9,6 +9,7 @@ from selgate.kernels.policy import capability, settings, triton_unsupported
 from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 
+from .autograd import selection_attention_triton_autograd
 from .fwd import triton_forward
 
 
@@ -17,15 +18,19 @@ def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, r
     """Selection attention on the Triton kernel; strict: raises `BackendUnavailable` with a
     reason code instead of falling back. `normalized=True` skips range normalisation when
     the caller (the dispatcher) already did it. The single function the dispatcher calls
-    for the Triton rung. Forward only: inputs that require grad are refused ("grad")."""
+    for the Triton rung. Inputs that require grad run the autograd Function of `autograd.py`
+    (Triton backward) unless NSA_SEL_TRITON_ALLOW_GRAD=0, which refuses them ("grad")."""
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
-    why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), settings())
+    st = settings()
+    why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
     if why is not None:
         raise BackendUnavailable(*why)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise BackendUnavailable("grad", "the Triton backward is not wired into this entry point")
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if grad and not st.allow_grad:
+        raise BackendUnavailable("grad", "inputs require grad and NSA_SEL_TRITON_ALLOW_GRAD is off")
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
-    o, lse = triton_forward(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions)
+    run = selection_attention_triton_autograd if grad else triton_forward
+    o, lse = run(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions)
     return (o, lse) if return_lse else o
 
 
