@@ -65,8 +65,27 @@ def _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dk
 
 
 @triton.jit
+def _dq_range(acc, j, q, do, lse, delta, hm, r_ptr, row, n_r, lim, k_ptr, v_ptr, kv_row0, dks, dkm, dvs, dvm,
+              Dk, Dv, qk_scale_log2, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """Accumulate the row's range j, tile by tile, into acc."""
+    start = tl.load(r_ptr + (row * n_r + j) * 2).to(tl.int64)
+    end = tl.minimum(tl.load(r_ptr + (row * n_r + j) * 2 + 1).to(tl.int64), lim)
+    if INTERPRET:  # see _dq_kernel
+        n0 = start
+        while n0 < end:
+            acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
+                           Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
+                           Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
+    return acc
+
+
+@triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, dq_ptr,
-               S, G, S_kv, h, Dk, Dv, scale, qk_scale_log2, N_R: tl.constexpr,
+               S, G, S_kv, n_r, h, Dk, Dv, scale, qk_scale_log2,
                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
@@ -87,19 +106,16 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, 
     lim = tl.load(lim_ptr + b * S + s)
     kv_row0 = bg * S_kv
     acc = tl.zeros([BLOCK_H, BLOCK_DK], dtype=tl.float32)
-    for j in range(N_R):
-        start = tl.load(r_ptr + (row * N_R + j) * 2).to(tl.int64)
-        end = tl.minimum(tl.load(r_ptr + (row * N_R + j) * 2 + 1).to(tl.int64), lim)
-        if INTERPRET:  # the interpreter cannot take loaded loop bounds in range() (numpy 2.4, triton #9171)
-            n0 = start
-            while n0 < end:
-                acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
-                               Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
-                n0 += BLOCK_N
-        else:
-            for n0 in range(start, end, BLOCK_N):
-                acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
-                               Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
+    if INTERPRET:  # the interpreter cannot take runtime loop bounds in range() (numpy 2.4, triton #9171)
+        j = 0
+        while j < n_r:
+            acc = _dq_range(acc, j, q, do, lse, delta, hm, r_ptr, row, n_r, lim, k_ptr, v_ptr, kv_row0, dks, dkm,
+                            dvs, dvm, Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION, INTERPRET)
+            j += 1
+    else:
+        for j in range(n_r):
+            acc = _dq_range(acc, j, q, do, lse, delta, hm, r_ptr, row, n_r, lim, k_ptr, v_ptr, kv_row0, dks, dkm,
+                            dvs, dvm, Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION, INTERPRET)
     tl.store(dq_ptr + qrow[:, None] * Dk + dks[None, :], (acc * scale).to(dq_ptr.dtype.element_ty),
              mask=hm[:, None] & dkm[None, :])
 
@@ -329,8 +345,8 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
         if not got.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {got.stride()}")
     _dq_kernel[(d.S, d.B * d.G)](
-        q, k, v, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.h, d.Dk, d.Dv,
-        scale, qk_scale_log2, N_R=d.n, BLOCK_H=BLOCK_H, BLOCK_N=cfg["dq_block_n"], BLOCK_DK=BLOCK_DK,
+        q, k, v, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
+        scale, qk_scale_log2, BLOCK_H=BLOCK_H, BLOCK_N=cfg["dq_block_n"], BLOCK_DK=BLOCK_DK,
         BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=cfg["dq_warps"],
         num_stages=cfg["dq_stages"])
 
