@@ -111,7 +111,7 @@ def cmd_sel(a) -> int:
     for m in groups:
         methods = a.backends or list(m.methods) or default_methods(device)
         rows += run_sweep(m.problems, methods, device, limits, m.settings, device_name,
-                          budget_s=deadline - time.monotonic(), desc=m.name)
+                          budget_s=max(deadline - time.monotonic(), 0.0), desc=m.name)
     out = a.out or tables.results_dir(device_name)
     csv_path, md_path = tables.write_tables(rows, out, a.name or a.sweep or "sel")
     print("\n".join([tables.summary(rows, [csv_path, md_path]), *issue4_checks(rows)]))

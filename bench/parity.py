@@ -2,7 +2,8 @@
 
 A speedup only counts when the result is right, so each method runs once more on the
 first input set with every key that no row selected set to NaN (a read outside the
-selection then shows up as NaN), and its output on up to `rows` sampled rows is compared
+selection then shows up as NaN) and, on a GPU, with the allocator's free memory set to NaN
+(an output element never written shows up as NaN), and its output on up to `rows` sampled rows is compared
 with the fp64 gather reference under SPEC.md's tolerances: fp32 max <= 1e-5 and mean
 <= 1e-6; fp16/bf16 max <= 2x a plain PyTorch run in that precision plus
 `2 * eps * max|ref|`, mean <= 1e-3; NaN where the reference is finite always fails.
@@ -43,6 +44,13 @@ def poisoned(x: Inputs) -> Inputs:
     keep = selected_key_mask(x.ranges, x.k.shape[2])[..., None]
     nan = float("nan")
     return Inputs(x.q, x.k.masked_fill(~keep, nan), x.v.masked_fill(~keep, nan), x.ranges, x.scale)
+
+
+def poison_free_memory(device: torch.device, nbytes: int = 256 << 20) -> None:
+    """Fill cached free device memory with 0xFF bytes (NaN in fp32, fp16 and bf16), so an
+    output the method allocates but never writes reads as NaN. No-op on the CPU."""
+    if device.type == "cuda":
+        torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)
 
 
 def _sample(n: int, count: int, device) -> torch.Tensor:
