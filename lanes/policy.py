@@ -63,9 +63,5 @@ def judge(check: dict, stats: dict) -> tuple[bool, str]:
                 f"{stats['capability']} ({stats['capability_source']})")
 
 
-def run_check(check: dict) -> tuple[bool, str]:
-    return judge(check, probe_in_subprocess(check["env"]))
-
-
 if __name__ == "__main__":
     print(json.dumps(probe()))

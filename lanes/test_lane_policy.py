@@ -1,11 +1,12 @@
 """The running lane's policy checks (`policy:` in lanes/<lane>.yaml) as tests; the lane
 runner adds this file to every lane run, with SELGATE_LANE naming the lane."""
+import json
 import os
 
 import pytest
 
 from selgate.lanes.config import load_lane
-from selgate.lanes.policy import run_check
+from selgate.lanes.policy import judge, probe_in_subprocess
 
 LANE = os.environ.get("SELGATE_LANE", "").removesuffix("-emulated")
 CHECKS = load_lane(LANE)["policy"] if LANE else []
@@ -14,6 +15,8 @@ CHECKS = load_lane(LANE)["policy"] if LANE else []
 @pytest.mark.policy
 @pytest.mark.skipif(not LANE, reason="SELGATE_LANE is unset: run through `python -m selgate.lanes run`")
 @pytest.mark.parametrize("check", CHECKS, ids=[c["name"] for c in CHECKS])
-def test_lane_policy(check):
-    ok, why = run_check(check)
+def test_lane_policy(check, request):
+    stats = probe_in_subprocess(check["env"])
+    request.node.user_properties.append(("counters", json.dumps(stats, sort_keys=True)))   # evidence in JUnit
+    ok, why = judge(check, stats)
     assert ok, why

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from selgate.lanes.xdist_gpu import worker_device
 from selgate.reports.results import load_lane
@@ -32,6 +33,7 @@ def test_bad_worker_id_is_named():
 
 
 def _run_pytest(tmp_path, source, workers, env=None, plugins=("selgate.lanes.xdist_gpu",)):
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(source))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", str(workers), *(a for p in plugins for a in ("-p", p)),
@@ -78,3 +80,33 @@ def test_a_test_that_kills_its_worker_is_an_error_and_the_rest_survive(tmp_path)
     assert pids["after"] != pids["fault"], "the poisoned worker must be replaced before the next test"
     assert json.loads((tmp_path / "out" / "environment.json").read_text())["pytest_exitstatus"] == 1
     assert [c.family for c in lane.cases] == ["other"] * 6
+
+
+CUDA_FAULT = """
+    import torch, triton, triton.language as tl
+
+    @triton.jit
+    def _store_far_out_of_bounds(x_ptr):
+        tl.store(x_ptr + (1 << 40), 1.0)
+
+    def test_fault():
+        x = torch.zeros(1, device="cuda")
+        _store_far_out_of_bounds[(1,)](x)
+        torch.cuda.synchronize()
+
+    def test_after():
+        assert torch.ones(4, device="cuda").sum().item() == 4
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: provokes a real illegal memory access")
+def test_a_real_cuda_fault_is_contained_to_its_test(tmp_path):
+    """Without the plugin the sticky error fails every later test of the worker; with it
+    only the faulting test is charged."""
+    bare, bare_lane = _run_pytest(tmp_path / "bare", CUDA_FAULT, 1, plugins=())
+    assert {c.nodeid.split("::")[1]: c.outcome for c in bare_lane.cases} == {"test_fault": "fail",
+                                                                              "test_after": "fail"}, bare.stdout[-3000:]
+    proc, lane = _run_pytest(tmp_path / "pinned", CUDA_FAULT, 1)
+    outcomes = {c.nodeid.split("::")[1]: c.outcome for c in lane.cases}
+    assert outcomes == {"test_fault": "error", "test_after": "pass"}, proc.stdout[-3000:]
+    assert "illegal memory access" in proc.stdout
