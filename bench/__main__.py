@@ -123,13 +123,15 @@ def cmd_thresholds(a) -> int:
 
     rows = [r for path in a.csv for r in tables.read_csv(path)]
     device_name = a.device or rows[0]["device"]
+    sources = ", ".join(map(str, a.csv))
     result = derive(rows)
     print(result.markdown())
     if not result.per_L:
-        raise SystemExit(f"{', '.join(map(str, a.csv))}: no configuration with both `sdpa` and `triton` measured; profile not written")
+        raise SystemExit(f"{sources}: no configuration with both `sdpa` and `triton` measured; profile not written")
     if not a.dry_run:
         a.csv[0].with_suffix(".thresholds.md").write_text(result.markdown())
-        print(f"wrote {write_profile(result, device_name, source=', '.join(map(str, a.csv)))}")
+        path = write_profile(result, device_name, source=sources, software=rows[0].get("software") or "")
+        print(f"wrote {path}")
     return 0
 
 

@@ -6,6 +6,9 @@ problems are recorded as skipped, so a sweep always ends with a complete table.
 """
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import math
 import sys
 import time
@@ -42,6 +45,13 @@ def progress(items, desc: str):
         return simple()
 
 
+@functools.lru_cache(maxsize=None)
+def software() -> str:
+    """Versions a result depends on: 'torch 2.11.0 triton 3.6.0' (triton when installed)."""
+    found = importlib.util.find_spec("triton") is not None
+    return f"torch {torch.__version__}" + (f" triton {importlib.import_module('triton').__version__}" if found else "")
+
+
 def _work(p: Problem, ranges: torch.Tensor, item: int) -> dict:
     keys = selected_keys(ranges)
     kv = keys * (p.D + p.Dv) * item
@@ -56,7 +66,7 @@ def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) ->
            "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None, "kv_bytes": None,
            "io_bytes": None, "gbps": None, "tflops": None, "frac_copy": None, "frac_matmul": None, "speedups": "",
            "parity": "", "max_err": None, "kernel_config": "", "note": "", "device": device_name,
-           "copy_gbps": limits.copy_gbps, "matmul_tflops": limits.matmul_tflops}
+           "copy_gbps": limits.copy_gbps, "matmul_tflops": limits.matmul_tflops, "software": software()}
     row.update(fields)
     return row
 

@@ -21,7 +21,7 @@ COLUMNS = [
     "config", "kind", "dtype", "B", "S", "G", "h", "D", "Dv", "S_kv", "L", "dist", "L_max", "method", "ours",
     "status", "ms", "ms_lo", "ms_hi", "iters", "kv_bytes", "io_bytes", "gbps", "tflops", "frac_copy",
     "frac_matmul", "speedups", "parity", "max_err", "kernel_config", "note", "device", "copy_gbps",
-    "matmul_tflops",
+    "matmul_tflops", "software",
 ]
 
 

@@ -140,7 +140,7 @@ def derive(rows: list[dict]) -> Decision:
     return decision
 
 
-def write_profile(decision: Decision, device_name: str, *, source: Path) -> Path:
+def write_profile(decision: Decision, device_name: str, *, source: Path, software: str = "") -> Path:
     """Merge the decision into `configs/profiles/<device-slug>.yaml` (other keys kept)."""
     path = profile_path(device_name)
     profile = yaml.safe_load(path.read_text()) if path.exists() else {}
@@ -150,7 +150,8 @@ def write_profile(decision: Decision, device_name: str, *, source: Path) -> Path
         fwd = profile.setdefault("triton_fwd", {})
         fwd.update(decision.launch)
         fwd["by_L_bucket"] = decision.launch_by_bucket
-    profile["measured"] = {"source": str(source), "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+    profile["measured"] = {"source": str(source), "software": software,
+                           "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
                            "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity; <= {MAX_LOSS:.0%} loss below"}
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds`.\n"

@@ -24,6 +24,7 @@ def test_decode_smoke_tables_and_metrics(tmp_path, capsys):
                     "--backends", "sdpa,masked_sdpa,gather_sdpa,reference")
     assert len(rows) == 4 * 4 and {r["status"] for r in rows} == {"ok"} and {r["parity"] for r in rows} == {"ok"}
     assert out.rstrip().splitlines()[-1].startswith("files: ") and "## selgate bench summary" in out
+    assert rows[0]["software"].startswith(f"torch {torch.__version__}")
     md = (tmp_path / "sel.md").read_text()
     assert md.count("\n| decode N=3") == 16 and "95% interval" in md
     for r in rows:

@@ -92,10 +92,12 @@ def test_env_still_overrides_the_measured_profile(config_dir, monkeypatch):
 
 
 def test_thresholds_command(config_dir, tmp_path, capsys):
-    csv_path = tables.write_csv(sweep({16: 0.9, 32: 1.4}), tmp_path / "run" / "sweep.csv")
+    rows = [{**r, "software": "torch 2.11.0 triton 3.6.0"} for r in sweep({16: 0.9, 32: 1.4})]
+    csv_path = tables.write_csv(rows, tmp_path / "run" / "sweep.csv")
     assert main(["thresholds", str(csv_path), "--device", DEVICE]) == 0
     assert "sel_triton_min_L = 32" in capsys.readouterr().out
     assert config.load_config(DEVICE)["runtime"]["sel_triton_min_L"] == 32
+    assert config.load_config(DEVICE)["measured"]["software"] == "torch 2.11.0 triton 3.6.0"
     assert "sel_triton_min_L = 32" in (tmp_path / "run" / "sweep.thresholds.md").read_text()
     no_triton = tables.write_csv([row(16, "sdpa", 1.0)], tmp_path / "run" / "sdpa_only.csv")
     with pytest.raises(SystemExit, match="no configuration with both"):
