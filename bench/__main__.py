@@ -75,7 +75,8 @@ def add_sel(sub) -> None:
     p.add_argument("--n_blocks", type=int, default=16, help="prefill selected blocks per query")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--backends", type=method_list,
-                   help=f"comma list of {','.join(METHODS)}, or Triton launch variants triton@<BLOCK_L>x<warps>x<stages>")
+                   help=f"comma list of {','.join(METHODS)}, "
+                        "or Triton launch variants triton@<BLOCK_L>x<warps>x<stages>")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
@@ -172,7 +173,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("compare", help="latest results vs the committed baseline")
     c.add_argument("--device")
     a = parser.parse_args(argv)
-    return {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare}[a.command](a)
+    commands = {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare}
+    return commands[a.command](a)
 
 
 if __name__ == "__main__":

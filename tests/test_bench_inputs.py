@@ -8,7 +8,8 @@ from selgate.bench.baselines import METHODS, block_indices
 from selgate.bench.inputs import decode_problem, make_inputs, prefill_problem
 from selgate.bench.parity import check_parity, poisoned, selected_key_mask
 from selgate.bench.timing import median_interval, rotation_count, time_calls
-from selgate.reference import expand_ranges, normalize_ranges, selected_lengths, selection_attention_ref, validate_ranges
+from selgate.reference import (expand_ranges, normalize_ranges, selected_lengths, selection_attention_ref,
+                               validate_ranges)
 
 CPU = torch.device("cpu")
 

@@ -50,7 +50,8 @@ def test_parity_failure_disqualifies_triton():
 def test_launch_parameters_per_kind_and_bucket():
     rows = []
     for L, fast, slow in ((16, "triton@32x4x2", "triton@64x4x3"), (1000, "triton@64x4x3", "triton@32x4x2")):
-        rows += [row(L, fast, 1.0), row(L, slow, 3.0 if L == 1000 else 1.5), row(L, "triton@16x8x2", 0.1, parity="FAIL")]
+        rows += [row(L, fast, 1.0), row(L, slow, 3.0 if L == 1000 else 1.5),
+                 row(L, "triton@16x8x2", 0.1, parity="FAIL")]
     d = thresholds.derive(rows)
     assert d.launch_by_bucket["decode"] == {16: {"block_l": 32, "num_warps": 4, "num_stages": 2},
                                            1024: {"block_l": 64, "num_warps": 4, "num_stages": 3}}
