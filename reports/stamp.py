@@ -5,7 +5,6 @@ pytest's exit status to environment.json beside the JUnit file."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,7 @@ def pytest_collection_modifyitems(items):
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     xmlpath = session.config.option.xmlpath
-    if os.environ.get("PYTEST_XDIST_WORKER") or not xmlpath:
+    if hasattr(session.config, "workerinput") or not xmlpath:   # xdist workers leave it to the controller
         return
     env = collect_environment()
     env["pytest_exitstatus"] = int(exitstatus)

@@ -32,13 +32,19 @@ def test_bad_worker_id_is_named():
         worker_device("w1", "0,1", 0)
 
 
+def outer_env() -> dict:
+    """os.environ minus the xdist variables of this suite's own worker (under `bin/test -n`),
+    which would make the nested pytest's controller act as a worker."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+
+
 def _run_pytest(tmp_path, source, workers, env=None, plugins=("selgate.lanes.xdist_gpu",)):
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(source))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", str(workers), *(a for p in plugins for a in ("-p", p)),
          "-p", "no:cacheprovider", "--junitxml", "out/junit.xml", "test_synthetic.py"],
-        cwd=tmp_path, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+        cwd=tmp_path, env={**outer_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
     return proc, load_lane("synthetic", tmp_path / "out")
 
 
