@@ -38,12 +38,12 @@ def outer_env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
 
 
-def _run_pytest(tmp_path, source, workers, env=None, plugins=("selgate.lanes.xdist_gpu",)):
+def _run_pytest(tmp_path, source, workers, env=None, plugins=("selgate.lanes.xdist_gpu",), extra=()):
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(source))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", str(workers), *(a for p in plugins for a in ("-p", p)),
-         "-p", "no:cacheprovider", "--junitxml", "out/junit.xml", "test_synthetic.py"],
+         "-p", "no:cacheprovider", "--junitxml", "out/junit.xml", *extra, "test_synthetic.py"],
         cwd=tmp_path, env={**outer_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
     return proc, load_lane("synthetic", tmp_path / "out")
 
@@ -62,9 +62,9 @@ def test_each_worker_sees_one_gpu_of_the_inherited_set(tmp_path):
     assert lane.counts()["pass"] == 4
 
 
-def test_a_test_that_kills_its_worker_is_an_error_and_the_rest_survive(tmp_path):
+def test_a_test_that_kills_or_hangs_its_worker_is_an_error_and_the_rest_survive(tmp_path):
     source = """
-        import os
+        import os, time, pytest
         def log(name):
             open("pids", "a").write(f"{name} {os.getpid()}\\n")
         def test_before(): log("before")
@@ -74,18 +74,22 @@ def test_a_test_that_kills_its_worker_is_an_error_and_the_rest_survive(tmp_path)
             log("fault")
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         def test_after(): log("after")
+        @pytest.mark.timeout(1)
+        def test_hang(): time.sleep(60)
         def test_failing(): assert 1 == 2
     """
-    proc, lane = _run_pytest(tmp_path, source, 1, plugins=("selgate.lanes.xdist_gpu", "selgate.reports.stamp"))
+    proc, lane = _run_pytest(tmp_path, source, 1, plugins=("selgate.lanes.xdist_gpu", "selgate.reports.stamp"),
+                             extra=("--timeout", "120", "--timeout-method", "thread"))   # as the lanes run
     outcomes = {c.nodeid.split("::")[1]: c.outcome for c in lane.cases}
     assert outcomes == {"test_before": "pass", "test_exit": "error", "test_abort": "error",
-                        "test_fault": "error", "test_after": "pass", "test_failing": "fail"}, proc.stdout[-3000:]
+                        "test_fault": "error", "test_after": "pass", "test_hang": "error",
+                        "test_failing": "fail"}, proc.stdout[-3000:]
     crashed = {c.nodeid.split("::")[1]: c.message for c in lane.cases if c.outcome == "error"}
     assert all("crashed while running" in m for m in crashed.values())
     pids = dict(line.split() for line in (tmp_path / "pids").read_text().splitlines())
     assert pids["after"] != pids["fault"], "the poisoned worker must be replaced before the next test"
     assert json.loads((tmp_path / "out" / "environment.json").read_text())["pytest_exitstatus"] == 1
-    assert [c.family for c in lane.cases] == ["other"] * 6
+    assert [c.family for c in lane.cases] == ["other"] * 7
 
 
 CUDA_FAULT = """
