@@ -91,3 +91,23 @@ def test_gpu_lane_refuses_the_wrong_device_unless_emulated():
 def test_gpu_lane_without_visible_gpus_fails_clearly():
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES leaves no GPU visible"):
         plan_lane(load_lane("sm90"), capability="9.0", gpus=0)
+
+
+def test_docker_runs_hand_the_plan_to_the_docker_backend(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from selgate.lanes import runner
+
+    calls = []
+    fake = types.ModuleType("selgate.lanes.docker_backend")
+    fake.run_lane_in_docker = lambda lane_cfg, **kw: calls.append((lane_cfg, kw)) or 7
+    monkeypatch.setitem(sys.modules, "selgate.lanes.docker_backend", fake)
+    monkeypatch.setattr(runner, "OUT_ROOT", tmp_path / "out")
+    monkeypatch.setenv("SELGATE_CACHE_DIR", str(tmp_path / "cache"))
+    plan = plan_lane(load_lane("cpu"), capability=None)
+    assert runner.run_plan(plan, docker=True) == 7
+    (lane_cfg, kw), = calls
+    assert lane_cfg["name"] == "cpu" and kw["pytest_args"] == plan.pytest_args
+    assert kw["reports_dir"] == tmp_path / "out" / "cpu" and kw["cache_dir"] == tmp_path / "cache" / "triton" / "cpu-cpu"
+    assert kw["env"]["TRITON_INTERPRET"] == "1" and "TRITON_CACHE_DIR" not in kw["env"]   # the image sets its own
