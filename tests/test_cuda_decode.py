@@ -83,7 +83,7 @@ class FakeExtension:
         self.error, self.calls = error, []
 
     def fwd(self, q, k, v, ranges, positions, scale, use_mma):
-        self.calls.append(dict(ranges=ranges, positions=positions, scale=scale, use_mma=use_mma))
+        self.calls.append(dict(q=q, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma))
         if self.error:
             raise self.error
         from selgate.reference.golden import gather_attention
@@ -131,15 +131,16 @@ def test_fp32_on_tensor_cores_is_declined(runnable):
 def test_wrapper_normalises_ranges_and_picks_the_kernel(runnable, dtype, kernel, use_mma):
     ext = runnable(FakeExtension())
     q, k, v, r = decode_inputs(dtype=torch.float32, seed=3)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q, k, v, r = q.to(dtype), k.to(dtype), v.to(dtype), r.int()
     positions = torch.tensor([[20], [7]], dtype=torch.int32)
     o, lse = selection_attention_cuda(q, k, v, r, positions=positions, return_lse=True, kernel=kernel)
     call = ext.calls[0]
     assert call["use_mma"] is use_mma
     assert call["scale"] == pytest.approx(16 ** -0.5)
-    assert call["positions"].dtype == torch.int64 and call["positions"].tolist() == [[20], [7]]
-    assert call["ranges"].dtype == torch.int64
-    assert torch.equal(call["ranges"], normalize_ranges(r, k.shape[2], positions).long())
+    # int32 indices reach the kernel as they are (it reads both widths): no conversion launch
+    assert call["positions"].dtype == torch.int32 and call["positions"].tolist() == [[20], [7]]
+    assert call["ranges"].dtype == torch.int32
+    assert torch.equal(call["ranges"], normalize_ranges(r, k.shape[2], positions))
     assert o.dtype == dtype and o.shape == (2, 1, 2, 3, 8) and lse.shape == (2, 1, 2, 3)
 
 
@@ -148,8 +149,18 @@ def test_normalized_ranges_pass_through_unchanged(runnable):
     q, k, v, r = decode_inputs()
     norm = normalize_ranges(r, k.shape[2])
     o = selection_attention_cuda(q, k, v, norm, scale=0.5, normalized=True)
-    assert torch.equal(ext.calls[0]["ranges"], norm.long()) and ext.calls[0]["scale"] == 0.5
+    assert torch.equal(ext.calls[0]["ranges"], norm) and ext.calls[0]["scale"] == 0.5
     assert isinstance(o, torch.Tensor)
+
+
+def test_misaligned_views_are_copied_before_the_kernel(runnable):
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs()
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape).copy_(q)  # 2-byte offset
+    assert shifted.data_ptr() % 16
+    selection_attention_cuda(shifted, k, v, r)
+    sent = ext.calls[0]["q"]
+    assert sent.data_ptr() % 16 == 0 and torch.equal(sent, q)
 
 
 def test_failed_build_is_remembered_not_retried(monkeypatch):

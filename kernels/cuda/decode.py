@@ -17,6 +17,13 @@ MIN_CAPABILITY = (8, 0)  # cp.async and bf16 tensor cores
 KERNELS = ("auto", "mma", "simt")
 
 
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous, starting on a 16-byte boundary (the kernels move 16-byte vectors); a view
+    with an odd storage offset is copied."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def unsupported_reason(q, d) -> BackendUnavailable | None:
     """Why this validated call cannot run on the CUDA decode kernel, or None.
 
@@ -66,10 +73,9 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     except build.BuildError as exc:
         raise BackendUnavailable("build", str(exc)) from exc
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
-    pos = None if positions is None else positions.to(torch.int64).contiguous()
+    pos = None if positions is None else positions.contiguous()
     try:
-        o, lse = ext.fwd(q.contiguous(), k.contiguous(), v.contiguous(), norm.to(torch.int64).contiguous(), pos,
-                         resolve_scale(scale, d.Dk), use_mma)
+        o, lse = ext.fwd(aligned(q), aligned(k), aligned(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk), use_mma)
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
     return (o, lse) if return_lse else o

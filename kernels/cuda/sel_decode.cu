@@ -2,8 +2,9 @@
 //
 // Both kernels stream the row's selected keys tile by tile: the row's ranges are clamped to
 // [0, min(t+1, S_kv)) and prefix-summed in shared memory once, every key of a tile is found
-// by binary search over those sums, and its K and V rows travel with 16-byte cp.async copies
-// into a 3-stage shared-memory ring (keys past the row's length are zero-filled, never read).
+// by a per-thread cursor that walks those sums forward, and its K and V rows travel with
+// 16-byte cp.async copies into a 3- to 6-stage shared-memory ring (as deep as ~104 KB allows,
+// so two blocks share an SM; keys past the row's length are zero-filled, never read).
 // Scores live in the log2 domain (scale * log2(e) folded in once) so the online softmax uses
 // exp2f; accumulation is fp32 throughout and o and lse are written once.
 //
@@ -26,7 +27,8 @@
 namespace selgate {
 namespace {
 
-constexpr int kStages = 3;
+constexpr int kMinStages = 3, kMaxStages = 6;
+constexpr int kRingBudget = 104 * 1024;  // bytes of K/V ring per block: 2 blocks per SM
 constexpr int kMmaThreads = 128;
 constexpr int kMmaTile = 64;
 constexpr int kMmaHeads = 16;
@@ -38,8 +40,9 @@ struct Params {
   const void* q;
   const void* k;
   const void* v;
-  const int64_t* ranges;
-  const int64_t* positions;
+  const void* ranges;     // int32 or int64, see ranges_i64
+  const void* positions;  // int32 or int64, see positions_i64; null: t = S_kv - 1
+  bool ranges_i64, positions_i64;
   void* o;
   float* lse;
   int64_t G, h, S_kv;
@@ -47,6 +50,7 @@ struct Params {
   int hpb;          // heads per block
   int head_groups;  // blocks per (b, g) row
   int tile;         // keys per tile
+  int stages;       // depth of the cp.async ring
   int k_stride, v_stride, stage_elems;  // shared-memory row strides and stage size, in elements
   int off_L, off_q, off_sc, off_stats, off_kv;  // byte offsets in dynamic shared memory
   float scale_log2;
@@ -62,7 +66,7 @@ template <> __device__ __forceinline__ float from_float<float>(float x) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// Eight 16-bit or four 32-bit values, one 16-byte shared-memory load, widened to fp32.
+// Eight 16-bit or four 32-bit values, one 16-byte load (shared or global), widened to fp32.
 template <typename T>
 __device__ __forceinline__ void load_vec(float* out, const T* src) {
   constexpr int VEC = 16 / sizeof(T);
@@ -94,6 +98,16 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// Wait until at most `pending` groups are in flight (the ring depth is a run-time value).
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+  switch (pending) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    default: cp_async_wait<kMaxStages - 2>(); break;
+  }
+}
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -107,58 +121,75 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 // ---------------------------------------------------------------- ranges and tile loads
+__device__ __forceinline__ int64_t load_index(const void* base, int64_t i, bool is64) {
+  return is64 ? static_cast<const int64_t*>(base)[i] : static_cast<const int32_t*>(base)[i];
+}
+
 // Clamp the row's ranges to [0, lim), lim = min(t + 1, S_kv), and store per range the
 // inclusive prefix sum of lengths (`cum`) and `off` = start - first position of the range,
 // so position `pos` of the row's concatenated keys is key `off[j] + pos` for the first j
-// with cum[j] > pos. Also stores the row's length L. Ends with a block barrier.
+// with cum[j] > pos. Also stores the row's length L. Warp 0 scans 32 ranges per step with
+// shuffles; ends with a block barrier.
 __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned char* smem) {
-  int64_t* cum = reinterpret_cast<int64_t*>(smem);
-  int64_t* off = cum + p.n;
-  const int64_t t = p.positions ? p.positions[b] : p.S_kv - 1;
-  const int64_t lim = max(min(t + 1, p.S_kv), int64_t(0));
-  const int64_t* r = p.ranges + row * p.n * 2;
-  for (int j = threadIdx.x; j < p.n; j += blockDim.x) {
-    const int64_t s = min(max(r[2 * j], int64_t(0)), lim);
-    const int64_t e = min(max(r[2 * j + 1], int64_t(0)), lim);
-    cum[j] = max(e - s, int64_t(0));
-    off[j] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t c = 0;
-    for (int j = 0; j < p.n; ++j) {
-      const int64_t len = cum[j];
-      off[j] -= c;
-      c += len;
-      cum[j] = c;
+  if (threadIdx.x < 32) {
+    int64_t* cum = reinterpret_cast<int64_t*>(smem);
+    int64_t* off = cum + p.n;
+    const int lane = threadIdx.x;
+    const int64_t t = p.positions ? load_index(p.positions, b, p.positions_i64) : p.S_kv - 1;
+    const int64_t lim = max(min(t + 1, p.S_kv), int64_t(0));
+    int64_t carry = 0;
+    for (int base = 0; base < p.n; base += 32) {
+      const int j = base + lane;
+      int64_t s = 0, len = 0;
+      if (j < p.n) {
+        s = min(max(load_index(p.ranges, (row * p.n + j) * 2, p.ranges_i64), int64_t(0)), lim);
+        const int64_t e = min(max(load_index(p.ranges, (row * p.n + j) * 2 + 1, p.ranges_i64), int64_t(0)), lim);
+        len = max(e - s, int64_t(0));
+      }
+      int64_t x = len;  // inclusive scan of the lengths across the warp
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      if (j < p.n) {
+        cum[j] = carry + x;
+        off[j] = s - (carry + x - len);
+      }
+      carry += __shfl_sync(0xffffffffu, x, 31);
     }
-    *reinterpret_cast<int64_t*>(smem + p.off_L) = c;
+    if (lane == 0) *reinterpret_cast<int64_t*>(smem + p.off_L) = carry;
   }
   __syncthreads();
 }
 
-__device__ __forceinline__ int64_t key_of(int64_t pos, const int64_t* cum, const int64_t* off, int n) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (cum[mid] > pos) hi = mid; else lo = mid + 1;
+// Maps a thread's selected positions to key indices. Each thread visits its positions in
+// increasing order (tile by tile, row by row), so the range index only ever moves forward.
+struct KeyCursor {
+  int j = -1;
+  int64_t end = -1, off = 0;
+  __device__ __forceinline__ int64_t key(int64_t pos, const unsigned char* smem, int n) {
+    const int64_t* cum = reinterpret_cast<const int64_t*>(smem);
+    while (pos >= end) {
+      ++j;
+      end = cum[j];
+      off = cum[n + j];
+    }
+    return off + pos;
   }
-  return off[lo] + pos;
-}
+};
 
 // Issue the cp.async copies of keys [pos0, pos0 + tile) of the row: 8 threads per key row,
 // each moving 16-byte chunks of K then V. Positions >= L are zero-filled.
 template <typename T>
 __device__ __forceinline__ void load_tile(const Params& p, const T* kg, const T* vg, int64_t pos0, int64_t L,
-                                          T* ks, T* vs, const unsigned char* smem) {
+                                          T* ks, T* vs, const unsigned char* smem, KeyCursor& cursor) {
   constexpr int VEC = 16 / sizeof(T);
-  const int64_t* cum = reinterpret_cast<const int64_t*>(smem);
-  const int64_t* off = cum + p.n;
   const int ckk = p.Dk / VEC, ckv = p.Dv / VEC;
   for (int jj = threadIdx.x >> 3; jj < p.tile; jj += blockDim.x >> 3) {
     const int64_t pos = pos0 + jj;
     const bool valid = pos < L;
-    const int64_t key = valid ? key_of(pos, cum, off, p.n) : 0;
+    const int64_t key = valid ? cursor.key(pos, smem, p.n) : 0;
     const T* krow = kg + key * p.Dk;
     const T* vrow = vg + key * p.Dv;
     for (int c = threadIdx.x & 7; c < ckk; c += 8) cp_async16(ks + jj * p.k_stride + c * VEC, krow + c * VEC, valid);
@@ -221,13 +252,16 @@ __global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
   T* qs = reinterpret_cast<T*>(smem + p.off_q);  // [16][k_stride], zero outside [HG, Dk)
   T* kv = reinterpret_cast<T*>(smem + p.off_kv);
 
+  // q travels like K/V (16-byte cp.async, zero-filled for heads >= HG and columns >= Dk) and
+  // joins the first commit group, so the first tile's wait covers it.
   const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
-  for (int i = tid; i < kMmaHeads * k16; i += blockDim.x) {
-    const int r = i / k16, c = i % k16;
-    qs[r * p.k_stride + c] = (r < HG && c < p.Dk) ? qg[r * p.Dk + c] : from_float<T>(0.f);
+  for (int i = tid; i < kMmaHeads * (k16 / 8); i += blockDim.x) {
+    const int r = i / (k16 / 8), c = (i % (k16 / 8)) * 8;
+    const bool valid = r < HG && c < p.Dk;
+    cp_async16(qs + r * p.k_stride + c, valid ? qg + r * p.Dk + c : qg, valid);
   }
   // K columns [Dk, k16) meet zero q columns in the last k-step: keep them zero, not garbage.
-  for (int i = tid; i < kStages * kMmaTile * (k16 - p.Dk); i += blockDim.x) {
+  for (int i = tid; i < p.stages * kMmaTile * (k16 - p.Dk); i += blockDim.x) {
     const int w = k16 - p.Dk, r = i / w;
     kv[(r / kMmaTile) * p.stage_elems + (r % kMmaTile) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
   }
@@ -237,11 +271,11 @@ __global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
   const T* kg = static_cast<const T*>(p.k) + row * p.S_kv * p.Dk;
   const T* vg = static_cast<const T*>(p.v) + row * p.S_kv * p.Dv;
   const int64_t ntiles = (L + kMmaTile - 1) / kMmaTile;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  KeyCursor cursor;
+  for (int s = 0; s < p.stages - 1; ++s) {
     if (s < ntiles) {
       T* ks = kv + s * p.stage_elems;
-      load_tile<T>(p, kg, vg, int64_t(s) * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem);
+      load_tile<T>(p, kg, vg, int64_t(s) * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem, cursor);
     }
     cp_async_commit();
   }
@@ -253,19 +287,19 @@ __global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
   const uint32_t q_addr = smem_u32(qs + ((mi & 1) * 8 + rr) * p.k_stride + (mi >> 1) * 8);
 
   for (int64_t t = 0; t < ntiles; ++t) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait_pending(p.stages - 2);
     __syncthreads();
     {
-      const int64_t tn = t + kStages - 1;
+      const int64_t tn = t + p.stages - 1;
       if (tn < ntiles) {
-        T* ks = kv + (tn % kStages) * p.stage_elems;
-        load_tile<T>(p, kg, vg, tn * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem);
+        T* ks = kv + (tn % p.stages) * p.stage_elems;
+        load_tile<T>(p, kg, vg, tn * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem, cursor);
       }
       cp_async_commit();
     }
     const int64_t pos0 = t * kMmaTile + warp * 16;
     if (pos0 >= L) continue;  // warp-uniform: this warp's 16 keys are all past the row's end
-    const T* ks = kv + (t % kStages) * p.stage_elems;
+    const T* ks = kv + (t % p.stages) * p.stage_elems;
     const T* vs = ks + kMmaTile * p.k_stride;
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -387,7 +421,12 @@ __global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) 
   T* kv = reinterpret_cast<T*>(smem + p.off_kv);
 
   const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
-  for (int i = tid; i < HG * p.Dk; i += blockDim.x) qs[i] = to_float(qg[i]) * p.scale_log2;
+  for (int i = tid; i < HG * (p.Dk / VEC); i += blockDim.x) {  // one 16-byte load per thread
+    float f[VEC];
+    load_vec(f, qg + i * VEC);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) qs[i * VEC + e] = f[e] * p.scale_log2;
+  }
   for (int i = tid; i < HG; i += blockDim.x) {
     m_run[i] = -INFINITY;
     l_run[i] = 0.f;
@@ -398,11 +437,11 @@ __global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) 
   const T* kg = static_cast<const T*>(p.k) + row * p.S_kv * p.Dk;
   const T* vg = static_cast<const T*>(p.v) + row * p.S_kv * p.Dv;
   const int64_t ntiles = (L + TL - 1) / TL;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  KeyCursor cursor;
+  for (int s = 0; s < p.stages - 1; ++s) {
     if (s < ntiles) {
       T* ks = kv + s * p.stage_elems;
-      load_tile<T>(p, kg, vg, int64_t(s) * TL, L, ks, ks + TL * p.k_stride, smem);
+      load_tile<T>(p, kg, vg, int64_t(s) * TL, L, ks, ks + TL * p.k_stride, smem, cursor);
     }
     cp_async_commit();
   }
@@ -422,17 +461,17 @@ __global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) 
   for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
 
   for (int64_t t = 0; t < ntiles; ++t) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait_pending(p.stages - 2);
     __syncthreads();
     {
-      const int64_t tn = t + kStages - 1;
+      const int64_t tn = t + p.stages - 1;
       if (tn < ntiles) {
-        T* ks = kv + (tn % kStages) * p.stage_elems;
-        load_tile<T>(p, kg, vg, tn * TL, L, ks, ks + TL * p.k_stride, smem);
+        T* ks = kv + (tn % p.stages) * p.stage_elems;
+        load_tile<T>(p, kg, vg, tn * TL, L, ks, ks + TL * p.k_stride, smem, cursor);
       }
       cp_async_commit();
     }
-    const T* ks = kv + (t % kStages) * p.stage_elems;
+    const T* ks = kv + (t % p.stages) * p.stage_elems;
     const T* vs = ks + TL * p.k_stride;
     const int nvalid = static_cast<int>(min(int64_t(TL), L - t * TL));
 
@@ -524,6 +563,12 @@ __global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) 
 // ---------------------------------------------------------------- host side
 int align16(int64_t x) { return static_cast<int>((x + 15) & ~int64_t(15)); }
 
+// Ring depth: as many stages as fit the ring budget, at least 3 (double buffering plus the
+// tile being computed), at most 6.
+int ring_stages(int64_t stage_bytes) {
+  return static_cast<int>(std::clamp<int64_t>(kRingBudget / stage_bytes, kMinStages, kMaxStages));
+}
+
 template <typename Kernel>
 void launch(Kernel kernel, const Params& p, int64_t blocks, int threads, int smem_bytes, cudaStream_t stream) {
   int dev = 0, max_smem = 0;
@@ -550,7 +595,8 @@ void launch_mma(Params p, int64_t B, cudaStream_t stream) {
   p.off_L = 16 * p.n;
   p.off_q = align16(p.off_L + 8);
   p.off_kv = align16(p.off_q + kMmaHeads * p.k_stride * int64_t(sizeof(T)));
-  const int64_t ring = int64_t(kStages) * p.stage_elems * sizeof(T);
+  p.stages = ring_stages(int64_t(p.stage_elems) * sizeof(T));
+  const int64_t ring = int64_t(p.stages) * p.stage_elems * sizeof(T);
   const int64_t merge = (8 * kMmaHeads + 4 * kMmaHeads * int64_t(dvb)) * 4;
   const int smem_bytes = align16(p.off_kv + std::max(ring, merge));
   const int64_t blocks = B * p.G * p.head_groups;
@@ -568,14 +614,15 @@ void launch_simt(Params p, int64_t B, cudaStream_t stream) {
   p.k_stride = p.Dk + VEC;  // +16 bytes per row: conflict-free 16-byte reads across rows
   p.v_stride = p.Dv + VEC;
   const int64_t row_bytes = int64_t(p.k_stride + p.v_stride) * sizeof(T);
-  p.tile = kStages * 64 * row_bytes <= 112 * 1024 ? 64 : 32;
+  p.tile = kMinStages * 64 * row_bytes <= kRingBudget ? 64 : 32;
   p.stage_elems = p.tile * (p.k_stride + p.v_stride);
+  p.stages = ring_stages(p.tile * row_bytes);
   p.off_L = 16 * p.n;
   p.off_q = align16(p.off_L + 8);
   p.off_sc = align16(p.off_q + int64_t(p.hpb) * p.Dk * 4);
   p.off_stats = align16(p.off_sc + int64_t(p.hpb) * p.tile * 4);
   p.off_kv = align16(p.off_stats + 3 * int64_t(p.hpb) * 4);
-  const int64_t ring = int64_t(kStages) * p.tile * row_bytes;
+  const int64_t ring = int64_t(p.stages) * p.tile * row_bytes;
   const int64_t red = int64_t(kSimtThreads) * VEC * 4;
   const int smem_bytes = align16(p.off_kv + std::max(ring, red));
   launch(sel_decode_simt<T>, p, B * p.G * p.head_groups, kSimtThreads, smem_bytes, stream);
@@ -595,6 +642,8 @@ void sel_decode_launch(const DecodeArgs& a, cudaStream_t stream) {
   p.v = a.v;
   p.ranges = a.ranges;
   p.positions = a.positions;
+  p.ranges_i64 = a.ranges_i64;
+  p.positions_i64 = a.positions_i64;
   p.o = a.o;
   p.lse = a.lse;
   p.G = a.G;

@@ -8,7 +8,7 @@ namespace selgate {
 enum class Dtype : int { kHalf = 0, kBFloat16 = 1, kFloat = 2 };
 
 // One decode call. Tensors are contiguous: q [B,1,G,h,Dk], k [B,G,S_kv,Dk],
-// v [B,G,S_kv,Dv], ranges int64 [B,1,G,n,2], positions int64 [B,1] or null,
+// v [B,G,S_kv,Dv], ranges int32/int64 [B,1,G,n,2], positions int32/int64 [B,1] or null,
 // o [B,1,G,h,Dv] (dtype of v), lse fp32 [B,1,G,h].
 struct DecodeArgs {
   Dtype dtype;
@@ -16,8 +16,9 @@ struct DecodeArgs {
   const void* q;
   const void* k;
   const void* v;
-  const int64_t* ranges;
-  const int64_t* positions;
+  const void* ranges;
+  const void* positions;
+  bool ranges_i64, positions_i64;
   void* o;
   float* lse;
   int64_t B, G, h, S_kv;

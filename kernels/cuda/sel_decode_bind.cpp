@@ -22,7 +22,7 @@ void check_operand(const char* name, const at::Tensor& t, const at::Tensor& q, i
   TORCH_CHECK(t.dim() == rank, "sel_decode: ", name, " must be ", rank, "-D, got ", t.sizes());
 }
 
-// q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges int64 [B,1,G,n,2], positions int64 [B,1].
+// q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] and positions [B,1] int32/int64.
 // Returns {o [B,1,G,h,Dv], lse fp32 [B,1,G,h]}.
 std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& ranges,
                             const c10::optional<at::Tensor>& positions, double scale, bool use_mma) {
@@ -31,25 +31,29 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
   check_operand("v", v, q, 4);
   check_operand("ranges", ranges, q, 5);
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "sel_decode: q, k, v dtypes differ");
-  TORCH_CHECK(ranges.scalar_type() == at::kLong, "sel_decode: ranges must be int64");
+  TORCH_CHECK(ranges.scalar_type() == at::kLong || ranges.scalar_type() == at::kInt, "sel_decode: ranges must be int32 or int64");
   const int64_t B = q.size(0), G = q.size(2), h = q.size(3), Dk = q.size(4), S_kv = k.size(2), Dv = v.size(3);
   TORCH_CHECK(q.size(1) == 1, "sel_decode: decode only (S == 1), got S = ", q.size(1));
   TORCH_CHECK(k.size(0) == B && k.size(1) == G && k.size(3) == Dk, "sel_decode: k ", k.sizes(), " does not match q ", q.sizes());
   TORCH_CHECK(v.size(0) == B && v.size(1) == G && v.size(2) == S_kv, "sel_decode: v ", v.sizes(), " does not match k ", k.sizes());
   TORCH_CHECK(ranges.size(0) == B && ranges.size(1) == 1 && ranges.size(2) == G && ranges.size(4) == 2,
               "sel_decode: ranges ", ranges.sizes(), " must be [B, 1, G, n, 2]");
-  const int64_t* pos_ptr = nullptr;
+  const void* pos_ptr = nullptr;
+  bool pos_i64 = false;
   if (positions.has_value()) {
     check_operand("positions", *positions, q, 2);
-    TORCH_CHECK(positions->scalar_type() == at::kLong && positions->size(0) == B && positions->size(1) == 1,
-                "sel_decode: positions must be int64 [B, 1], got ", positions->sizes());
-    pos_ptr = positions->data_ptr<int64_t>();
+    pos_i64 = positions->scalar_type() == at::kLong;
+    TORCH_CHECK((pos_i64 || positions->scalar_type() == at::kInt) && positions->size(0) == B && positions->size(1) == 1,
+                "sel_decode: positions must be int32 or int64 [B, 1], got ", positions->scalar_type(), " ",
+                positions->sizes());
+    pos_ptr = positions->data_ptr();
   }
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty({B, 1, G, h, Dv}, v.options());
   auto lse = at::empty({B, 1, G, h}, q.options().dtype(at::kFloat));
-  selgate::DecodeArgs args{dtype_of(q), use_mma, q.data_ptr(), k.data_ptr(), v.data_ptr(), ranges.data_ptr<int64_t>(),
-                           pos_ptr, o.data_ptr(), lse.data_ptr<float>(), B, G, h, S_kv,
+  selgate::DecodeArgs args{dtype_of(q), use_mma, q.data_ptr(), k.data_ptr(), v.data_ptr(), ranges.data_ptr(),
+                           pos_ptr, ranges.scalar_type() == at::kLong, pos_i64, o.data_ptr(), lse.data_ptr<float>(),
+                           B, G, h, S_kv,
                            static_cast<int>(Dk), static_cast<int>(Dv), static_cast<int>(ranges.size(3)),
                            static_cast<float>(scale)};
   selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream());
