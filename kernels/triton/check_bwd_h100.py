@@ -43,8 +43,9 @@ from .train_check import verdict as train_verdict
 
 DEV = "cuda"
 NAMES = ("o", "lse", "dq", "dk", "dv")
-SWEEP = [{"block_m": 32}, {"stages": 1}, {"stages": 3}, {"warps": 4}, {"chunk": 512}, {"chunk": 8192},
-         {"dq_warps": 8}, {"dq_stages": 1}, {"dq_stages": 3}]
+SWEEP = [{"block_m": 32}, {"block_m": 128}, {"stages": 1}, {"stages": 3}, {"warps": 4}, {"chunk": 512},
+         {"chunk": 8192}, {"block_n": 32}, {"block_n": 128, "block_m": 32}, {"dq_warps": 8}, {"dq_stages": 1},
+         {"dq_stages": 3}, {"dq_block_n": 32}]
 
 
 def golden_grads(q, k, v, norm, do, w, sc, dtype):
@@ -180,6 +181,22 @@ def training(out: dict) -> list:
     return [line]
 
 
+def kernel_times(fn, reps: int = 3, top: int = 12) -> list:
+    """Table rows `| kernel | ms |` of the device kernels `fn` launches (torch.profiler)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        ev = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:top]
+        return [f"| {e.key[:90]} | {e.device_time_total / reps / 1e3:.3f} |" for e in ev]
+    except Exception as e:  # the profiler is a nice-to-have; never lose the run over it
+        return [f"| profiler failed: {type(e).__name__}: {e} | - |"]
+
+
 def bench(out: dict, deadline: float) -> list:
     T, G, h, D = 65536, 4, 16, 128
     dt = torch.bfloat16
@@ -255,6 +272,7 @@ def bench(out: dict, deadline: float) -> list:
             sweep.append((cfg, None, f"{type(e).__name__}: {str(e)[:80]}"))
         print(f"  sweep {sweep[-1]}", flush=True)
     del grads
+    kernels = kernel_times(lambda: (triton_forward(s0["q"], s0["k"], s0["v"], norm, scale=sc), bwd(s0)))
     t_sdpa = None
     if time.time() < deadline:
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
@@ -292,7 +310,9 @@ def bench(out: dict, deadline: float) -> list:
              + ", ".join(f"{k} {v[0]:.2e}/{v[1]:.2e}" for k, v in tail_chk.items()) + " |",
              "", f"default launch config: {launch_config(D, D, dt)}", "",
              "| backward config override | ms | check |", "| --- | --- | --- |",
-             *(f"| {c} | {'-' if t is None else round(t, 2)} | {n} |" for c, t, n in sweep)]
+             *(f"| {c} | {'-' if t is None else round(t, 2)} | {n} |" for c, t, n in sweep),
+             "", "GPU time per kernel, one forward + backward (torch.profiler, mean of 3):", "",
+             "| kernel | ms |", "| --- | --- |", *kernels]
     return lines
 
 
@@ -306,7 +326,7 @@ def main():
     out = {"stamp": stamp()}
     print("\n".join(f"{k}: {v}" for k, v in out["stamp"].items()), flush=True)
     sections = {}
-    for name, fn in (("bench", lambda: bench(out, t0 + args.budget_s * 0.45)), ("determinism", lambda: determinism(out)),
+    for name, fn in (("bench", lambda: bench(out, t0 + args.budget_s * 0.5)), ("determinism", lambda: determinism(out)),
                      ("training", lambda: training(out)), ("parity", lambda: parity(out, t0 + args.budget_s))):
         try:
             sections[name] = fn()
