@@ -3,6 +3,8 @@ runs, and running it."""
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 
 from .config import lane_names, load_lane
@@ -29,8 +31,14 @@ def _detect(args) -> int:
     d = detect_lane()
     if args.name:
         print(d.lane)
-    else:
-        print(f"lane {d.lane}: GPU {d.gpu}, compute capability {d.capability or 'none'}")
+        return 0
+    print(f"lane {d.lane}: GPU {d.gpu}, compute capability {d.capability or 'none'}")
+    plan = plan_lane(load_lane(d.lane), capability=d.capability)
+    print("would run: " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + ["python", "-m", "pytest",
+                                                                                    *plan.pytest_args]))
+    if os.environ.get("NSA_SEL_CAPABILITY"):
+        print(f"NSA_SEL_CAPABILITY={os.environ['NSA_SEL_CAPABILITY']} is set: the dispatcher's policy uses it, "
+              "the lane is still chosen by the hardware (see `run --emulate`)")
     return 0
 
 
