@@ -54,7 +54,8 @@ def decode_case(h, Dk, Dv, L, dist, dtype, *, seed, device, B=3, G=2):
     """One parity case: clean q/k/v, raw ranges, positions, and k/v with NaN outside the selection.
 
     Batch 1 decodes at `t = S_kv - 38` while its ranges reach `S_kv` (the kernel must clamp),
-    the last batch's first group selects nothing."""
+    the last batch's first group selects nothing; odd seeds pass int64 ranges, seeds divisible
+    by 3 int32 positions (the kernel reads both widths)."""
     name = str(dtype).removeprefix("torch.")
     if L == 0:
         S_kv, gen = 64, torch.Generator(device=device).manual_seed(seed)
@@ -74,6 +75,8 @@ def decode_case(h, Dk, Dv, L, dist, dtype, *, seed, device, B=3, G=2):
     far = torch.tensor([S_kv + 3, S_kv + 9], dtype=x.ranges.dtype, device=device).expand(B, 1, G, 1, 2)
     raw = torch.cat([x.ranges[..., perm, :], x.ranges[..., :1, :], far], dim=3)
     raw[-1, 0, 0] = 0
+    raw = raw.long() if seed % 2 else raw.int()
+    positions = positions.int() if seed % 3 == 0 else positions
     norm = normalize_ranges(raw, S_kv, positions)
     bad = poisoned(Inputs(x.q, x.k, x.v, norm, x.scale))
     return x, raw, positions, norm, bad
