@@ -1,0 +1,265 @@
+"""The conformance cases, declared once, with stable readable ids and a size class.
+
+A case fixes everything an input is made from (mode, shapes, range pattern, dtype,
+scale, seed); `make_inputs` builds the tensors from the case alone on a seeded CPU
+generator, so a failing id reproduces on any machine: `pytest -m conformance -k <id>`.
+Size classes are cumulative: a lane asking for `small` also runs every `tiny` case.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from selgate.reference import build_ranges, pack_sequences
+
+SIZES = ("tiny", "small", "large")
+PATTERNS = ("empty", "padding", "single", "many_small", "mixed", "overlapping", "adjacent", "beyond_t",
+            "beyond_skv", "heavy_reuse", "builder", "full")
+DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of one call (SPEC.md layout). Varlen: `seqlens` holds `(len_q, len_k)` per
+    sequence, and B, S, S_kv are those of the packed call (1, sum len_q, sum len_k)."""
+
+    mode: str  # "decode" (S == 1), "prefill" or "varlen"
+    B: int
+    S: int
+    S_kv: int
+    G: int
+    h: int
+    Dk: int
+    Dv: int
+    n: int
+    seqlens: tuple = ()
+
+    @property
+    def tag(self) -> str:
+        heads = f"G{self.G}h{self.h}-D{self.Dk}x{self.Dv}-n{self.n}"
+        if self.mode == "varlen":
+            lq = ".".join(str(a) for a, _ in self.seqlens)
+            lk = ".".join(str(b) for _, b in self.seqlens)
+            return f"varlen-q{lq}-k{lk}-{heads}"
+        return f"{self.mode}-B{self.B}S{self.S}Skv{self.S_kv}-{heads}"
+
+
+def varlen_shape(seqlens, G, h, Dk, Dv, n) -> Shape:
+    return Shape("varlen", 1, sum(a for a, _ in seqlens), sum(b for _, b in seqlens), G, h, Dk, Dv, n,
+                 tuple(seqlens))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input of the matrix. `smoke` marks the few cases that slow implementations
+    (the Triton interpreter on CPU) run."""
+
+    shape: Shape
+    pattern: str
+    dtype: torch.dtype
+    seed: int
+    size: str
+    scale: Optional[float] = None
+    smoke: bool = False
+
+    @property
+    def id(self) -> str:
+        sc = "" if self.scale is None else f"-sc{self.scale:g}"
+        return f"{self.shape.tag}-{self.pattern}{sc}-{DTYPE_NAMES[self.dtype]}-s{self.seed}"
+
+    @property
+    def mode(self) -> str:
+        return self.shape.mode
+
+
+@dataclass
+class Inputs:
+    """Tensors of one case. Varlen: packed q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], local ranges."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    ranges: torch.Tensor
+    scale: Optional[float]
+    cu_seqlens_q: Optional[torch.Tensor] = None
+    cu_seqlens_k: Optional[torch.Tensor] = None
+
+
+def _randint(gen, lo, hi, shape):
+    """Uniform integers in [lo, hi) elementwise; lo and hi broadcast (int64 tensors or ints)."""
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    lo = torch.as_tensor(lo, dtype=torch.int64)
+    hi = torch.maximum(torch.as_tensor(hi, dtype=torch.int64), lo + 1)
+    return lo + (u * (hi - lo)).floor().to(torch.int64)
+
+
+def raw_ranges(pattern: str, B: int, S: int, S_kv: int, G: int, h: int, n: int, gen) -> torch.Tensor:
+    """Raw (unnormalised) int64 ranges [B, S, G, n, 2] of one range pattern; see PATTERNS."""
+    shp = (B, S, G, n)
+    t = (torch.arange(S) + S_kv - S)[None, :, None, None]  # query positions, broadcast over rows
+    lim = (t + 1).clamp(min=1, max=S_kv)
+    slot = torch.arange(n)
+    if pattern == "padding":
+        return torch.zeros(*shp, 2, dtype=torch.int64)
+    if pattern == "empty":  # non-canonical empty ranges: end <= start
+        start = _randint(gen, 0, S_kv + 3, shp)
+        return torch.stack([start, start - _randint(gen, 0, 4, shp)], -1)
+    if pattern == "single":  # one range in the last slot, padding before it
+        a = _randint(gen, 0, lim, shp)
+        b = a + 1 + _randint(gen, 0, lim - a, shp)
+        keep = slot == n - 1
+        return torch.stack([torch.where(keep, a, 0), torch.where(keep, b, 0)], -1)
+    if pattern == "many_small":  # unsorted ranges of 1-3 keys
+        a = _randint(gen, 0, lim, shp)
+        return torch.stack([a, a + _randint(gen, 1, 4, shp)], -1)
+    if pattern == "mixed":  # overlaps, padding, inverted, out of bounds; a quarter of rows empty
+        r = _randint(gen, -3, S_kv + 4, (*shp, 2))
+        empty_row = torch.rand((B, S, G, 1, 1), generator=gen) < 0.25
+        return torch.where(empty_row, 0, r)
+    if pattern == "overlapping":  # each range overlaps the next by half; the last repeats the first
+        a = _randint(gen, 0, lim, (B, S, G, 1))
+        w = _randint(gen, 2, 9, (B, S, G, 1))
+        start = a + slot * (w // 2)
+        r = torch.stack([start, start + w], -1)
+        r[..., -1, :] = r[..., 0, :]
+        return r
+    if pattern == "adjacent":  # touching ranges in shuffled order
+        a = _randint(gen, 0, lim, (B, S, G, 1))
+        ends = a + torch.cumsum(_randint(gen, 1, 7, shp), -1)
+        starts = torch.cat([a, ends[..., :-1]], -1)
+        order = torch.argsort(torch.rand(shp, generator=gen), -1)
+        return torch.stack([starts.gather(-1, order), ends.gather(-1, order)], -1)
+    if pattern == "beyond_t":  # ranges that reach past t, and ones that lie wholly beyond it
+        a = _randint(gen, 0, lim, shp)
+        over = torch.stack([a, t + 1 + _randint(gen, 1, S_kv + 1, shp)], -1)
+        after = torch.stack([torch.broadcast_to(t + 1, shp), torch.broadcast_to(t + 6, shp)], -1)
+        return torch.where((slot % 2 == 1)[..., None], after, over)
+    if pattern == "beyond_skv":  # negative starts, ends past S_kv, ranges wholly outside
+        around = torch.stack([-_randint(gen, 1, 6, shp), S_kv + _randint(gen, 0, 6, shp)], -1)
+        past = torch.stack([S_kv + _randint(gen, 1, 4, shp), S_kv + _randint(gen, 5, 9, shp)], -1)
+        before = torch.stack([-_randint(gen, 5, 9, shp), -_randint(gen, 1, 4, shp)], -1)
+        kind = (slot % 3)[:, None]
+        return torch.where(kind == 0, around, torch.where(kind == 1, past, before))
+    if pattern == "heavy_reuse":  # every row selects the same few keys
+        a, b = S_kv // 2, S_kv // 2 + 4
+        base = torch.tensor([[0, 8], [a, b]] + [[0, 0]] * max(n - 2, 0), dtype=torch.int64)[:n]
+        return base.expand(B, S, G, n, 2).clone()
+    if pattern == "builder":  # NSA's own producer: top-n blocks of random scores
+        l_sel = 8 if S_kv <= 256 else 64
+        scores = torch.rand(B, S, G * h, math.ceil(S_kv / l_sel), generator=gen)
+        return build_ranges(scores, G=G, l_sel=l_sel, n=n, S_kv=S_kv, dtype=torch.int64)
+    if pattern == "full":  # the whole causal prefix [0, t + 1): long rows, many tiles
+        full = torch.stack([torch.zeros_like(lim), lim], -1).expand(B, S, G, n, 2).clone()
+        full[..., 1:, :] = 0
+        return full
+    raise ValueError(f"pattern: expected one of {PATTERNS}, got {pattern!r}")
+
+
+def make_inputs(case: Case, device="cpu") -> Inputs:
+    """Fresh random inputs of `case` (standard normal q, k, v; the case's range pattern)."""
+    s = case.shape
+    gen = torch.Generator().manual_seed(case.seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(case.dtype)
+
+    if s.mode == "varlen":
+        qs, ks, vs, rs = [], [], [], []
+        for len_q, len_k in s.seqlens:
+            qs.append(randn(len_q, s.G, s.h, s.Dk))
+            ks.append(randn(s.G, len_k, s.Dk))
+            vs.append(randn(s.G, len_k, s.Dv))
+            rs.append(raw_ranges(case.pattern, 1, len_q, len_k, s.G, s.h, s.n, gen)[0])
+        q, cu_q = pack_sequences(qs, 0)
+        k, cu_k = pack_sequences(ks, 1)
+        v, _ = pack_sequences(vs, 1)
+        ranges, _ = pack_sequences(rs, 0)
+        out = Inputs(q[None], k[None], v[None], ranges[None], case.scale, cu_q, cu_k)
+    else:
+        out = Inputs(randn(s.B, s.S, s.G, s.h, s.Dk), randn(s.B, s.G, s.S_kv, s.Dk), randn(s.B, s.G, s.S_kv, s.Dv),
+                     raw_ranges(case.pattern, s.B, s.S, s.S_kv, s.G, s.h, s.n, gen), case.scale)
+    for name in ("q", "k", "v", "ranges", "cu_seqlens_q", "cu_seqlens_k"):
+        t = getattr(out, name)
+        if t is not None:
+            setattr(out, name, t.to(device))
+    return out
+
+
+# --- the declared matrix -------------------------------------------------------------------
+
+_FP = (torch.float32,)
+_LOW = (torch.float16, torch.bfloat16)
+_ALL = _FP + _LOW
+
+TINY_DECODE = Shape("decode", 2, 1, 37, 2, 4, 16, 16, 4)
+TINY_PREFILL = Shape("prefill", 2, 9, 33, 2, 4, 16, 8, 4)
+TINY_OTHERS = (
+    Shape("decode", 1, 1, 70, 4, 8, 64, 64, 3),
+    Shape("decode", 1, 1, 29, 1, 16, 8, 8, 5),
+    Shape("decode", 1, 1, 45, 1, 2, 192, 128, 3),
+    Shape("prefill", 1, 6, 70, 1, 1, 8, 16, 6),
+    Shape("prefill", 1, 5, 50, 4, 2, 32, 32, 3),
+    Shape("prefill", 1, 4, 21, 2, 16, 8, 8, 5),
+    Shape("prefill", 1, 3, 40, 1, 2, 128, 64, 2),
+)
+TINY_VARLEN = varlen_shape(((3, 20), (1, 33), (5, 5), (4, 17)), 2, 2, 16, 16, 4)
+SMALL = (
+    Shape("prefill", 2, 64, 300, 2, 8, 64, 64, 8),
+    Shape("decode", 4, 1, 1000, 4, 16, 128, 128, 16),
+    Shape("prefill", 1, 33, 517, 1, 4, 192, 128, 8),
+)
+SMALL_VARLEN = varlen_shape(((17, 200), (1, 77), (40, 40)), 2, 4, 64, 64, 8)
+LARGE = (
+    Shape("prefill", 2, 128, 2085, 4, 16, 128, 128, 32),
+    Shape("prefill", 1, 64, 1500, 2, 8, 192, 128, 16),
+    Shape("decode", 8, 1, 2051, 4, 16, 128, 128, 32),
+    Shape("decode", 4, 1, 4099, 1, 8, 64, 64, 32),
+)
+LARGE_VARLEN = varlen_shape(((100, 1000), (1, 2051), (255, 300)), 2, 8, 128, 128, 16)
+GRADCHECK = (Shape("decode", 1, 1, 9, 2, 2, 4, 3, 3), Shape("prefill", 1, 3, 9, 2, 2, 4, 3, 3))
+
+
+def _declare():
+    cases = []
+
+    def add(shape, patterns, dtypes, size, seeds=(0,), **kw):
+        cases.extend(Case(shape, p, d, s, size, **kw) for p in patterns for d in dtypes for s in seeds)
+
+    for shape in (TINY_DECODE, TINY_PREFILL):
+        add(shape, PATTERNS, _FP, "tiny")
+        add(shape, ("mixed",), _FP, "tiny", seeds=(1, 2))
+        add(shape, ("mixed", "builder"), _LOW, "tiny")
+        add(shape, ("mixed",), _FP, "tiny", scale=0.3)
+        add(shape, ("mixed",), (torch.float32, torch.float16), "tiny", seeds=(7,), smoke=True)
+    for shape in TINY_OTHERS:
+        add(shape, ("mixed", "builder", "full"), _FP, "tiny")
+        add(shape, ("builder",), _LOW, "tiny")
+    add(TINY_OTHERS[2], ("builder",), _FP, "tiny", seeds=(7,), smoke=True)
+    add(TINY_VARLEN, ("mixed", "builder", "beyond_t", "full"), _FP, "tiny")
+    add(TINY_VARLEN, ("mixed",), _LOW, "tiny")
+    add(TINY_VARLEN, ("mixed",), _FP, "tiny", seeds=(7,), smoke=True)
+    for shape in GRADCHECK:
+        add(shape, ("mixed", "overlapping"), (torch.float64,), "tiny")
+    for shape in SMALL:
+        add(shape, ("mixed", "builder", "full", "heavy_reuse"), _ALL, "small")
+    add(SMALL_VARLEN, ("mixed", "builder"), _ALL, "small")
+    for shape in LARGE:
+        add(shape, ("builder", "full", "mixed"), _ALL, "large")
+    add(LARGE_VARLEN, ("builder", "full"), _ALL, "large")
+    ids = [c.id for c in cases]
+    assert len(ids) == len(set(ids)), "conformance case ids must be unique"
+    return tuple(cases)
+
+
+CASES = _declare()
+
+
+def select(size: str = "tiny") -> list:
+    """Cases of size class `size` and every smaller one."""
+    if size not in SIZES:
+        raise ValueError(f"size: expected one of {SIZES}, got {size!r}")
+    keep = SIZES[: SIZES.index(size) + 1]
+    return [c for c in CASES if c.size in keep]
