@@ -95,7 +95,8 @@ def expand_ranges(norm_ranges: torch.Tensor, L_max: int):
     """Key index of every selected key of each row of normalised ranges.
 
     Returns `(idx, valid)`, both [..., L_max]: `idx` holds the keys in ascending order
-    and 0 past the row's length, `valid` says which entries are real."""
+    and, past the row's length, repeats its last key (0 for an empty row), so a padded
+    gather reads only selected keys (NaN-safe); `valid` says which entries are real."""
     r = norm_ranges.to(torch.int64)
     start, length = r[..., 0], (r[..., 1] - r[..., 0]).clamp(min=0)
     ends = torch.cumsum(length, dim=-1)
@@ -104,4 +105,5 @@ def expand_ranges(norm_ranges: torch.Tensor, L_max: int):
     j = torch.searchsorted(ends.contiguous(), p, right=True).clamp(max=r.shape[-2] - 1)
     valid = p < ends[..., -1:]
     idx = torch.gather(start, -1, j) + p - torch.gather(begins, -1, j)
-    return torch.where(valid, idx, 0), valid
+    last = torch.gather(idx, -1, (ends[..., -1:] - 1).clamp(min=0, max=L_max - 1))
+    return torch.where(valid, idx, torch.where(ends[..., -1:] > 0, last, 0)), valid
