@@ -23,9 +23,10 @@ def _run(cmd: list[str]) -> str | None:
 def commit() -> str:
     """SELGATE_COMMIT (for copies of the tree without .git), GITHUB_SHA in CI, else the
     checkout's HEAD (`+dirty` with uncommitted tracked changes)."""
-    for var in ("SELGATE_COMMIT", "GITHUB_SHA"):
-        if os.environ.get(var):
-            return os.environ[var][:12]
+    if os.environ.get("SELGATE_COMMIT"):
+        return os.environ["SELGATE_COMMIT"]
+    if os.environ.get("GITHUB_SHA"):
+        return os.environ["GITHUB_SHA"][:12]
     head = _run(["git", "rev-parse", "--short=12", "HEAD"])
     if head is None:
         return "unknown"
