@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 from unittest import mock
@@ -198,6 +199,11 @@ def _triton_unavailable() -> Optional[str]:
         return "no CUDA device, and TRITON_INTERPRET=1 is not set"
     if importlib.util.find_spec("selgate.kernels.triton") is None:
         return "selgate.kernels.triton is missing"
+    fwd = sys.modules.get("selgate.kernels.triton.fwd")
+    if fwd is not None and not torch.cuda.is_available():
+        from triton.runtime.jit import JITFunction
+        if any(isinstance(f, JITFunction) for f in vars(fwd).values()):
+            return "selgate.kernels.triton was imported before TRITON_INTERPRET=1 was set (set it before pytest)"
     return None
 
 
