@@ -177,7 +177,7 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         H_PAD=max(MIN_DOT, triton.next_power_of_2(h)),
         DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
         DV_PAD=max(MIN_DOT, triton.next_power_of_2(Dv)),
-        N_PAD=triton.next_power_of_2(n),
+        N_PAD=max(MIN_DOT, triton.next_power_of_2(n)),  # few compiled variants for n <= 16
         BLOCK_L=cfg["BLOCK_L"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o, lse
