@@ -68,10 +68,11 @@ def _nodeid(case) -> str:
 
 
 def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
-    """A test reported twice (its failure, then xdist's crash error) keeps its worst outcome
-    and the seed and family its first report carried."""
+    """A test reported twice (its failure, then xdist's crash error) keeps its worst outcome,
+    both messages, and the seed and family its first report carried."""
     worst, other = (new, old) if _RANK[new.outcome] > _RANK[old.outcome] else (old, new)
-    return replace(worst, seed=worst.seed or other.seed, family=old.family)
+    message = old.message if new.message in old.message else f"{old.message}; then {new.message}"
+    return replace(worst, message=message, seed=worst.seed or other.seed, family=old.family)
 
 
 def load_lane(name: str, lane_dir: Path) -> LaneResult | None:

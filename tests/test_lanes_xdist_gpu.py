@@ -86,6 +86,7 @@ def test_a_test_that_kills_or_hangs_its_worker_is_an_error_and_the_rest_survive(
                         "test_failing": "fail"}, proc.stdout[-3000:]
     crashed = {c.nodeid.split("::")[1]: c.message for c in lane.cases if c.outcome == "error"}
     assert all("crashed while running" in m for m in crashed.values())
+    assert crashed["test_fault"].startswith("RuntimeError: CUDA error: an illegal memory access")   # cause kept
     pids = dict(line.split() for line in (tmp_path / "pids").read_text().splitlines())
     assert pids["after"] != pids["fault"], "the poisoned worker must be replaced before the next test"
     assert json.loads((tmp_path / "out" / "environment.json").read_text())["pytest_exitstatus"] == 1
