@@ -286,14 +286,17 @@ def _pow2(x: int, lo: int = 16) -> int:
 def launch_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     """Launch parameters: `dq_*` for the dq kernel; `block_n` (KV tile), `block_m`
     ((query row x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per
-    program) for dk/dv. Sized from sm90 compiles to stay within 255 registers without
-    spills: head dims above 128 and fp32 (IEEE dots, no tensor cores) take smaller tiles."""
+    program) for dk/dv. Head dims above 128 and fp32 (IEEE dots, no tensor cores) take
+    smaller tiles to stay within 255 registers (sm90 compiles). dk/dv with 4 warps: two
+    programs per SM beat one of 8 warps on the H100, 45.2 vs 58.2 ms for the whole
+    backward at the T=65536 benchmark (bench/results/h100/triton_bwd_dev.md)."""
     small = max(_pow2(Dk), _pow2(Dv)) <= 128
     if dtype == torch.float32:
         return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2,
                     block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK)
     return dict(dq_block_n=64 if small else 32, dq_warps=4, dq_stages=2,
-                block_n=64 if small else 32, block_m=64 if small else 32, warps=8, stages=2, chunk=DEFAULT_CHUNK)
+                block_n=64 if small else 32, block_m=64 if small else 32, warps=4 if small else 8, stages=2,
+                chunk=DEFAULT_CHUNK)
 
 
 def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None,

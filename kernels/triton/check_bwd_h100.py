@@ -13,6 +13,7 @@
    outside the selection (stops when its time budget is spent, and says so).
 
     python -m selgate.kernels.triton.check_bwd_h100 --out DIR
+    python -m selgate.kernels.triton.check_bwd_h100 --out DIR --sections parity --dtypes bfloat16 --dims 128
 
 Writes DIR/triton_bwd_dev.md and DIR/results.json; prints the tables last.
 """
@@ -320,14 +321,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=270.0, help="stop starting new work after this many seconds")
+    ap.add_argument("--sections", nargs="+", default=["bench", "determinism", "training", "parity"],
+                    choices=["bench", "determinism", "training", "parity"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"],
+                    choices=["float32", "float16", "bfloat16"], help="parity dtypes")
+    ap.add_argument("--dims", nargs="+", type=int, default=[64, 128, 192], help="parity head dims")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     out = {"stamp": stamp()}
     print("\n".join(f"{k}: {v}" for k, v in out["stamp"].items()), flush=True)
-    sections = {}
+    sections = {name: ["not run (--sections)"] for name in ("bench", "determinism", "training", "parity")}
+    dtypes = tuple(getattr(torch, d) for d in args.dtypes)
     for name, fn in (("bench", lambda: bench(out, t0 + args.budget_s * 0.5)), ("determinism", lambda: determinism(out)),
-                     ("training", lambda: training(out)), ("parity", lambda: parity(out, t0 + args.budget_s))):
+                     ("training", lambda: training(out)),
+                     ("parity", lambda: parity(out, t0 + args.budget_s, dtypes=dtypes, dims=tuple(args.dims)))):
+        if name not in args.sections:
+            continue
         try:
             sections[name] = fn()
         except Exception:
