@@ -221,3 +221,21 @@ def test_dispatcher_routes_grad_to_the_triton_backward(monkeypatch):
     monkeypatch.setenv("NSA_SEL_TRITON_ALLOW_GRAD", "0")
     with pytest.raises(StrictModeError, match="grad"):
         selection_attention(*leaves, r, backend="triton", strict=True)
+
+
+def test_varlen_backward_through_the_dispatcher():
+    """Packed sequences (cu_seqlens): per-query positions reach the backward's causal limit."""
+    from selgate.kernels import selection_attention_varlen
+    from selgate.reference import varlen_to_batched
+    q, k, v, r = random_inputs(B=1, S=9, G=2, h=2, Dk=16, Dv=8, S_kv=30, n=3, dtype=torch.float32, seed=9)
+    cu_q, cu_k = torch.tensor([0, 4, 9]), torch.tensor([0, 12, 30])
+    q, k, v, r, cu_q, cu_k = (t.to(DEVICE) for t in (q, k, v, r, cu_q, cu_k))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = selection_attention_varlen(*leaves, r, cu_q, cu_k, backend="triton", strict=True)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(10)).to(DEVICE)
+    (o * do).sum().backward()
+    glob, pos = varlen_to_batched(r, cu_q, cu_k)
+    ref, _, _ = reference_grads(q, k, v, glob, pos, do.double(), torch.zeros(q.shape[:4], dtype=torch.float64,
+                                                                          device=DEVICE), torch.float64)
+    for name, leaf, b in zip(("dq", "dk", "dv"), leaves, ref):
+        assert_within_spec(leaf.grad, b, b, torch.float32, f"varlen {name}")
