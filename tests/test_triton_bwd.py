@@ -48,7 +48,7 @@ def make_case(name, dtype, seed=0):
         q, k, v, r = random_inputs(B=1, S=4, G=3, h=1, Dk=8, Dv=8, S_kv=33, n=3, seed=seed)
         pos = None
     elif name == "decode_positions":
-        q, k, v, r = random_inputs(B=3, S=1, G=2, h=4, Dk=16, Dv=8, S_kv=50, n=3, seed=seed)
+        q, k, v, r = random_inputs(B=3, S=1, G=2, h=4, Dk=24, Dv=40, S_kv=50, n=3, seed=seed)  # padded head dims
         pos = torch.tensor([[49], [17], [3]])
     else:
         raise ValueError(name)
