@@ -1,0 +1,212 @@
+"""Known-bad implementations for the harness self-test: each carries one bug seen in NSA
+code (SPEC.md, "Historical mistakes", and others) and names the family that must catch it.
+
+All are built on one correct gather implementation (`attend`, fp64 over the reference's
+range helpers) with a single fault injected, so a family that flags one flags that fault.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from selgate.reference import (check_inputs, expand_ranges, normalize_ranges, resolve_scale, selected_lengths,
+                               selection_attention_ref, varlen_to_batched)
+from selgate.reference.golden import gather_rows
+from selgate.reference.ranges import key_limit
+
+from .registry import ALL_DTYPES, Impl
+
+FIRST_TILE = 16  # BLOCK_L of the truncated tile loop
+
+
+def attend(q, k, v, ranges, *, scale=None, positions=None, check=True, norm=None, keys=None, scale_of=None):
+    """Correct selection attention `(o, lse)` by gathering each row's keys, with hooks to
+    inject a fault: `norm(ranges, S_kv, positions)` (range handling), `keys(idx, valid)`
+    (which gathered keys count), `scale_of(scale, Dk)`."""
+    if check:
+        check_inputs(q, k, v, ranges, scale=scale, positions=positions)
+    B, S, G, h, Dk = q.shape
+    nr = (norm or normalize_ranges)(ranges.to(torch.int64), k.shape[2], positions)
+    idx, valid = expand_ranges(nr, max(int(selected_lengths(nr).max()), 1))
+    if keys is not None:
+        idx, valid = keys(idx, valid)
+    bi = torch.arange(B, device=q.device)[:, None, None, None]
+    gi = torch.arange(G, device=q.device)[None, None, :, None]
+    sc = (scale_of or resolve_scale)(scale, Dk)
+    o, lse = gather_rows(q, k[bi, gi, idx], v[bi, gi, idx], valid, sc, torch.float64)
+    return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
+
+
+def _concat_slots(ranges, S_kv, positions):
+    """The overlapping-ranges bug: each range clamped on its own, then concatenated, so a
+    key inside two ranges is gathered twice. Returns (idx, valid) for `attend`'s `keys`."""
+    r = torch.minimum(ranges.clamp(min=0), key_limit(ranges, S_kv, positions)[..., None])
+    parts = [expand_ranges(r[..., j:j + 1, :], S_kv) for j in range(r.shape[3])]
+    return torch.cat([p[0] for p in parts], -1), torch.cat([p[1] for p in parts], -1)
+
+
+def _overlap_twice(q, k, v, ranges, *, scale=None, positions=None):
+    idx, valid = _concat_slots(ranges.to(torch.int64), k.shape[2], positions)
+    return attend(q, k, v, ranges, scale=scale, positions=positions, keys=lambda *_: (idx, valid))
+
+
+def _positions(value_of):
+    """A range-normalisation that uses wrong query positions `value_of(B, S, S_kv)`."""
+    return lambda r, S_kv, positions: normalize_ranges(r, S_kv, value_of(r.shape[0], r.shape[1], S_kv).to(r.device))
+
+
+def _with_output(fix):
+    """Post-process `(o, lse)` of the correct implementation with `fix(q, k, v, ranges, o, lse)`."""
+    def call(q, k, v, ranges, *, scale=None, positions=None):
+        o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+        return fix(q, k, v, ranges, o, lse)
+    return call
+
+
+class _TouchAllKeys(torch.autograd.Function):
+    """Identity on k whose backward adds 1e-7 to every key's gradient (a dense dk pass)."""
+
+    @staticmethod
+    def forward(ctx, k):
+        return k.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g + 1e-7
+
+
+def _dense_dk(q, k, v, ranges, *, scale=None, positions=None):
+    return attend(q, _TouchAllKeys.apply(k), v, ranges, scale=scale, positions=positions)
+
+
+def _wobbling(grad: bool):
+    """One ulp added on every other call: to o (forward) or, through autograd, to dk."""
+    calls = itertools.count()
+
+    class _Wobble(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, k):
+            return k.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.nextafter(g, torch.full_like(g, math.inf)) if next(calls) % 2 else g
+
+    def call(q, k, v, ranges, *, scale=None, positions=None):
+        if grad:
+            return attend(q, _Wobble.apply(k), v, ranges, scale=scale, positions=positions)
+        o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+        return (torch.nextafter(o, torch.full_like(o, math.inf)) if next(calls) % 2 else o), lse
+    return call
+
+
+def _rolled_heads(q, k, v, ranges, *, scale=None, positions=None):
+    """Odd heads read the next group's ranges (a head-to-group index bug)."""
+    o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+    o2, lse2 = attend(q, k, v, ranges.roll(1, dims=2), scale=scale, positions=positions)
+    odd = torch.arange(q.shape[3], device=q.device) % 2 == 1
+    return torch.where(odd[:, None], o2, o), torch.where(odd, lse2, lse)
+
+
+def _decode_drops_newest(q, k, v, ranges, *, scale=None, positions=None):
+    """Decode (S == 1) computes t = S_kv - 2: the newest key is never read."""
+    if q.shape[1] == 1 and positions is None:
+        positions = torch.full((q.shape[0], 1), k.shape[2] - 2, device=q.device)
+    return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
+def _int32_inclusive(q, k, v, ranges, *, scale=None, positions=None):
+    """int32 ranges are read as inclusive of their end."""
+    if ranges.dtype == torch.int32:
+        ranges = ranges + torch.tensor([0, 1], dtype=torch.int32, device=ranges.device)
+    return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
+def _unchecked(q, k, v, ranges, *, scale=None, positions=None):
+    """No input validation: float ranges, NaN scale and mismatched shapes are used as given."""
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return attend(q.float(), k.float(), v.float(), ranges.to(torch.int64), scale=sc, positions=positions,
+                  check=False)
+
+
+def _varlen(call):
+    def varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
+        glob, pos = varlen_to_batched(ranges, cu_q, cu_k)
+        return call(q, k, v, glob, scale=scale, positions=pos)
+    return varlen
+
+
+def _varlen_unshifted(q, k, v, ranges, cu_q, cu_k, *, scale=None):
+    """Sequence-local ranges used as packed ones: every sequence reads the first one's keys."""
+    _, pos = varlen_to_batched(ranges, cu_q, cu_k)
+    return attend(q, k, v, ranges, scale=scale, positions=pos)
+
+
+@dataclass(frozen=True)
+class BadImpl:
+    """A known-bad implementation and the family that must flag it."""
+
+    impl: Impl
+    caught_by: str
+    bug: str
+
+
+def _bad(name, call, caught_by, bug, varlen=None):
+    def wrapped(q, k, v, ranges, *, scale=None, want_lse=True):
+        return call(q, k, v, ranges, scale=scale)
+    impl = Impl(name, wrapped, dtypes=ALL_DTYPES, varlen=varlen or _varlen(call), backward=True, lse=True)
+    return BadImpl(impl, caught_by, bug)
+
+
+def _keys(fn):
+    return lambda q, k, v, r, *, scale=None, positions=None: attend(q, k, v, r, scale=scale, positions=positions,
+                                                                    keys=fn)
+
+
+def _pos_in_row(idx):
+    return torch.arange(idx.shape[-1], device=idx.device)
+
+
+BAD_IMPLS = (
+    _bad("first-key-only", _keys(lambda i, m: (i, m & (_pos_in_row(i) == 0))), "parity",
+         "softmax over the first selected key only (SDPA with one query and is_causal=True)"),
+    _bad("reads-beyond-t",
+         lambda q, k, v, r, *, scale=None, positions=None: attend(
+             q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: torch.full((B, S), S_kv - 1))), "parity",
+         "ranges clamped to S_kv but not to t + 1"),
+    _bad("overlap-counted-twice", _overlap_twice, "parity", "overlapping ranges concatenated, not merged"),
+    _bad("scale-1-over-Dk", lambda q, k, v, r, *, scale=None, positions=None: attend(
+        q, k, v, r, scale=scale, positions=positions, scale_of=lambda s, Dk: 1.0 / Dk if s is None else s),
+        "parity", "default scale 1/Dk instead of 1/sqrt(Dk)"),
+    _bad("nan-on-empty-rows", _with_output(lambda q, k, v, r, o, lse: (
+        torch.where(torch.isinf(lse)[..., None], torch.nan, o).to(o.dtype), lse)), "empty_ranges",
+        "empty rows divide 0 by 0"),
+    _bad("empty-rows-lse-zero", _with_output(lambda q, k, v, r, o, lse: (o, torch.where(torch.isinf(lse), 0.0, lse))),
+         "empty_ranges", "empty rows report lse = 0 instead of -inf"),
+    _bad("one-ulp-wobble", _wobbling(grad=False), "determinism", "o differs by one ulp on every other run"),
+    _bad("dk-wobble", _wobbling(grad=True), "determinism_backward",
+         "dk accumulated in a run-dependent order (atomics)"),
+    _bad("dense-dk", _dense_dk, "backward", "dk written for keys no row selected"),
+    _bad("first-tile-only", _keys(lambda i, m: (i, m & (_pos_in_row(i) < FIRST_TILE))), "parity",
+         f"tile loop stops after the first BLOCK_L={FIRST_TILE} keys"),
+    _bad("lse-off-by-log2", _with_output(lambda q, k, v, r, o, lse: (o, lse + math.log(2))), "parity",
+         "lse in the wrong base / off by log(2)"),
+    _bad("queries-at-start", lambda q, k, v, r, *, scale=None, positions=None: attend(
+        q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: torch.arange(S).expand(B, S))), "parity",
+        "query s placed at t = s instead of s + S_kv - S"),
+    _bad("heads-read-other-group", _rolled_heads, "group", "odd heads use the next group's ranges"),
+    _bad("decode-drops-newest-key", _decode_drops_newest, "decode", "decode computes t = S_kv - 2"),
+    _bad("fp32-output", _with_output(lambda q, k, v, r, o, lse: (o.float(), lse)), "dtype",
+         "o returned in fp32 whatever v's dtype"),
+    _bad("int32-ranges-inclusive", _int32_inclusive, "dtype", "int32 ranges read as inclusive of their end"),
+    _bad("no-input-checks", _unchecked, "bad_input", "malformed input used as given, no error"),
+    _bad("dense-mask-times-zero", lambda q, k, v, r, *, scale=None, positions=None: tuple(
+        t.to(v.dtype) if i == 0 else t.float() for i, t in enumerate(selection_attention_ref(
+            q, k, v, r, scale=scale, positions=positions, return_lse=True, formulation="mask"))),
+         "bounds", "unselected keys read and multiplied by a zero weight (NaN * 0 = NaN)"),
+    _bad("varlen-unshifted-ranges", attend, "varlen", "local ranges not shifted by the sequence's key offset",
+         varlen=_varlen_unshifted),
+)

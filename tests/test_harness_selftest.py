@@ -1,0 +1,78 @@
+"""Self-test of the conformance harness: every known-bad implementation is flagged by the
+family it names, on every seed, while reference and sdpa pass every family on those seeds.
+The family checks run directly (no nested pytest), on CPU, on tiny cases."""
+import dataclasses
+
+import pytest
+import torch
+
+from selgate.conformance.badimpls import BAD_IMPLS
+from selgate.conformance.cases import TINY_DECODE, TINY_PREFILL, TINY_VARLEN, select
+from selgate.conformance.compare import ConformanceFailure
+from selgate.conformance.families import BAD_INPUTS, FAMILIES, check_bad_input
+from selgate.conformance.registry import REGISTRY, skip_reason
+
+SEEDS = (11, 12, 13)
+DEVICE = "cpu"
+# patterns most likely to expose a fault come first, so a flagged bug stops the search early
+ORDER = ("mixed", "full", "overlapping", "beyond_t", "builder", "heavy_reuse", "single", "adjacent", "many_small",
+         "beyond_skv", "empty", "padding")
+GOOD_PATTERNS = ("mixed", "full", "overlapping")
+
+
+def _cases(impl, family, seed, shapes=None):
+    cases = [c for c in select("tiny") if family.applies(c) and (shapes is None or c.shape in shapes)
+             and not skip_reason(impl, c, DEVICE, family=family.name, needs_backward=family.needs_backward,
+                                 needs_fp64=family.needs_fp64)]
+    cases.sort(key=lambda c: (ORDER.index(c.pattern), c.dtype.itemsize == 2, c.seed))
+    return [dataclasses.replace(c, seed=seed) for c in cases]
+
+
+def _flagged_bad_input(impl, seed) -> bool:
+    case = next(c for c in _cases(impl, FAMILIES["parity"], seed) if c.dtype.itemsize == 4)
+    for bad in (b for b in BAD_INPUTS if not b.varlen):
+        try:
+            check_bad_input(impl, bad, case, DEVICE)
+        except ConformanceFailure:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("bad", BAD_IMPLS, ids=lambda b: b.impl.name)
+def test_known_bad_implementation_is_flagged(bad, seed):
+    if bad.caught_by == "bad_input":
+        assert _flagged_bad_input(bad.impl, seed), f"{bad.impl.name} ({bad.bug}) passed every bad input"
+        return
+    family = FAMILIES[bad.caught_by]
+    for case in _cases(bad.impl, family, seed):
+        try:
+            family.check(bad.impl, case, DEVICE)
+        except ConformanceFailure:
+            return
+    pytest.fail(f"{bad.impl.name} ({bad.bug}) passed every {family.name} case with seed {seed}")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES) + ["bad_input"])
+@pytest.mark.parametrize("name", ["reference", "sdpa"])
+def test_good_implementation_passes(name, family):
+    impl = REGISTRY[name]
+    if family == "bad_input":
+        case = next(c for c in select("tiny") if c.shape == TINY_PREFILL)
+        for bad in BAD_INPUTS:
+            check_bad_input(impl, bad, case if not bad.varlen else next(
+                c for c in select("tiny") if c.shape == TINY_VARLEN), DEVICE)
+        return
+    fam = FAMILIES[family]
+    why = skip_reason(impl, None, DEVICE, family=family, needs_backward=fam.needs_backward)
+    if why:
+        pytest.skip(why)
+    shapes = {TINY_DECODE, TINY_PREFILL, TINY_VARLEN} if family != "gradcheck" else None
+    patterns = ("mixed",) if family == "gradcheck" else GOOD_PATTERNS  # gradcheck is the slow one
+    cases = [c for c in _cases(impl, fam, 0, shapes) if c.pattern in patterns and c.dtype != torch.bfloat16]
+    ran = 0
+    for seed in SEEDS:
+        for case in {dataclasses.replace(c, seed=seed) for c in cases}:
+            fam.check(impl, case, DEVICE)
+            ran += 1
+    assert ran, f"no case of {family} ran on {name}"
