@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from selgate.kernels.triton import bwd  # noqa: E402
 from selgate.kernels.triton.autograd import selection_attention_triton_autograd  # noqa: E402
 from selgate.kernels.triton.bwd import InverseIndex, triton_backward  # noqa: E402
 from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selection_attention_ref  # noqa: E402
@@ -19,9 +19,6 @@ from selgate.reference.golden import gather_attention  # noqa: E402
 from selgate.reference.ranges import key_limit  # noqa: E402
 from tests.helpers import random_inputs  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not bwd.INTERPRET,
-                                reason="no GPU and triton was imported without TRITON_INTERPRET=1")
 DTYPES = [torch.float32, torch.float16,
           pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
               DEVICE == "cpu", reason="bf16 is wrong under TRITON_INTERPRET (triton issue 11584)"))]
