@@ -233,7 +233,8 @@ def _declare():
         add(shape, ("mixed",), _FP, "tiny", seeds=(1, 2))
         add(shape, ("mixed", "builder"), _LOW, "tiny")
         add(shape, ("mixed",), _FP, "tiny", scale=0.3)
-        add(shape, ("mixed",), (torch.float32, torch.float16), "tiny", seeds=(7,), smoke=True)
+        add(shape, ("mixed",), _FP, "tiny", seeds=(7,), smoke=True)
+    add(TINY_DECODE, ("mixed",), (torch.float16,), "tiny", seeds=(7,), smoke=True)
     for shape in TINY_OTHERS:
         add(shape, ("mixed", "builder", "full"), _FP, "tiny")
         add(shape, ("builder",), _LOW, "tiny")

@@ -17,13 +17,6 @@ def device():
     return DEVICE
 
 
-def _impls(config):
-    try:
-        return resolve(config.getoption("--impl"))
-    except (ValueError, ImportError, AttributeError, TypeError) as e:
-        raise pytest.UsageError(str(e)) from e
-
-
 def _matrix(family, impls, cases):
     for impl in impls:
         for case in cases:
@@ -53,7 +46,7 @@ def pytest_generate_tests(metafunc):
     if "impl" not in metafunc.fixturenames:
         return
     name = metafunc.function.__name__.removeprefix("test_")
-    impls = _impls(metafunc.config)
+    impls = resolve(metafunc.config.getoption("--impl"))  # validated by the root conftest
     cases = select(metafunc.config.getoption("--size"))
     if name == "bad_input":
         metafunc.parametrize(("impl", "bad", "case"), list(_bad_inputs(impls, cases)))

@@ -263,9 +263,12 @@ def load_user_impl(spec: str) -> Impl:
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise ValueError(f"--impl: expected 'package.module:callable' or one of {sorted(REGISTRY)}, got {spec!r}")
-    fn = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        fn = getattr(fn, part)
+    try:
+        fn = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except (ImportError, AttributeError) as e:
+        raise type(e)(f"--impl {spec}: {e}") from e
     if not callable(fn):
         raise TypeError(f"--impl {spec}: {type(fn).__name__} is not callable")
     varlen = getattr(fn, "varlen", None)

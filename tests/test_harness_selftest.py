@@ -10,7 +10,7 @@ from selgate.conformance.badimpls import BAD_IMPLS
 from selgate.conformance.cases import TINY_DECODE, TINY_PREFILL, TINY_VARLEN, select
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import BAD_INPUTS, FAMILIES, check_bad_input
-from selgate.conformance.registry import REGISTRY, skip_reason
+from selgate.conformance.registry import REGISTRY, load_user_impl, skip_reason
 
 SEEDS = (11, 12, 13)
 DEVICE = "cpu"
@@ -76,3 +76,26 @@ def test_good_implementation_passes(name, family):
             fam.check(impl, case, DEVICE)
             ran += 1
     assert ran, f"no case of {family} ran on {name}"
+
+
+def user_sdpa(q, k, v, ranges, *, scale=None):
+    """A user's implementation as `--impl tests.test_harness_selftest:user_sdpa` loads it."""
+    return REGISTRY["sdpa"].call(q, k, v, ranges, scale=scale, want_lse=True)
+
+
+user_sdpa.dtypes = ("fp32", torch.float16)
+user_sdpa.supports_lse = True
+user_sdpa.max_head_dim = 64
+
+
+def test_user_implementation_declares_capabilities_by_attributes():
+    impl = load_user_impl("tests.test_harness_selftest:user_sdpa")
+    assert impl.dtypes == (torch.float32, torch.float16) and impl.lse and not impl.backward
+    assert impl.modes == ("decode", "prefill") and impl.varlen is None
+    case = next(c for c in select("tiny") if c.shape == TINY_PREFILL and c.pattern == "mixed")
+    FAMILIES["parity"].check(impl, case, DEVICE)
+    big = next(c for c in select("tiny") if c.shape.Dk > 64)
+    assert "up to 64" in skip_reason(impl, big, DEVICE)
+    assert "does not declare backward" in skip_reason(impl, case, DEVICE, needs_backward=True)
+    with pytest.raises(ValueError, match="package.module:callable"):
+        load_user_impl("no_colon")
