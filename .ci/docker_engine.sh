@@ -7,7 +7,7 @@
 # SELGATE_DOCKER_UNAVAILABLE=<reason> (the test skips with it) and exits non-zero.
 # Usage: bash .ci/docker_engine.sh [stop]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 STATE=${SELGATE_DOCKER_STATE:-/var/lib/selgate-docker}
 SOCK=$STATE/run/docker.sock
 PIDFILE=$STATE/dockerd.pid
@@ -72,7 +72,7 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   rootfs=$STATE/rootfs
   rm -rf "$rootfs"
   debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" \
-      ${SELGATE_DEBIAN_MIRROR:-} >"$STATE/debootstrap.log" 2>&1 \
+      >"$STATE/debootstrap.log" 2>&1 \
     || unavailable "debootstrap failed: $(tail -n 1 "$STATE/debootstrap.log")"
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
     "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
@@ -90,7 +90,8 @@ python3 -m pip download -q -d .whl --find-links .whl --only-binary=:all: --pytho
     "torch==$TORCH_VERSION" "triton==$TRITON_VERSION" "setuptools>=68" numpy \
     -r build/docker-requirements.txt >"$STATE/pip.log" 2>&1 \
   || unavailable "pip download of the image's wheels failed: $(tail -n 1 "$STATE/pip.log")"
-say "wheels in .whl/: $(ls .whl | wc -l) files, torch $(ls .whl | grep -o '^torch-[^-]*')"
+torch_wheels=(.whl/torch-"$TORCH_VERSION"*.whl)
+say "wheels ready in .whl/ (torch: ${torch_wheels[*]#.whl/})"
 
 printf 'DOCKER_HOST=%s\nSELGATE_DOCKER_BASE_IMAGE=%s\nSELGATE_DOCKER_OFFLINE=1\n' \
   "$DOCKER_HOST" "$BASE_IMAGE" > "$ENV_FILE"
