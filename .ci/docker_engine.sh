@@ -71,7 +71,7 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   say "making $BASE_IMAGE with debootstrap (minbase + python3)"
   rootfs=$STATE/rootfs
   rm -rf "$rootfs"
-  debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" \
+  timeout 900 debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" \
       >"$STATE/debootstrap.log" 2>&1 \
     || unavailable "debootstrap failed: $(tail -n 1 "$STATE/debootstrap.log")"
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
@@ -86,7 +86,7 @@ say "base image $BASE_IMAGE ready"
 # the Triton interpreter) for the base image's Python (3.11) through this machine's pip
 # (local wheels and cache first).
 python3 docker/requirements.py pyproject.toml > build/docker-requirements.txt
-python3 -m pip download -q -d .whl --find-links .whl --only-binary=:all: --python-version 3.11 \
+timeout 600 python3 -m pip download -q -d .whl --find-links .whl --only-binary=:all: --python-version 3.11 \
     "torch==$TORCH_VERSION" "triton==$TRITON_VERSION" "setuptools>=68" numpy \
     -r build/docker-requirements.txt >"$STATE/pip.log" 2>&1 \
   || unavailable "pip download of the image's wheels failed: $(tail -n 1 "$STATE/pip.log")"
