@@ -13,6 +13,7 @@ from .results import load_results, merge
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "out"
+MAX_LISTED = 20   # blocking lines on the terminal; the report has them all
 
 
 def main(argv=None) -> int:
@@ -43,8 +44,10 @@ def main(argv=None) -> int:
         text, name = render(results, verdict), "report.md"
     write_report(text, args.out / name)
     print(verdict.headline(), flush=True)
-    for line in verdict.blocking[1:]:
+    for line in verdict.blocking[1:MAX_LISTED]:
         print(f"  also blocking: {line}", file=sys.stderr)
+    if len(verdict.blocking) > MAX_LISTED:
+        print(f"  ... {len(verdict.blocking) - MAX_LISTED} more in the report", file=sys.stderr)
     print(f"report: {args.out / name}")
     return 0 if verdict.passed else 1
 

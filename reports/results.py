@@ -60,7 +60,10 @@ def _outcome(case) -> tuple[str, str]:
 
 def _nodeid(case) -> str:
     """pytest writes classname `a.b.test_mod.TestC`; without a `nodeid` property (xdist's
-    crash reports) the file path is rebuilt up to the module."""
+    crash reports) the file path is rebuilt up to the module. A collection error has no
+    classname and the dotted module as its name."""
+    if not case.classname:
+        return case.name.replace(".", "/") + ".py"
     parts = case.classname.split(".")
     mod = next((i for i in range(len(parts) - 1, -1, -1) if parts[i].startswith("test")
                 and not parts[i].startswith("Test")), len(parts) - 1)

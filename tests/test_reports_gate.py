@@ -156,3 +156,13 @@ def test_the_shipped_policy_requires_known_families_and_the_cpu_lane_for_merges(
     assert set(policy["required_families"]) <= set(FAMILIES)
     assert required_lanes(policy, None, None) == ["cpu"]
     assert required_lanes(policy, "release", None) == ["cpu", "sm90"]
+
+
+def test_a_collection_error_blocks_under_its_module_path(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    junit = tmp_path / "res" / "cpu" / "junit.xml"
+    junit.write_text(junit.read_text().replace(
+        "</testsuite>", '<testcase classname="" name="tests.test_docker_backend" time="0.0">'
+                        '<error message="collection failure">ImportError</error></testcase></testsuite>'))
+    rc, line = gate(tmp_path, capsys)
+    assert (rc, line) == (1, "GATE BLOCKED: lane cpu: ERROR tests/test_docker_backend.py: collection failure")
