@@ -22,8 +22,7 @@ def _matrix(family, impls, cases):
         for case in cases:
             if not family.applies(case):
                 continue
-            why = skip_reason(impl, case, DEVICE, family=family.name, needs_backward=family.needs_backward,
-                              needs_fp64=family.needs_fp64)
+            why = family.skip(impl, case, DEVICE)
             bug = None if why else known_bug(impl, family.name, case)
             marks = [pytest.mark.skip(reason=why)] if why else (
                 [pytest.mark.xfail(strict=True, reason=bug)] if bug else [])

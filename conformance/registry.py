@@ -99,9 +99,10 @@ def _cap(s: str) -> tuple:
 
 
 def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", needs_backward=False,
-                needs_fp64=False) -> Optional[str]:
+                needs_fp64=False, needs_modes=None) -> Optional[str]:
     """Why `impl` does not run `case` (None: any case) of `family` on `device`, from its
-    declarations; None when it does."""
+    declarations; None when it does. `needs_modes` replaces the case's own mode (the
+    decode family runs decode calls on prefill cases)."""
     dev = torch.device(device).type
     why = impl.unavailable()
     if why:
@@ -121,8 +122,9 @@ def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", n
         return f"{impl.name} does not declare {case.dtype}"
     if dev == "cpu" and case.dtype in impl.cpu_dtype_skips:
         return f"{impl.name} on CPU: {impl.cpu_dtype_skips[case.dtype]}"
-    if case.mode not in impl.modes or (case.mode == "varlen" and impl.varlen is None):
-        return f"{impl.name} does not declare mode {case.mode}"
+    for mode in needs_modes or (case.mode,):
+        if mode not in impl.modes or (mode == "varlen" and impl.varlen is None):
+            return f"{impl.name} does not declare mode {mode}"
     s = case.shape
     for name, d in (("Dk", s.Dk), ("Dv", s.Dv)):
         if d % impl.head_dim_multiple or (impl.max_head_dim and d > impl.max_head_dim):

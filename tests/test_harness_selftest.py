@@ -22,8 +22,7 @@ GOOD_PATTERNS = ("mixed", "full", "overlapping")
 
 def _cases(impl, family, seed, shapes=None):
     cases = [c for c in select("tiny") if family.applies(c) and (shapes is None or c.shape in shapes)
-             and not skip_reason(impl, c, DEVICE, family=family.name, needs_backward=family.needs_backward,
-                                 needs_fp64=family.needs_fp64)]
+             and not family.skip(impl, c, DEVICE)]
     cases.sort(key=lambda c: (ORDER.index(c.pattern), c.dtype.itemsize == 2, c.seed))
     return [dataclasses.replace(c, seed=seed) for c in cases]
 
@@ -64,7 +63,7 @@ def test_good_implementation_passes(name, family):
                 c for c in select("tiny") if c.shape == TINY_VARLEN), DEVICE)
         return
     fam = FAMILIES[family]
-    why = skip_reason(impl, None, DEVICE, family=family, needs_backward=fam.needs_backward)
+    why = fam.skip(impl, None, DEVICE)
     if why:
         pytest.skip(why)
     shapes = {TINY_DECODE, TINY_PREFILL, TINY_VARLEN} if family != "gradcheck" else None
