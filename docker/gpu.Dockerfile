@@ -11,6 +11,8 @@ RUN rm -rf /src/.whl
 FROM ${BASE_IMAGE}
 ARG TORCH_VERSION=2.11.0
 ARG TRITON_VERSION=3.6.0
+# PIP_NO_INDEX=1: install from the wheels in .whl/ only (machines without a package index).
+ARG PIP_NO_INDEX=0
 ENV HOME=/tmp \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
