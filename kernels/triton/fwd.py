@@ -56,7 +56,14 @@ def _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk
     return m_i, l_i, acc
 
 
-@triton.jit
+# Integer arguments whose values only size loops or address q, o, lse and the ranges once
+# per program: specialising on them (value 1, divisibility by 16) would compile one kernel
+# per shape. K/V strides and head dims stay specialised: they make the K/V loads vector loads.
+_VARYING = ("sq_b", "sq_s", "sq_g", "sq_h", "sr_b", "sr_s", "sr_g", "sr_j", "so_b", "so_s", "so_g", "so_h",
+            "sl_b", "sl_s", "sl_g", "sl_h", "S", "G", "S_kv", "h", "n")
+
+
+@triton.jit(do_not_specialize=_VARYING)
 def _sel_fwd_kernel(
     q_ptr, k_ptr, v_ptr, r_ptr, pos_ptr, o_ptr, lse_ptr,
     sq_b, sq_s, sq_g, sq_h,
