@@ -31,8 +31,9 @@ if [ "${1:-}" = stop ]; then
   exit 0
 fi
 
-mkdir -p build "$STATE/run"
+mkdir -p build
 [ "$(id -u)" = 0 ] || unavailable "not root (dockerd needs root here)"
+mkdir -p "$STATE/run"
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
   say "installing docker.io and debootstrap"
   export DEBIAN_FRONTEND=noninteractive
