@@ -8,6 +8,8 @@ The lane YAML's `image` says how to get the image:
   base_image   the Dockerfile's BASE_IMAGE build argument
   build_args   further build arguments, e.g. {PIP_NO_INDEX: "1"} for offline wheels in .whl/
   tag          default `selgate:<lane>`
+SELGATE_DOCKER_BUILD_ARGS="KEY=VALUE ..." overrides both (e.g. a local BASE_IMAGE where no
+registry is reachable).
 GPU lanes get every GPU (`--gpus all`), or only those CUDA_VISIBLE_DEVICES names, which the
 container then sees renumbered from 0. The lane's reports folder and Triton cache are bind
 mounts, so the JUnit file lands where a local run puts it; files are written as the calling
@@ -34,15 +36,20 @@ class EngineError(RuntimeError):
     """No usable engine, or no image: the one line to print."""
 
 
-def image_spec(lane_cfg: dict) -> tuple[str, str | None, dict]:
+def image_spec(lane_cfg: dict, environ=os.environ) -> tuple[str, str | None, dict]:
     """(tag, dockerfile or None, build args) from the lane's `image` entry (a mapping, or
-    a bare tag)."""
+    a bare tag) and SELGATE_DOCKER_BUILD_ARGS."""
     image = lane_cfg.get("image") or {}
     if isinstance(image, str):
         return image, None, {}
     args = {str(k): str(v) for k, v in (image.get("build_args") or {}).items()}
     if image.get("base_image"):
         args.setdefault("BASE_IMAGE", str(image["base_image"]))
+    for item in environ.get("SELGATE_DOCKER_BUILD_ARGS", "").split():
+        key, sep, value = item.partition("=")
+        if not (key and sep):
+            raise EngineError(f"SELGATE_DOCKER_BUILD_ARGS: expected space-separated KEY=VALUE items, got {item!r}")
+        args[key] = value
     return image.get("tag") or f"selgate:{lane_cfg['name']}", image.get("dockerfile"), args
 
 

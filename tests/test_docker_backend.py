@@ -80,6 +80,7 @@ def run(lane, client, tmp_path, env=None, args=("tests",)):
 
 def test_cpu_lane_builds_its_image_mounts_reports_and_cache_and_returns_pytest_status(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("SELGATE_DOCKER_BUILD_ARGS", raising=False)
     # a multi-byte character split across two log chunks must survive the streaming
     client = FakeClient(FakeContainer([b"collected 2 items\n\xe2\x9c", b"\x93 1 failed\n"], 1))
     status, out = run(load_lane("cpu"), client, tmp_path, args=["tests", "-k", "x"])
@@ -164,6 +165,20 @@ def test_no_reachable_engine_is_one_clear_line_and_a_nonzero_exit(tmp_path, monk
     assert captured.err.startswith(f"error: no Docker engine reachable at unix://{sock} (")
 
 
+def test_build_args_from_the_environment_override_the_lane(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SELGATE_DOCKER_BUILD_ARGS", "BASE_IMAGE=local/debian:12 PIP_NO_INDEX=1")
+    client = FakeClient()
+    run(load_lane("cpu"), client, tmp_path)
+    assert client.builds[0]["buildargs"] == {"BASE_IMAGE": "local/debian:12", "PIP_NO_INDEX": "1"}
+
+    monkeypatch.setenv("SELGATE_DOCKER_BUILD_ARGS", "BASE_IMAGE")
+    client = FakeClient()
+    assert run(load_lane("cpu"), client, tmp_path)[0] == docker_backend.ENGINE_ERROR
+    assert capsys.readouterr().err == ("error: SELGATE_DOCKER_BUILD_ARGS: expected space-separated KEY=VALUE "
+                                       "items, got 'BASE_IMAGE'\n")
+    assert not client.builds and not client.runs
+
+
 @pytest.mark.parametrize("lane", lane_names())
 def test_every_lane_image_builds_from_a_dockerfile_taking_base_image(lane):
     tag, dockerfile, build_args = docker_backend.image_spec(load_lane(lane))
@@ -191,10 +206,10 @@ def test_cpu_lane_runs_in_a_real_container_and_its_junit_passes_the_gate(tmp_pat
     monkeypatch.setenv("DOCKER_HOST", settings["DOCKER_HOST"])
     monkeypatch.setenv("SELGATE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(runner, "OUT_ROOT", tmp_path / "out")
+    offline = " PIP_NO_INDEX=1" if settings.get("SELGATE_DOCKER_OFFLINE") == "1" else ""
+    monkeypatch.setenv("SELGATE_DOCKER_BUILD_ARGS", f"BASE_IMAGE={settings['SELGATE_DOCKER_BASE_IMAGE']}{offline}")
     lane = load_lane("cpu")
-    build_args = {"PIP_NO_INDEX": "1"} if settings.get("SELGATE_DOCKER_OFFLINE") == "1" else {}
-    lane["image"] = {**lane["image"], "base_image": settings["SELGATE_DOCKER_BASE_IMAGE"],
-                     "tag": "selgate:cpu-ci", "build_args": build_args}
+    lane["image"] = {**lane["image"], "tag": "selgate:cpu-ci"}   # leaves a user's selgate:cpu alone
     # The CPU lane's own selection, narrowed to its policy checks (three subprocess probes).
     plan = runner.plan_lane(lane, capability=None, workers=1, policy_only=True)
     assert runner.run_plan(plan, docker=True) == 0
