@@ -67,6 +67,8 @@ if ! engine_up; then
   engine_up || unavailable "dockerd did not come up in 60 s: $(tail -n 1 "$STATE/dockerd.log")"
 fi
 say "engine up: $(docker info --format 'server {{.ServerVersion}}, storage {{.Driver}}')"
+# Earlier runs' superseded test images (full copies of the root on vfs) would pile up.
+docker image prune -f >/dev/null
 
 if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   say "making $BASE_IMAGE with debootstrap (minbase + python3)"
