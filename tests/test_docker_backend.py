@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from docker.types import DeviceRequest
 
 from selgate.lanes import docker_backend, runner
 from selgate.lanes.config import lane_names, load_lane
 
+DeviceRequest = pytest.importorskip("docker.types", reason="docker-py is not installed (only --docker needs it)").DeviceRequest
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_ENV = ROOT / "build" / "docker-engine.env"   # written by .ci/docker_engine.sh
 TRANSCRIPT = ROOT / "build" / "docker-engine-test.log"
