@@ -78,6 +78,24 @@ class _TouchAllKeys(torch.autograd.Function):
         return g + 1e-7
 
 
+class _GradTimes(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by `factor`."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+def _dq_unscaled(q, k, v, ranges, *, scale=None, positions=None):
+    """dq misses the softmax scale: it comes out sqrt(Dk) times too large."""
+    return attend(_GradTimes.apply(q, math.sqrt(q.shape[-1])), k, v, ranges, scale=scale, positions=positions)
+
+
 def _dense_dk(q, k, v, ranges, *, scale=None, positions=None):
     return attend(q, _TouchAllKeys.apply(k), v, ranges, scale=scale, positions=positions)
 
@@ -190,6 +208,7 @@ BAD_IMPLS = (
     _bad("dk-wobble", _wobbling(grad=True), "determinism_backward",
          "dk accumulated in a run-dependent order (atomics)"),
     _bad("dense-dk", _dense_dk, "backward", "dk written for keys no row selected"),
+    _bad("dq-missing-scale", _dq_unscaled, "gradcheck", "dq not multiplied by the softmax scale"),
     _bad("first-tile-only", _keys(lambda i, m: (i, m & (_pos_in_row(i) < FIRST_TILE))), "parity",
          f"tile loop stops after the first BLOCK_L={FIRST_TILE} keys"),
     _bad("lse-off-by-log2", _with_output(lambda q, k, v, r, o, lse: (o, lse + math.log(2))), "parity",

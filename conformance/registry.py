@@ -111,6 +111,8 @@ def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", n
         return f"{impl.name} does not take part in {family}: {impl.unsupported[family]}"
     if needs_backward and not impl.backward:
         return f"{impl.name} does not declare backward"
+    if family.startswith("determinism") and not impl.deterministic:
+        return f"{impl.name} declares itself non-deterministic"
     if case is None:
         return None
     if dev not in impl.devices:

@@ -8,9 +8,10 @@ import torch
 
 from selgate.conformance.badimpls import BAD_IMPLS
 from selgate.conformance.cases import TINY_DECODE, TINY_PREFILL, TINY_VARLEN, select
-from selgate.conformance.compare import ConformanceFailure
+from selgate.conformance.compare import ConformanceFailure, assert_close
 from selgate.conformance.families import BAD_INPUTS, FAMILIES, check_bad_input
-from selgate.conformance.registry import REGISTRY, load_user_impl, skip_reason
+from selgate.conformance.registry import REGISTRY, Xfail, known_bug, load_user_impl, skip_reason
+from selgate.conformance.tolerances import ENV, tolerance
 
 SEEDS = (11, 12, 13)
 DEVICE = "cpu"
@@ -98,3 +99,37 @@ def test_user_implementation_declares_capabilities_by_attributes():
     assert "does not declare backward" in skip_reason(impl, case, DEVICE, needs_backward=True)
     with pytest.raises(ValueError, match="package.module:callable"):
         load_user_impl("no_colon")
+
+
+def test_tolerance_overrides_layer_over_spec(monkeypatch):
+    monkeypatch.setenv(ENV, '{"fp32": {"max_abs": 2.0e-5}, "bf16": {"grad": {"mean_abs": 2.0e-3}, '
+                            '"dk": {"factor": 4}}}')
+    assert tolerance(torch.float32, "o").max_abs == 2e-5 and tolerance(torch.float32, "o").mean_abs == 1e-6
+    assert tolerance(torch.bfloat16, "dq").mean_abs == 2e-3 and tolerance(torch.bfloat16, "dq").factor == 3
+    assert tolerance(torch.bfloat16, "dk").factor == 4 and tolerance(torch.bfloat16, "dk").mean_abs == 2e-3
+    assert tolerance(torch.bfloat16, "o").mean_abs == 1e-3 and tolerance(torch.float16, "dk").factor == 3
+    monkeypatch.setenv(ENV, "fp32: {max_abs: 1.0e-4, bogus: 1}")
+    with pytest.raises(ValueError, match=r"SELGATE_TOL_OVERRIDES: fp32.bogus"):
+        tolerance(torch.float32, "o")
+
+
+def test_failure_message_names_errors_bound_index_and_case():
+    ref = torch.zeros(2, 3, dtype=torch.float64)
+    got = ref.float().clone()
+    got[1, 2] = 1e-3
+    with pytest.raises(ConformanceFailure) as e:
+        assert_close("dv", got, ref, dtype=torch.float32, case_id="some-case-id")
+    msg = str(e.value)
+    for part in ("[some-case-id]", "dv: max abs err 1.000e-03", "bound 1.000e-05", "mean abs err 1.667e-04",
+                 "index (1, 2)"):
+        assert part in msg, msg
+    got[0, 0] = float("nan")
+    with pytest.raises(ConformanceFailure, match=r"non-finite .* index \(0, 0\)"):
+        assert_close("dv", got, ref, dtype=torch.float32, case_id="c")
+
+
+def test_known_bug_becomes_strict_xfail():
+    impl = dataclasses.replace(REGISTRY["sdpa"], xfails=(Xfail("parity", lambda c: c.mode == "decode", "bug 1"),))
+    decode, prefill = (next(c for c in select("tiny") if c.mode == m) for m in ("decode", "prefill"))
+    assert known_bug(impl, "parity", decode) == "bug 1"
+    assert known_bug(impl, "parity", prefill) is None and known_bug(impl, "bounds", decode) is None
