@@ -15,14 +15,12 @@ adds the varlen mode), `head_dim_multiple` [1], `max_head_dim` [None], `determin
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
-from unittest import mock
 
 import torch
 
@@ -171,23 +169,14 @@ def _sdpa_call(q, k, v, ranges, *, scale=None, want_lse=True):
 def _dispatched(backend: str):
     """Calls through the dispatcher, strict, so a fallback fails instead of passing."""
 
-    @contextlib.contextmanager
-    def grad_allowed(tensors):
-        needs = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-        with mock.patch.dict(os.environ, {"NSA_SEL_TRITON_ALLOW_GRAD": "1"} if needs else {}):
-            yield
-
     def call(q, k, v, ranges, *, scale=None, want_lse=True):
         from selgate.kernels import selection_attention
-        with grad_allowed((q, k, v)):
-            return selection_attention(q, k, v, ranges, scale=scale, backend=backend, return_lse=want_lse,
-                                       strict=True)
+        return selection_attention(q, k, v, ranges, scale=scale, backend=backend, return_lse=want_lse, strict=True)
 
     def varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
         from selgate.kernels import selection_attention_varlen
-        with grad_allowed((q, k, v)):
-            return selection_attention_varlen(q, k, v, ranges, cu_q, cu_k, scale=scale, backend=backend,
-                                              return_lse=True, strict=True)
+        return selection_attention_varlen(q, k, v, ranges, cu_q, cu_k, scale=scale, backend=backend,
+                                          return_lse=True, strict=True)
 
     return call, varlen
 
