@@ -136,6 +136,16 @@ def _decode_drops_newest(q, k, v, ranges, *, scale=None, positions=None):
     return attend(q, k, v, ranges, scale=scale, positions=positions)
 
 
+def _unwritten_empty_rows(q, k, v, ranges, *, scale=None, positions=None):
+    """Empty rows are never written: o comes from torch.empty (caught where outputs can be
+    poisoned before the call, i.e. on CUDA)."""
+    o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+    out = torch.empty_like(o)
+    written = torch.isfinite(lse)
+    out[written] = o[written]
+    return out, lse
+
+
 def _int32_inclusive(q, k, v, ranges, *, scale=None, positions=None):
     """int32 ranges are read as inclusive of their end."""
     if ranges.dtype == torch.int32:
@@ -170,13 +180,14 @@ class BadImpl:
     impl: Impl
     caught_by: str
     bug: str
+    device: str = "cpu"  # where the self-test runs it
 
 
-def _bad(name, call, caught_by, bug, varlen=None):
+def _bad(name, call, caught_by, bug, varlen=None, device="cpu"):
     def wrapped(q, k, v, ranges, *, scale=None, want_lse=True):
         return call(q, k, v, ranges, scale=scale)
     impl = Impl(name, wrapped, dtypes=ALL_DTYPES, varlen=varlen or _varlen(call), backward=True, lse=True)
-    return BadImpl(impl, caught_by, bug)
+    return BadImpl(impl, caught_by, bug, device)
 
 
 def _keys(fn):
@@ -226,6 +237,8 @@ BAD_IMPLS = (
         t.to(v.dtype) if i == 0 else t.float() for i, t in enumerate(selection_attention_ref(
             q, k, v, r, scale=scale, positions=positions, return_lse=True, formulation="mask"))),
          "bounds", "unselected keys read and multiplied by a zero weight (NaN * 0 = NaN)"),
+    _bad("unwritten-empty-rows", _unwritten_empty_rows, "empty_ranges", "o allocated with torch.empty, empty "
+         "rows never written", device="cuda"),
     _bad("varlen-unshifted-ranges", attend, "varlen", "local ranges not shifted by the sequence's key offset",
          varlen=_varlen_unshifted),
 )

@@ -41,13 +41,15 @@ def _flagged_bad_input(impl, seed) -> bool:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("bad", BAD_IMPLS, ids=lambda b: b.impl.name)
 def test_known_bad_implementation_is_flagged(bad, seed):
+    if bad.device == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"{bad.impl.name} is caught by output poisoning, which needs the CUDA caching allocator")
     if bad.caught_by == "bad_input":
         assert _flagged_bad_input(bad.impl, seed), f"{bad.impl.name} ({bad.bug}) passed every bad input"
         return
     family = FAMILIES[bad.caught_by]
     for case in _cases(bad.impl, family, seed):
         try:
-            family.check(bad.impl, case, DEVICE)
+            family.check(bad.impl, case, bad.device)
         except ConformanceFailure:
             return
     pytest.fail(f"{bad.impl.name} ({bad.bug}) passed every {family.name} case with seed {seed}")
