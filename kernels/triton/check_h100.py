@@ -279,7 +279,7 @@ def bench(out: dict) -> list:
     out["bench"] = [(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
     out["copy_bw_TBps"] = bw / 1e12
     out["sweeps_last"] = cfgs
-    return lines + bench_table(rows)
+    return lines + [""] + bench_table(rows)
 
 
 def bench_table(rows) -> list:
