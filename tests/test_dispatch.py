@@ -227,3 +227,7 @@ def test_grad_goes_to_sdpa_unless_allowed(monkeypatch):
     o.sum().backward()
     assert stats()["fallback_reasons"] == {"triton:grad": 1} and stats()["launches"] == {}
     assert q.grad is not None and torch.isfinite(q.grad).all()
+    monkeypatch.setenv("NSA_SEL_TRITON_ALLOW_GRAD", "1")
+    with capability_override("9.0"):
+        o = selection_attention(q, k, v, r)
+    assert o.requires_grad and stats()["launches"] == {"triton_fwd": 1} and stats()["calls"]["triton"] == 1
