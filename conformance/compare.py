@@ -60,11 +60,15 @@ def assert_close(name: str, actual: torch.Tensor, ref: torch.Tensor, *, dtype: t
                       f"got {a.flatten()[int(i)].item():.8g}, reference {r.flatten()[int(i)].item():.8g}")
 
 
-def assert_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, *, case_id: str, why: str) -> None:
-    """Bitwise equality (NaN equal to NaN); the message names the first differing element."""
+def assert_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, *, case_id: str, why: str,
+                 atol: float = 0.0) -> None:
+    """Bitwise equality (NaN equal to NaN), or within `atol` where the same arithmetic may
+    legitimately reduce in another order; the message names the first differing element."""
     if tuple(actual.shape) != tuple(expected.shape):
         fail(case_id, f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)} ({why})")
     same = (actual == expected) | (torch.isnan(actual) & torch.isnan(expected))
+    if atol:
+        same |= (actual - expected).abs() <= atol
     if not bool(same.all()):
         i = int((~same).flatten().nonzero()[0])
         fail(case_id, f"{name}: {int((~same).sum())} elements differ ({why}); first at index {_where(actual, i)}: "

@@ -351,8 +351,10 @@ def check_decode(impl: Impl, case: Case, device) -> None:
 
 
 def check_group(impl: Impl, case: Case, device) -> None:
-    """With equal q across the heads of a group, every head's o and lse are bitwise equal
-    (heads share their group's ranges by construction), and correct."""
+    """With equal q across the heads of a group, every head's o and lse are equal (heads
+    share their group's ranges by construction), and correct. Equal up to 4 ulp of the
+    largest value: a library matmul may round rows of one product differently (seen: the
+    fp64 reference on CUDA, heads differing by 5e-17); a head reading other ranges is off by O(1)."""
     inp = make_inputs(case, device)
     inp.q = inp.q[:, :, :, :1].expand_as(inp.q).contiguous()
     gold, plain, _ = reference_run(_batched(inp, case), inp, case, grads=False)
@@ -361,7 +363,10 @@ def check_group(impl: Impl, case: Case, device) -> None:
         if t is None:
             continue
         first = t[:, :, :, :1].expand_as(t)
-        assert_equal(name, t, first, case_id=case.id, why="equal q across a group's heads gives equal outputs")
+        finite = t[torch.isfinite(t)]
+        atol = 4 * torch.finfo(t.dtype).eps * float(finite.abs().max()) if finite.numel() else 0.0
+        assert_equal(name, t, first, case_id=case.id, why="equal q across a group's heads gives equal outputs",
+                     atol=atol)
     compare(case, got, gold, plain)
 
 

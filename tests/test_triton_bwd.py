@@ -188,14 +188,16 @@ def test_autograd_function_end_to_end(autocast):
 
 
 def test_bad_inputs_name_the_argument():
-    q, k, v, r = random_inputs(B=1, S=2, G=1, h=2, Dk=8, Dv=8, S_kv=9, n=2, dtype=torch.float32)
+    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=8, Dv=8, S_kv=9, n=2,
+                                                      dtype=torch.float32))
     norm = normalize_ranges(r, 9)
-    o, lse = torch.zeros(1, 2, 1, 2, 8), torch.zeros(1, 2, 1, 2)
+    o, lse = torch.zeros(1, 2, 1, 2, 8, device=DEVICE), torch.zeros(1, 2, 1, 2, device=DEVICE)
     with pytest.raises(TypeError, match="lse: expected dtype torch.float32"):
         triton_backward(q, k, v, o, lse.half(), o, norm, scale=1.0)
     with pytest.raises(ValueError, match=r"do: expected shape \(1, 2, 1, 2, 8\)"):
         triton_backward(q, k, v, o, lse, o[..., :4], norm, scale=1.0)
-    q2, k2, v2, _ = random_inputs(B=1, S=2, G=1, h=2, Dk=12, Dv=8, S_kv=9, n=2, dtype=torch.float32)
+    q2, k2, v2, _ = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=12, Dv=8, S_kv=9, n=2,
+                                                         dtype=torch.float32))
     with pytest.raises(ValueError, match="Dk=12"):
         triton_backward(q2, k2, v2, o, lse, o, norm, scale=1.0)
     with pytest.raises(ValueError, match=r"out\[1\]: expected shape"):
