@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -37,7 +35,7 @@ from selgate.reference.ranges import key_limit
 
 from .autograd import selection_attention_triton_autograd
 from .bwd import InverseIndex, launch_config, triton_backward
-from .check_h100 import pattern_ranges, stamp
+from .check_h100 import pattern_ranges, run_sections, stamp
 from .fwd import triton_forward
 from .train_check import run as train_run
 from .train_check import verdict as train_verdict
@@ -162,8 +160,8 @@ def determinism(out: dict) -> list:
     for _ in range(49):
         for i, (a, b) in enumerate(zip(first, once())):
             diff[i] += not torch.equal(a, b)
-    line = (f"determinism: 50 forward+backward passes through selection_attention(backend='triton', strict=True), "
-            f"bf16, B=1 S=S_kv=4096 G=4 h=16 D=128, 16 builder blocks of 64 (block 0 and 2 local blocks in every row): "
+    line = ("determinism: 50 forward+backward passes through selection_attention(backend='triton', strict=True), "
+            "bf16, B=1 S=S_kv=4096 G=4 h=16 D=128, 16 builder blocks of 64 (block 0 and 2 local blocks in every row): "
             + ", ".join(f"{n} {'bitwise equal' if d == 0 else f'DIFFERS in {d} runs'}" for n, d in zip(NAMES, diff)))
     out["determinism"] = diff
     print(line, flush=True)
@@ -333,19 +331,10 @@ def main():
     print("\n".join(f"{k}: {v}" for k, v in out["stamp"].items()), flush=True)
     sections = {name: ["not run (--sections)"] for name in ("bench", "determinism", "training", "parity")}
     dtypes = tuple(getattr(torch, d) for d in args.dtypes)
-    for name, fn in (("bench", lambda: bench(out, t0 + args.budget_s * 0.5)), ("determinism", lambda: determinism(out)),
-                     ("training", lambda: training(out)),
-                     ("parity", lambda: parity(out, t0 + args.budget_s, dtypes=dtypes, dims=tuple(args.dims)))):
-        if name not in args.sections:
-            continue
-        try:
-            sections[name] = fn()
-        except Exception:
-            sections[name] = ["FAILED:", "```", traceback.format_exc(), "```"]
-            print(traceback.format_exc(), flush=True)
-        print(f"[{name} done at {time.time() - t0:.0f} s]", flush=True)
-        torch.cuda.empty_cache()
-        (args.out / "results.json").write_text(json.dumps(out, indent=1, default=str))
+    steps = (("bench", lambda: bench(out, t0 + args.budget_s * 0.5)), ("determinism", lambda: determinism(out)),
+             ("training", lambda: training(out)),
+             ("parity", lambda: parity(out, t0 + args.budget_s, dtypes=dtypes, dims=tuple(args.dims))))
+    sections.update(run_sections([s for s in steps if s[0] in args.sections], out, args.out))
     md = ["# Triton selection backward on the device (issue 6)", "", "| | |", "| --- | --- |",
           *(f"| {k} | {v} |" for k, v in out["stamp"].items()),
           "", "## Benchmark", "", *sections["bench"], "", "## Determinism", "", *sections["determinism"],

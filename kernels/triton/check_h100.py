@@ -312,6 +312,22 @@ def parity_table(rows) -> list:
     return t
 
 
+def run_sections(steps, out: dict, out_dir: Path) -> dict:
+    """Run named steps in order; a step that raises records its traceback and the rest go
+    on; results.json is rewritten after each, so a call cut off by its limit keeps them."""
+    sections, t0 = {}, time.time()
+    for name, fn in steps:
+        try:
+            sections[name] = fn()
+        except Exception:
+            sections[name] = ["FAILED:", "```", traceback.format_exc(), "```"]
+            print(traceback.format_exc(), flush=True)
+        print(f"[{name} done at {time.time() - t0:.0f} s]", flush=True)
+        torch.cuda.empty_cache()
+        (out_dir / "results.json").write_text(json.dumps(out, indent=1, default=str))
+    return sections
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
@@ -321,17 +337,9 @@ def main():
     out = {"stamp": stamp()}
     head = [f"{k}: {v}" for k, v in out["stamp"].items()]
     print("\n".join(head), flush=True)
-    sections = {}
-    t0 = time.time()
-    for name, fn in (("extra", lambda: determinism_and_int64(out)),
-                     ("parity", lambda: parity_table(parity(out, args.parity_budget_s))), ("bench", lambda: bench(out))):
-        try:
-            sections[name] = fn()
-        except Exception:
-            sections[name] = ["FAILED:", "```", traceback.format_exc(), "```"]
-            print(traceback.format_exc(), flush=True)
-        print(f"[{name} done at {time.time() - t0:.0f} s]", flush=True)
-        (args.out / "results.json").write_text(json.dumps(out, indent=1, default=str))
+    sections = run_sections((("extra", lambda: determinism_and_int64(out)),
+                             ("parity", lambda: parity_table(parity(out, args.parity_budget_s))),
+                             ("bench", lambda: bench(out))), out, args.out)
     stamp_md = ["", "| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in out["stamp"].items()]
     (args.out / "parity.md").write_text("\n".join(
         ["# Triton forward parity vs fp64 reference (SPEC.md tolerances), strict", *stamp_md, "",
