@@ -65,9 +65,9 @@ class Comparison:
 
 def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = MAX_SLOWDOWN):
     """Rows and blocking lines of `latest` against `base` (each a list of results rows)."""
-    now = {(r["config"], r["method"]): r for r in latest}
+    now = _by_config(latest, "latest")
     rows, blocking = [], []
-    for b in base:
+    for b in _by_config(base, "baseline").values():
         if b["status"] != "ok":
             continue
         r = now.get((b["config"], b["method"]))
@@ -91,6 +91,18 @@ def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = 
 
 def _key(r: dict) -> dict:
     return {"config": r["config"], "method": r["method"], "ours": r["ours"]}
+
+
+def _by_config(rows: list[dict], which: str) -> dict:
+    """Rows keyed by (config, method); a repeated key would make the comparison ambiguous."""
+    out = {}
+    for r in rows:
+        key = (r["config"], r["method"])
+        if key in out:
+            raise ValueError(f"{which} results: configuration {key[0]!r} / {key[1]} appears twice; "
+                             "one row per configuration and method is expected")
+        out[key] = r
+    return out
 
 
 def compare_to_baseline(device: str, *, max_slowdown: float = MAX_SLOWDOWN) -> Comparison:
