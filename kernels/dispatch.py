@@ -7,7 +7,7 @@ One ladder, walked in this order, each rung leaving the fast path with a reason 
 3. device: CPU goes to sdpa ("cpu") and never imports triton, unless TRITON_INTERPRET=1
    and a capability override simulate a GPU (policy tests);
 4. dtype, head dims, compute capability and the ADR policy (`policy.triton_unsupported`);
-5. gradients: inputs that require grad go to sdpa unless NSA_SEL_TRITON_ALLOW_GRAD=1 ("grad");
+5. gradients: inputs that require grad use the Triton backward; NSA_SEL_TRITON_ALLOW_GRAD=0 sends them to sdpa ("grad");
 6. min-L: max selected length below NSA_SEL_TRITON_MIN_L goes to sdpa ("min_L");
 7. flags: NSA_USE_TRITON_SEL=0 goes to sdpa ("disabled").
 NSA_TRITON_SEL_FORCE=1 skips the ADR rule, min-L and NSA_USE_TRITON_SEL. For decode, the
