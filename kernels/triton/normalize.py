@@ -1,0 +1,74 @@
+"""Range normalisation in one Triton launch per call (one program per (b, s, g) row).
+
+The torch formulation in `selgate.reference.ranges.normalize_ranges` issues about thirty
+small ops; on a decode step that host cost (about 1 ms on the H100 host, measured in
+`bench/results/nvidia-h100-80gb-hbm3/2026-11-22/launch_overhead.md`) hides the kernel.
+This computes the same function (clamp to `[0, min(t+1, S_kv))`, drop empty, sort, merge
+overlapping and adjacent, pad with `(0, 0)`) in registers: ranges packed into one int64
+key `start * 2^32 + end` are sorted, a running max of ends finds where merged ranges
+open, and a second sort lists the openings in order."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from selgate.reference.ranges import query_positions
+
+EMPTY = 1 << 62  # sort key of a dropped range: after every real one
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _normalize_kernel(r_ptr, pos_ptr, out_ptr, S, G, S_kv, N,
+                      srb, srs, srg, srn, src, sob, sos, sog, son, soc, spb, sps,
+                      N_PAD: tl.constexpr, EMPTY_KEY: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    b = row // (S * G)
+    s = (row // G) % S
+    g = row % G
+    t = tl.load(pos_ptr + b * spb + s * sps).to(tl.int64)
+    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv)
+    j = tl.arange(0, N_PAD)
+    inside = j < N
+    base = r_ptr + b * srb + s * srs + g * srg + j.to(tl.int64) * srn
+    start = tl.load(base, mask=inside, other=0).to(tl.int64)
+    end = tl.load(base + src, mask=inside, other=0).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), lim)
+    end = tl.minimum(tl.maximum(end, 0), lim)
+    real = inside & (end > start)
+    key = tl.sort(tl.where(real, start * 4294967296 + end, EMPTY_KEY), 0)
+    real = key < EMPTY_KEY
+    start = key // 4294967296
+    end = key % 4294967296
+    n_real = tl.sum(real.to(tl.int32), 0)
+    reach = tl.associative_scan(tl.where(real, end, -1), 0, _max_combine)
+    prev_reach = tl.where(j > 0, tl.gather(reach, tl.maximum(j - 1, 0), 0), -1)
+    opens = real & (start > prev_reach)
+    n_out = tl.sum(opens.to(tl.int32), 0)
+    first = tl.sort(tl.where(opens, j, N_PAD + j), 0)  # positions of the openings, in order
+    last = tl.where(j + 1 < n_out, tl.gather(first, tl.minimum(j + 1, N_PAD - 1), 0) - 1, n_real - 1)
+    keep = j < n_out
+    out_start = tl.where(keep, tl.gather(start, tl.minimum(first, N_PAD - 1), 0), 0)
+    out_end = tl.where(keep, tl.gather(reach, tl.maximum(last, 0), 0), 0)
+    obase = out_ptr + b * sob + s * sos + g * sog + j.to(tl.int64) * son
+    tl.store(obase, out_start.to(out_ptr.dtype.element_ty), mask=inside)
+    tl.store(obase + soc, out_end.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def normalize_ranges_triton(ranges: torch.Tensor, S_kv: int, positions=None, out=None) -> torch.Tensor:
+    """Same contract and result as `selgate.reference.normalize_ranges`, in one launch;
+    `out` (same shape and dtype) is written in full (tests poison it)."""
+    B, S, G, n, _ = ranges.shape
+    out = torch.empty_like(ranges) if out is None else out
+    if out.numel() == 0:
+        return out
+    pos = query_positions(B, S, S_kv, ranges.device, positions)
+    _normalize_kernel[(B * S * G,)](
+        ranges, pos, out, S, G, S_kv, n, *ranges.stride(), *out.stride(), *pos.stride(),
+        N_PAD=max(2, triton.next_power_of_2(n)), EMPTY_KEY=EMPTY)
+    return out

@@ -1,0 +1,50 @@
+"""The one-launch Triton range normalisation equals the torch reference, bit for bit."""
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton runs on CPU only under TRITON_INTERPRET=1 (bin/test sets it)", allow_module_level=True)
+
+from selgate.kernels.triton.normalize import normalize_ranges_triton  # noqa: E402
+from selgate.reference import normalize_ranges  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 70), st.integers(1, 5), st.integers(1, 17),
+       st.sampled_from([torch.int32, torch.int64]), st.booleans(), st.booleans())
+def test_equals_reference(seed, S_kv, S, n, dtype, with_pos, strided):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randint(-5, S_kv + 8, (2, S, 3, n, 2), generator=g).to(dtype)
+    if strided:  # a view whose (start, end) pairs are not contiguous
+        r = torch.randint(-5, S_kv + 8, (2, S, 3, n, 3), generator=g).to(dtype)[..., ::2]
+    pos = torch.randint(-2, S_kv + 2, (2, S), generator=g) if with_pos else None
+    want = normalize_ranges(r, S_kv, pos)
+    dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    out = torch.full(r.shape, -7, dtype=r.dtype, device=DEVICE)  # poisoned: every element must be written
+    got = normalize_ranges_triton(dev(r), S_kv, dev(pos), out=out)
+    assert got is out and got.dtype == r.dtype
+    assert torch.equal(got.cpu(), want)
+
+
+def test_many_overlapping_ranges_merge_into_one():
+    r = torch.tensor([[i, i + 3] for i in range(0, 32, 2)]).reshape(1, 1, 1, 16, 2)
+    got = normalize_ranges_triton(r.to(DEVICE), 40).cpu()
+    assert got[0, 0, 0, 0].tolist() == [0, 33] and bool((got[0, 0, 0, 1:] == 0).all())
+
+
+def test_dispatcher_on_cuda_uses_it():
+    if DEVICE != "cuda":
+        pytest.skip("the dispatcher normalises with Triton only for CUDA tensors")
+    from selgate.kernels import selection_attention
+    from selgate.reference import selection_attention_ref
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 2, 4, 64, generator=g)
+    k, v = torch.randn(2, 2, 50, 64, generator=g), torch.randn(2, 2, 50, 64, generator=g)
+    r = torch.randint(-3, 55, (2, 3, 2, 6, 2), generator=g)
+    o = selection_attention(q.cuda(), k.cuda(), v.cuda(), r.cuda(), backend="sdpa", strict=True)
+    assert (o.double().cpu() - selection_attention_ref(q, k, v, r)).abs().max() <= 1e-5
