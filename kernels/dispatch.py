@@ -16,6 +16,8 @@ raises hands over to the next rung (sdpa last) unless strict mode forbids it.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from selgate.reference.golden import selection_attention_ref
@@ -32,13 +34,13 @@ BACKENDS = ("auto", "triton", "sdpa", "reference", "cuda")
 
 
 def _normalize(ranges, S_kv: int, positions):
-    """Normalised ranges: one Triton launch on CUDA (the torch formulation's ~30 small ops
-    cost about 1 ms of host time per decode step on the H100 host), the reference elsewhere."""
-    if ranges.is_cuda:
-        try:
-            from .triton.normalize import normalize_ranges_triton
-        except ImportError:
-            return normalize_ranges(ranges, S_kv, positions)
+    """Normalised ranges. With NSA_SEL_TRITON_NORMALIZE=1, CUDA tensors take one Triton
+    launch instead of the torch formulation's ~30 small ops (~1 ms of host time per decode
+    step on the H100 host). Off by default until it has run on a GPU: it is checked only
+    under the Triton interpreter so far."""
+    if ranges.is_cuda and os.environ.get("NSA_SEL_TRITON_NORMALIZE") == "1":
+        from .triton.normalize import normalize_ranges_triton
+
         return normalize_ranges_triton(ranges, S_kv, positions)
     return normalize_ranges(ranges, S_kv, positions)
 

@@ -37,9 +37,10 @@ def test_many_overlapping_ranges_merge_into_one():
     assert got[0, 0, 0, 0].tolist() == [0, 33] and bool((got[0, 0, 0, 1:] == 0).all())
 
 
-def test_dispatcher_on_cuda_uses_it():
+def test_dispatcher_on_cuda_uses_it(monkeypatch):
     if DEVICE != "cuda":
         pytest.skip("the dispatcher normalises with Triton only for CUDA tensors")
+    monkeypatch.setenv("NSA_SEL_TRITON_NORMALIZE", "1")
     from selgate.kernels import selection_attention
     from selgate.reference import selection_attention_ref
     g = torch.Generator().manual_seed(3)
