@@ -15,5 +15,5 @@ fi
 export PATH="$PWD/$VENV/bin:$PATH"
 actionlint -no-color
 hadolint docker/*.Dockerfile
-shellcheck .ci/*.sh
-echo "lint: workflows (actionlint $(actionlint -version | head -n 1)), Dockerfiles ($(hadolint --version)) and .ci/*.sh (shellcheck) clean"
+shellcheck .ci/*.sh .ci/run bin/*
+echo "lint: workflows (actionlint $(actionlint -version | head -n 1)), Dockerfiles ($(hadolint --version)) and .ci/*.sh, .ci/run, bin/* (shellcheck) clean"

@@ -8,13 +8,12 @@ from pathlib import Path
 import yaml
 
 from selgate.conformance.cases import SIZES
+from selgate.conformance.tolerances import ENV as TOL_ENV  # the variable the matrix reads overrides from
 from selgate.reports.families import FAMILIES
 
 LANE_DIR = Path(__file__).resolve().parent
 REQUIRED = ("description", "device", "capabilities", "size", "markers", "paths", "workers", "timeout",
             "max_worker_restart", "env", "tolerance_overrides", "image", "required_families", "policy")
-# The conformance matrix reads tolerance overrides from this variable (conformance/tolerances.py).
-TOL_ENV = "SELGATE_TOL_OVERRIDES"
 
 
 def lane_names(lane_dir: Path = LANE_DIR) -> list[str]:

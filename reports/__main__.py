@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
 from .gate import POLICY_FILE, evaluate, load_policy, required_lanes
 from .markdown import render, write_report
 from .release import render_release
@@ -31,11 +33,11 @@ def main(argv=None) -> int:
         policy = load_policy(args.policy)
         profile = args.profile or ("release" if args.command == "release" else None)
         required = required_lanes(policy, profile, lanes)
-    except ValueError as e:
+        results = load_results(args.results or [OUT], lanes)
+        verdict = evaluate(policy, results, required)
+    except (ValueError, OSError, yaml.YAMLError) as e:  # a bad policy or lane file, not a verdict
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results = load_results(args.results or [OUT], lanes)
-    verdict = evaluate(policy, results, required)
     if results:
         merge(results, args.out / "merged.xml")
     if args.command == "release":

@@ -7,6 +7,8 @@ import os
 import shlex
 from pathlib import Path
 
+from selgate.conformance.tolerances import ENV as TOL_ENV
+
 from .families import FAMILIES, HARNESS, OTHER
 from .gate import Verdict
 from .results import OUTCOMES
@@ -31,7 +33,7 @@ def repro_command(case, environment: dict | None) -> str:
     if environment.get("capability_override", "none") != "none":
         env["NSA_SEL_CAPABILITY"] = environment["capability_override"]
     if environment.get("tolerance_overrides", "none") != "none":
-        env["SELGATE_TOL_OVERRIDES"] = environment["tolerance_overrides"]
+        env[TOL_ENV] = environment["tolerance_overrides"]
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     size = f" --size {cfg['size']}" if cfg else ""
     return f"{prefix} python -m pytest {shlex.quote(case.nodeid)}{size} -p no:xdist"
