@@ -11,12 +11,11 @@ import torch
 from selgate.conformance.cases import Case, Shape, make_inputs
 from selgate.conformance.compare import assert_close
 from selgate.conformance.registry import REGISTRY, skip_reason
+from selgate.kernels.policy import ENV_FLAGS
 from selgate.reference import selection_attention_ref
 
 pytestmark = [pytest.mark.conformance, pytest.mark.policy]
 
-FLAGS = ("NSA_USE_TRITON_SEL", "NSA_TRITON_SEL_FORCE", "NSA_SEL_TRITON_MIN_L", "NSA_FORCE_PARITY", "NSA_SEL_STRICT",
-         "NSA_SEL_CAPABILITY", "NSA_SEL_CUDA", "NSA_SEL_VALIDATE", "NSA_SEL_TRITON_ALLOW_GRAD")
 CASE = Case(Shape("prefill", 1, 4, 40, 2, 2, 16, 16, 3), "builder", torch.float32, 0, "tiny")
 TRITON_SKIP = skip_reason(REGISTRY["triton"], None, "cuda" if torch.cuda.is_available() else "cpu")
 
@@ -37,7 +36,7 @@ SCENARIOS = {
 @pytest.fixture
 def dispatcher(monkeypatch):
     """The dispatcher with its flags cleared (min-L 0 unless a scenario sets it) and counters reset."""
-    for flag in FLAGS:
+    for flag in ENV_FLAGS:
         monkeypatch.delenv(flag, raising=False)
     monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
     import selgate.kernels as kernels

@@ -81,7 +81,7 @@ def test_chunked_gather_equals_one_chunk():
     assert torch.equal(o1, o2)
     g1 = torch.autograd.grad(o1.sum(), (q, k, v))
     g2 = torch.autograd.grad(o2.sum(), (q, k, v))
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2):  # dk, dv sum row chunks in another order: measured max diff 2.2e-16
         assert (a - b).abs().max() <= 1e-13
 
 

@@ -41,6 +41,10 @@ def test_dispatcher_on_cuda_uses_it(monkeypatch):
     if DEVICE != "cuda":
         pytest.skip("the dispatcher normalises with Triton only for CUDA tensors")
     monkeypatch.setenv("NSA_SEL_TRITON_NORMALIZE", "1")
+    import selgate.kernels.triton.normalize as normalize
+    calls = []
+    real = normalize.normalize_ranges_triton
+    monkeypatch.setattr(normalize, "normalize_ranges_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     from selgate.kernels import selection_attention
     from selgate.reference import selection_attention_ref
     g = torch.Generator().manual_seed(3)
@@ -48,4 +52,5 @@ def test_dispatcher_on_cuda_uses_it(monkeypatch):
     k, v = torch.randn(2, 2, 50, 64, generator=g), torch.randn(2, 2, 50, 64, generator=g)
     r = torch.randint(-3, 55, (2, 3, 2, 6, 2), generator=g)
     o = selection_attention(q.cuda(), k.cuda(), v.cuda(), r.cuda(), backend="sdpa", strict=True)
+    assert calls == [1], "the dispatcher did not normalise with the Triton kernel"
     assert (o.double().cpu() - selection_attention_ref(q, k, v, r)).abs().max() <= 1e-5
