@@ -147,10 +147,10 @@ def selection_attention_varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, s
     """Packed sequences (FlashAttention's cu_seqlens; layout of `reference/varlen.py`:
     q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], sequence-local ranges [1,T_q,G,n,2]), served as
     one batched call with per-query positions."""
-    for name, t in (("q", q), ("ranges", ranges)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 5 or t.shape[0] != 1:
+    for name, t, rank in (("q", q, 5), ("ranges", ranges, 5), ("k", k, 4)):
+        if not isinstance(t, torch.Tensor) or t.dim() != rank or t.shape[0] != 1:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name}: varlen expects a packed 5-D tensor with leading dim 1, got {shape}")
-    glob, pos = varlen_to_batched(ranges, cu_seqlens_q, cu_seqlens_k)
+            raise ValueError(f"{name}: varlen expects a packed {rank}-D tensor with leading dim 1, got {shape}")
+    glob, pos = varlen_to_batched(ranges, cu_seqlens_q, cu_seqlens_k, T_kv=k.shape[2])
     return selection_attention(q, k, v, glob, scale=scale, backend=backend, return_lse=return_lse,
                                positions=pos, strict=strict)

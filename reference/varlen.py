@@ -32,15 +32,19 @@ def _check_cu(name: str, cu: torch.Tensor, total: int) -> None:
         raise ValueError(f"{name}: expected non-decreasing offsets from 0 to {total}, got {cu.tolist()}")
 
 
-def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
+def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                      T_kv: int | None = None):
     """Map sequence-local ranges [1, T_q, G, n, 2] to global ranges and positions [1, T_q].
 
-    Within sequence i, query `s` sits at `t = s + len_k(i) - len_q(i)` (SPEC.md)."""
+    Within sequence i, query `s` sits at `t = s + len_k(i) - len_q(i)` (SPEC.md). `T_kv`
+    (the packed keys' length) is checked against `cu_seqlens_k[-1]` when given."""
     T_q = ranges.shape[1]
     _check_cu("cu_seqlens_q", cu_seqlens_q, T_q)
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
         raise ValueError(f"cu_seqlens_k: expected shape {tuple(cu_seqlens_q.shape)} like cu_seqlens_q, "
                          f"got {tuple(cu_seqlens_k.shape)}")
+    T_kv = int(cu_seqlens_k[-1]) if T_kv is None else T_kv
+    _check_cu("cu_seqlens_k", cu_seqlens_k, T_kv)
     cu_q = cu_seqlens_q.to(torch.int64)
     cu_k = cu_seqlens_k.to(torch.int64)
     row = torch.arange(T_q, device=ranges.device)
@@ -48,7 +52,7 @@ def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqle
     len_q = (cu_q[1:] - cu_q[:-1])[seq]
     len_k = (cu_k[1:] - cu_k[:-1])[seq]
     t_local = (row - cu_q[seq]) + len_k - len_q
-    local = normalize_ranges(ranges, int(cu_k[-1]), t_local[None]).to(torch.int64)
+    local = normalize_ranges(ranges, T_kv, t_local[None]).to(torch.int64)
     shift = cu_k[seq][None, :, None, None, None]
     real = (local[..., 1:2] > local[..., 0:1])
     glob = torch.where(real, local + shift, 0).to(ranges.dtype)
