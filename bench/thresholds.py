@@ -4,7 +4,10 @@
 dispatcher compares) from which every measured configuration has the Triton forward at
 least `MIN_SPEEDUP` x packed SDPA with parity holding, such that no configuration below
 it loses more than `MAX_LOSS` by staying on packed SDPA (i.e. Triton is not more than 10%
-faster there). When no L meets both, the smallest L meeting the first is taken and the
+faster there). When that is the smallest L measured, the threshold is 0: nothing below it
+was measured to favour packed SDPA, and 0 turns the min-L rung off, which also drops the
+one host read of the selection per call that the rung costs (a decode step must not
+synchronise). When no L meets both, the smallest L meeting the first is taken and the
 losses below it are reported; when Triton never qualifies, the threshold is set past any
 length (`NEVER`). Launch parameters (`BLOCK_L`, warps, stages) come from the
 `triton@BxWxS` variants of the sweep: per kind (decode, prefill; what the kernel reads)
@@ -95,6 +98,9 @@ def choose_min_L(rows: list[dict]) -> Decision:
     rule = (f"Rule: smallest L from which triton >= {MIN_SPEEDUP}x packed SDPA with parity on every measured "
             f"configuration, none below it more than {MAX_LOSS:.0%} slower on sdpa than on triton; "
             f"{len(pairs)} configurations with both measured.")
+    if clean and clean[0] == Ls[0]:
+        return Decision(0, per_L, note=rule + f" Triton qualifies from the smallest L measured ({Ls[0]}): "
+                        "threshold 0 (rung off, no host read per call).")
     if clean:
         return Decision(clean[0], per_L, note=rule)
     if candidates:

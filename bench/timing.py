@@ -1,4 +1,4 @@
-"""Timing: device events around every call, median over rotating input sets, a 95% interval.
+"""Timing: device events around batches of calls, median over rotating input sets, a 95% interval.
 
 The interval is the distribution-free confidence interval of the median (order statistics
 of a Binomial(n, 1/2)), so no normality is assumed. The machine's copy bandwidth and
@@ -40,13 +40,19 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seconds: float = 2.0) -> Timing:
-    """Median time of `calls[i % len(calls)]()` over `iters` timed calls after `warmup` untimed ones.
+def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seconds: float = 2.0,
+               batch_ms: float = 1.0) -> Timing:
+    """Median time per call of `calls[i % len(calls)]()`: `iters` samples after `warmup` untimed calls.
 
-    Rotating over several input sets keeps one set from sitting in L2 between calls. The
-    number of timed calls is cut (to no fewer than 3) when they would take over `max_seconds`."""
+    Rotating over several input sets keeps one set from sitting in L2 between calls. On
+    CUDA one sample is one pair of events around a batch of back-to-back calls (sized to
+    last about `batch_ms`) divided by its length: the time per call a loop of calls (a
+    decode loop) sees, the host's issue time included where it exceeds the device's,
+    without one call's launch latency added to every short sample. The number of samples
+    is cut (to no fewer than 3) when they would take over `max_seconds`."""
     if not calls:
         raise ValueError("calls: expected at least one callable")
+    batch = 1
     if warmup:
         calls[0]()  # a first call may compile; it does not count towards the estimate
         synchronize(device)
@@ -56,16 +62,21 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
         synchronize(device)
         per_call = (time.perf_counter() - started) / (warmup - 1) if warmup > 1 else 0.0
         if per_call > 0:
-            iters = max(min(iters, int(max_seconds / per_call)), 3)
+            if device.type == "cuda":
+                batch = max(1, min(64, round(batch_ms / 1e3 / per_call)))
+            iters = max(min(iters, int(max_seconds / (per_call * batch))), 3)
     samples = []
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for i, (a, b) in enumerate(events):
+        i = 0
+        for a, b in events:
             a.record()
-            calls[i % len(calls)]()
+            for _ in range(batch):
+                calls[i % len(calls)]()
+                i += 1
             b.record()
         torch.cuda.synchronize(device)
-        samples = [a.elapsed_time(b) for a, b in events]
+        samples = [a.elapsed_time(b) / batch for a, b in events]
     else:
         for i in range(iters):
             t0 = time.perf_counter()

@@ -16,41 +16,41 @@ raises hands over to the next rung (sdpa last) unless strict mode forbids it.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from selgate.reference.golden import selection_attention_ref
 from selgate.reference.ranges import normalize_ranges, selected_lengths, validate_ranges
-from selgate.reference.validation import check_inputs
+from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
 from .errors import BackendUnavailable, StrictModeError
-from .policy import capability, capability_overridden, interpreting, settings, triton_unsupported
+from .policy import capability, capability_overridden, env_flag, interpreting, settings, triton_unsupported
 from .sdpa import selection_attention_sdpa
-from .stats import debug, record_call, record_fallback
+from .stats import debug, device_counter, record_call, record_fallback
 
 BACKENDS = ("auto", "triton", "sdpa", "reference", "cuda")
 
 
-def _normalize(ranges, S_kv: int, positions):
-    """Normalised ranges. With NSA_SEL_TRITON_NORMALIZE=1, CUDA tensors take one Triton
-    launch instead of the torch formulation's ~30 small ops (~1 ms of host time per decode
-    step on the H100 host). Off by default until it has run on a GPU: it is checked only
-    under the Triton interpreter so far."""
-    if ranges.is_cuda and os.environ.get("NSA_SEL_TRITON_NORMALIZE") == "1":
+def _normalize(ranges, d, positions, bytes_per_key: int):
+    """`(normalised ranges, counted)`. CUDA tensors take one Triton launch that also adds
+    the call's selected tokens and K/V bytes to the device counters (`counted`); the torch
+    formulation's ~30 small ops cost ~1 ms of host time per decode step on the H100 host.
+    NSA_SEL_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too."""
+    if ranges.is_cuda and env_flag("NSA_SEL_TRITON_NORMALIZE", True):
         from .triton.normalize import normalize_ranges_triton
 
-        return normalize_ranges_triton(ranges, S_kv, positions)
-    return normalize_ranges(ranges, S_kv, positions)
+        norm = normalize_ranges_triton(ranges, d.S_kv, positions, counter=device_counter(ranges.device),
+                                       kv_bytes_per_key=bytes_per_key)
+        return norm, True
+    return normalize_ranges(ranges, d.S_kv, positions), False
 
 
-def _run(name: str, q, k, v, norm, scale, positions):
+def _run(name: str, q, k, v, norm, scale, positions, d, st):
     """Call one backend on normalised ranges; returns `(o, lse)`."""
     if name == "triton":
-        from .triton import selection_attention_triton
-        return selection_attention_triton(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
-                                          normalized=True)
+        from .triton import run_triton
+        return run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions,
+                          allow_grad=st.allow_grad)
     if name == "cuda":
         try:
             from .cuda import selection_attention_cuda
@@ -114,11 +114,12 @@ def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", r
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     st = settings()
     strict = st.strict if strict is None else bool(strict)
+    bytes_per_key = (d.Dk + d.Dv) * q.element_size()
     if st.validate:
         validate_ranges(ranges, d.S_kv, positions)
-        norm = ranges
+        norm, counted = ranges, False
     else:
-        norm = _normalize(ranges, d.S_kv, positions)
+        norm, counted = _normalize(ranges, d, positions, bytes_per_key)
     if backend == "auto" and st.force_parity:
         backend = "reference"
     chain, skip = _plan(q, k, v, d, norm, backend, st)
@@ -129,7 +130,7 @@ def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", r
     debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
         try:
-            o, lse = _run(name, q, k, v, norm, scale, positions)
+            o, lse = _run(name, q, k, v, norm, scale, positions, d, st)
         except Exception as e:
             if strict:
                 raise StrictModeError(f"backend {name!r} failed and strict mode forbids falling back: {e}") from e
@@ -138,7 +139,7 @@ def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", r
             reason = e.reason if isinstance(e, BackendUnavailable) else "error"
             record_fallback(name, reason, f"{type(e).__name__}: {e}", error=not isinstance(e, BackendUnavailable))
             continue
-        record_call(name, norm, (d.Dk + d.Dv) * q.element_size())
+        record_call(name, norm, bytes_per_key, counted=counted)
         return (o, lse) if return_lse else o
 
 

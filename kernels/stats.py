@@ -1,8 +1,9 @@
 """Dispatcher observability: what ran, why the fast path was left, how much K/V was read.
 
 Counters are process-wide and read with `stats()`. Token and byte counts stay on the
-device as running sums, so counting never synchronises the hot path; `stats()` reads
-them. With `NSA_DEBUG_LOG=1` every decision is logged as a `sel.<backend>.*` line on the
+device as running sums (one int64 [tokens, bytes] tensor per device, which the Triton
+range normaliser adds to as it runs), so counting never synchronises the hot path;
+`stats()` reads them. With `NSA_DEBUG_LOG=1` every decision is logged as a `sel.<backend>.*` line on the
 `selgate.kernels` logger; a fallback reason is logged once per reason in any case.
 """
 from __future__ import annotations
@@ -20,8 +21,7 @@ _lock = threading.Lock()
 _calls: Counter = Counter()
 _launches: Counter = Counter()
 _fallbacks: Counter = Counter()
-_tokens: dict = {}
-_kv_bytes: dict = {}
+_counters: dict = {}  # device -> int64 tensor [selected tokens, K/V bytes read]
 _logged_reasons: set = set()
 _capability: dict = {}
 
@@ -40,15 +40,27 @@ def debug(msg: str) -> None:
         log.info(msg)
 
 
-def record_call(backend: str, norm_ranges: torch.Tensor, bytes_per_key: int) -> None:
-    """Count one call served by `backend`, its selected tokens and the K/V bytes they read."""
-    tokens = (norm_ranges[..., 1].to(torch.int64) - norm_ranges[..., 0]).clamp(min=0).sum()
+def device_counter(device: torch.device) -> torch.Tensor:
+    """The running `[selected tokens, K/V bytes]` sums of `device` (int64, on that device)."""
+    key = str(device)
+    with _lock:
+        if key not in _counters:
+            _counters[key] = torch.zeros(2, dtype=torch.int64, device=device)
+        return _counters[key]
+
+
+def record_call(backend: str, norm_ranges: torch.Tensor, bytes_per_key: int, *, counted: bool = False) -> None:
+    """Count one call served by `backend`; add its selected tokens and the K/V bytes they
+    read unless the range normaliser already `counted` them on the device."""
     with _lock:
         _calls[backend] += 1
-        dev = str(tokens.device)
-        _tokens[dev] = _tokens.get(dev, 0) + tokens
-        _kv_bytes[dev] = _kv_bytes.get(dev, 0) + tokens * bytes_per_key
-    if debug_enabled():
+    debugging = debug_enabled()
+    if counted and not debugging:
+        return
+    tokens = (norm_ranges[..., 1].to(torch.int64) - norm_ranges[..., 0]).clamp(min=0).sum()
+    if not counted:
+        device_counter(norm_ranges.device).add_(torch.stack((tokens, tokens * bytes_per_key)))
+    if debugging:
         debug(f"sel.{backend}.call rows={norm_ranges.shape[:3].numel()} tokens={int(tokens)} "
               f"kv_bytes={int(tokens) * bytes_per_key}")
 
@@ -91,8 +103,8 @@ def stats() -> dict:
             "calls": dict(_calls),
             "launches": dict(_launches),
             "fallback_reasons": dict(_fallbacks),
-            "selected_tokens": sum(int(t) for t in _tokens.values()),
-            "kv_bytes_read": sum(int(t) for t in _kv_bytes.values()),
+            "selected_tokens": sum(int(c[0]) for c in _counters.values()),
+            "kv_bytes_read": sum(int(c[1]) for c in _counters.values()),
             "capability": _capability.get("value"),
             "capability_source": _capability.get("source"),
         }
@@ -103,7 +115,6 @@ def reset_stats() -> None:
     with _lock:
         for c in (_calls, _launches, _fallbacks):
             c.clear()
-        _tokens.clear()
-        _kv_bytes.clear()
+        _counters.clear()
         _logged_reasons.clear()
         _capability.clear()

@@ -28,6 +28,12 @@ def test_smallest_L_from_which_triton_wins_by_1_2x():
     assert [(L, n) for L, n, _, _ in d.per_L] == [(16, 1), (32, 1), (64, 1), (128, 1), (256, 1)]
 
 
+def test_winning_from_the_smallest_measured_L_turns_the_rung_off():
+    d = thresholds.derive(sweep({16: 1.3, 32: 2.0, 64: 3.0}))
+    assert d.min_L == 0 and d.losses == []
+    assert "threshold 0" in d.markdown()
+
+
 def test_every_config_of_an_L_must_qualify():
     rows = sweep({16: 0.8, 64: 1.3, 128: 2.0}) + sweep({64: 1.15}, tag="b")
     assert thresholds.derive(rows).min_L == 128

@@ -231,3 +231,22 @@ def test_grad_goes_to_sdpa_unless_allowed(monkeypatch):
     with capability_override("9.0"):
         o = selection_attention(q, k, v, r)
     assert o.requires_grad and stats()["launches"] == {"triton_fwd": 1} and stats()["calls"]["triton"] == 1
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graph capture needs a GPU")
+def test_auto_call_captures_in_a_cuda_graph_and_replays_new_inputs(monkeypatch):
+    """With the min-L rung off (the H100 profile's 0) a call never reads the device back, so a
+    decode loop can capture it; the replay must compute on whatever the inputs now hold."""
+    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    q, k, v, r = inputs(torch.float32, S=1, Dk=64, Dv=64, S_kv=300, n=4)
+    selection_attention(q, k, v, r)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = selection_attention(q, k, v, r)
+    q2, k2, v2, r2 = inputs(torch.float32, S=1, Dk=64, Dv=64, S_kv=300, n=4, seed=9)
+    for dst, src in ((q, q2), (k, k2), (v, v2), (r, r2)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert (o.double() - selection_attention_ref(q2, k2, v2, r2)).abs().max() <= 1e-5  # SPEC.md fp32 bar
+    assert stats()["calls"] == {"triton": 2}

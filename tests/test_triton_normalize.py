@@ -54,3 +54,14 @@ def test_dispatcher_on_cuda_uses_it(monkeypatch):
     o = selection_attention(q.cuda(), k.cuda(), v.cuda(), r.cuda(), backend="sdpa", strict=True)
     assert calls == [1], "the dispatcher did not normalise with the Triton kernel"
     assert (o.double().cpu() - selection_attention_ref(q, k, v, r)).abs().max() <= 1e-5
+
+
+def test_counts_selected_tokens_and_bytes_on_the_device():
+    g = torch.Generator().manual_seed(11)
+    r = torch.randint(-3, 45, (2, 3, 2, 5, 2), generator=g)
+    pos = torch.randint(0, 40, (2, 3), generator=g)
+    counter = torch.tensor([7, 70], dtype=torch.int64, device=DEVICE)  # a running sum: added to, never reset
+    got = normalize_ranges_triton(r.to(DEVICE), 40, pos.to(DEVICE), counter=counter, kv_bytes_per_key=12)
+    L = int((got[..., 1] - got[..., 0]).sum())
+    assert L == int((normalize_ranges(r, 40, pos)[..., 1] - normalize_ranges(r, 40, pos)[..., 0]).sum()) > 0
+    assert counter.tolist() == [7 + L, 70 + 12 * L]

@@ -1,13 +1,18 @@
-"""Where the Triton decode path's time goes at small L: host time per call of each layer
-(raw kernel launch, strict wrapper, dispatcher) against the kernel's own device time.
-A probe for a measured gap (decode stays at ~0.21 ms from L=256 to 1024), not a benchmark."""
+"""Where the Triton decode path's time goes: host time per call of each layer (raw kernel
+launch, strict wrapper, dispatcher) against the kernel's own device time, whether a whole
+dispatcher call can be captured in a CUDA graph (no host synchronisation), and a profile
+of the dispatcher's host time. A probe for a measured gap, not a benchmark."""
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import time
 
 import torch
 
 from selgate.bench.inputs import decode_problem, make_inputs
+from selgate.bench.timing import measure_limits
 from selgate.kernels import selection_attention
 from selgate.kernels.triton import selection_attention_triton, triton_forward
 from selgate.reference import resolve_scale
@@ -26,15 +31,29 @@ def host_us(fn, n=300):
     return host
 
 
-def device_us(fn, n=100):
-    """Kernel time per call from a CUDA graph replay (no launch overhead)."""
+def loop_us(fns, n=300):
+    """Wall time per call of a loop over rotating inputs, synchronised at the end: what a decode loop sees."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for i in range(n):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def graph_us(fns, n=100):
+    """Device time per call from CUDA-graph replay over rotating inputs (no launch overhead);
+    raises if a call cannot be captured (it synchronises with the host)."""
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        fn()
+        for f in fns:
+            f()
         with torch.cuda.graph(g, stream=s):
-            for _ in range(10):
-                fn()
+            for i in range(10):
+                fns[i % len(fns)]()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()
@@ -46,17 +65,38 @@ def device_us(fn, n=100):
 
 
 def main():
-    print("| L | raw launch host us | strict wrapper host us | dispatcher host us | kernel device us (graph) |")
-    print("| --- | --- | --- | --- | --- |")
+    copy = measure_limits(torch.device("cuda"), torch.bfloat16).copy_gbps
+    rows, prof_text = [], ""
     for L in (256, 512, 1024):
         p = decode_problem(1024, 8, 128, 128, L, "many", "bfloat16")
-        x = make_inputs(p, seed=0, device=torch.device("cuda"))
+        xs = [make_inputs(p, seed=i, device=torch.device("cuda")) for i in range(4)]  # 4 x >= 67 MB K/V: > L2
         sc = resolve_scale(None, 128)
-        raw = lambda: triton_forward(x.q, x.k, x.v, x.ranges, scale=sc)  # noqa: E731
-        wrap = lambda: selection_attention_triton(x.q, x.k, x.v, x.ranges, normalized=True)  # noqa: E731
-        disp = lambda: selection_attention(x.q, x.k, x.v, x.ranges, backend="triton", strict=True)  # noqa: E731
-        print(f"| {L} | {host_us(raw):.1f} | {host_us(wrap):.1f} | {host_us(disp):.1f} | {device_us(raw):.1f} |",
-              flush=True)
+        raw = [lambda x=x: triton_forward(x.q, x.k, x.v, x.ranges, scale=sc) for x in xs]
+        wrap = [lambda x=x: selection_attention_triton(x.q, x.k, x.v, x.ranges, normalized=True) for x in xs]
+        auto = [lambda x=x: selection_attention(x.q, x.k, x.v, x.ranges) for x in xs]
+        floor = 1024 * L * 256 * 2 / (copy * 1e3)  # selected K+V bytes over the copy bandwidth, in us
+        try:
+            auto_graph = f"{graph_us(auto):.1f}"
+        except Exception as e:  # noqa: BLE001 - the probe reports why a capture failed
+            auto_graph = f"capture failed: {type(e).__name__}: {str(e)[:80]}"
+        rows.append(f"| {L} | {host_us(raw[0]):.1f} | {host_us(wrap[0]):.1f} | {host_us(auto[0]):.1f} | "
+                    f"{loop_us(auto):.1f} | {graph_us(raw):.1f} | {auto_graph} | {floor:.1f} |")
+        if L == 512:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(200):
+                auto[0]()
+            pr.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
+            prof_text = buf.getvalue()
+    print(prof_text)
+    print(f"copy bandwidth {copy:.0f} GB/s (read + write); decode bf16 N=1024 h=8 D=Dv=128 'many' ranges")
+    print("| L | raw launch host us | strict wrapper host us | dispatcher host us | dispatcher loop us "
+          "(4 rotating sets) | raw kernel graph us | dispatcher graph us | HBM floor us |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -17,21 +17,27 @@ def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, r
                                normalized: bool = False):
     """Selection attention on the Triton kernel; strict: raises `BackendUnavailable` with a
     reason code instead of falling back. `normalized=True` skips range normalisation when
-    the caller (the dispatcher) already did it. The single function the dispatcher calls
-    for the Triton rung. Inputs that require grad run the autograd Function of `autograd.py`
-    (Triton backward) unless NSA_SEL_TRITON_ALLOW_GRAD=0, which refuses them ("grad")."""
+    the caller already did it. Inputs that require grad run the autograd Function of
+    `autograd.py` (Triton backward) unless NSA_SEL_TRITON_ALLOW_GRAD=0, which refuses them ("grad")."""
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     st = settings()
     why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
     if why is not None:
         raise BackendUnavailable(*why)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if grad and not st.allow_grad:
-        raise BackendUnavailable("grad", "inputs require grad and NSA_SEL_TRITON_ALLOW_GRAD is off")
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
-    run = selection_attention_triton_autograd if grad else triton_forward
-    o, lse = run(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions)
+    o, lse = run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions,
+                        allow_grad=st.allow_grad)
     return (o, lse) if return_lse else o
 
 
-__all__ = ["selection_attention_triton", "triton_forward"]
+def run_triton(q, k, v, norm, *, scale: float, positions, allow_grad: bool):
+    """`(o, lse)` on inputs the caller has checked and ranges it has normalised: the one
+    call the dispatcher's Triton rung makes, so a decode step pays for its checks once."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if grad and not allow_grad:
+        raise BackendUnavailable("grad", "inputs require grad and NSA_SEL_TRITON_ALLOW_GRAD is off")
+    run = selection_attention_triton_autograd if grad else triton_forward
+    return run(q, k, v, norm, scale=scale, positions=positions)
+
+
+__all__ = ["run_triton", "selection_attention_triton", "triton_forward"]

@@ -6,14 +6,16 @@ small ops; on a decode step that host cost (about 1 ms on the H100 host, measure
 This computes the same function (clamp to `[0, min(t+1, S_kv))`, drop empty, sort, merge
 overlapping and adjacent, pad with `(0, 0)`) in registers: ranges packed into one int64
 key `start * 2^32 + end` are sorted, a running max of ends finds where merged ranges
-open, and a second sort lists the openings in order."""
+open, and a second sort lists the openings in order.
+
+The same launch counts what the dispatcher's `stats()` reports (selected tokens and K/V
+bytes) by adding each row's length to two device counters: integer adds commute, so the
+totals are exact whatever the order, and counting costs no extra launch or host read."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-
-from selgate.reference.ranges import query_positions
 
 EMPTY = 1 << 62  # sort key of a dropped range: after every real one
 
@@ -23,15 +25,18 @@ def _max_combine(a, b):
     return tl.maximum(a, b)
 
 
-@triton.jit
-def _normalize_kernel(r_ptr, pos_ptr, out_ptr, S, G, S_kv, N,
-                      srb, srs, srg, srn, src, sob, sos, sog, son, soc, spb, sps,
-                      N_PAD: tl.constexpr, EMPTY_KEY: tl.constexpr):
+@triton.jit(do_not_specialize=("S", "G", "S_kv", "N", "srb", "srs", "srg", "srn", "src", "spb", "sps", "kv_bytes"))
+def _normalize_kernel(r_ptr, pos_ptr, out_ptr, count_ptr, S, G, S_kv, N,
+                      srb, srs, srg, srn, src, spb, sps, kv_bytes,
+                      HAS_POS: tl.constexpr, COUNT: tl.constexpr, N_PAD: tl.constexpr, EMPTY_KEY: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     b = row // (S * G)
     s = (row // G) % S
     g = row % G
-    t = tl.load(pos_ptr + b * spb + s * sps).to(tl.int64)
+    if HAS_POS:
+        t = tl.load(pos_ptr + b * spb + s * sps).to(tl.int64)
+    else:
+        t = s + S_kv - S
     lim = tl.minimum(tl.maximum(t + 1, 0), S_kv)
     j = tl.arange(0, N_PAD)
     inside = j < N
@@ -55,20 +60,33 @@ def _normalize_kernel(r_ptr, pos_ptr, out_ptr, S, G, S_kv, N,
     keep = j < n_out
     out_start = tl.where(keep, tl.gather(start, tl.minimum(first, N_PAD - 1), 0), 0)
     out_end = tl.where(keep, tl.gather(reach, tl.maximum(last, 0), 0), 0)
-    obase = out_ptr + b * sob + s * sos + g * sog + j.to(tl.int64) * son
+    obase = out_ptr + row * N * 2 + j.to(tl.int64) * 2  # `out` is contiguous
     tl.store(obase, out_start.to(out_ptr.dtype.element_ty), mask=inside)
-    tl.store(obase + soc, out_end.to(out_ptr.dtype.element_ty), mask=inside)
+    tl.store(obase + 1, out_end.to(out_ptr.dtype.element_ty), mask=inside)
+    if COUNT:
+        L = tl.sum(out_end - out_start, 0)
+        tl.atomic_add(count_ptr, L)
+        tl.atomic_add(count_ptr + 1, L * kv_bytes)
 
 
-def normalize_ranges_triton(ranges: torch.Tensor, S_kv: int, positions=None, out=None) -> torch.Tensor:
-    """Same contract and result as `selgate.reference.normalize_ranges`, in one launch;
-    `out` (same shape and dtype) is written in full (tests poison it)."""
+def normalize_ranges_triton(ranges: torch.Tensor, S_kv: int, positions=None, out=None,
+                            counter: torch.Tensor | None = None, kv_bytes_per_key: int = 0) -> torch.Tensor:
+    """Same contract and result as `selgate.reference.normalize_ranges`, in one launch.
+
+    `out` (contiguous, same shape and dtype) is written in full (tests poison it).
+    `counter` (int64 [2], same device) gets the selected tokens and `kv_bytes_per_key` times
+    them added."""
     B, S, G, n, _ = ranges.shape
-    out = torch.empty_like(ranges) if out is None else out
+    out = torch.empty(ranges.shape, dtype=ranges.dtype, device=ranges.device) if out is None else out
+    if not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous tensor, got strides {out.stride()}")
     if out.numel() == 0:
         return out
-    pos = query_positions(B, S, S_kv, ranges.device, positions)
+    pos = positions if positions is not None else ranges
+    sp = positions.stride() if positions is not None else (0, 0)
     _normalize_kernel[(B * S * G,)](
-        ranges, pos, out, S, G, S_kv, n, *ranges.stride(), *out.stride(), *pos.stride(),
+        ranges, pos, out, counter if counter is not None else ranges, S, G, S_kv, n,
+        *ranges.stride(), *sp, int(kv_bytes_per_key),
+        HAS_POS=positions is not None, COUNT=counter is not None,
         N_PAD=max(2, triton.next_power_of_2(n)), EMPTY_KEY=EMPTY)
     return out
