@@ -60,24 +60,21 @@ def _run(name: str, q, k, v, norm, scale, positions, d, st):
                                         normalized=True)
     if name == "sdpa":
         return selection_attention_sdpa(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
-                                        normalized=True)
-    o, lse = selection_attention_ref(q, k, v, norm, scale=scale, positions=positions, return_lse=True)
+                                        normalized=True, budget_bytes=st.budget_bytes)
+    o, lse = selection_attention_ref(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
+                                     budget_bytes=st.budget_bytes)
     return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
 
 
-def _plan(q, k, v, d, norm, backend: str, st):
-    """Backends to try in order, plus the skipped Triton rung `(reason, detail)` if any."""
+def _plan(q, d, backend: str, st) -> list:
+    """Backends to try in order. The Triton rung's own checks run only when the walk
+    reaches it, so a call the CUDA kernel serves pays for none of them (min-L's host read)."""
     if backend in ("sdpa", "reference"):
-        return [backend], None
+        return [backend]
     chain = []
     if backend == "cuda" or (backend == "auto" and st.use_cuda and d.S == 1 and q.device.type == "cuda"):
         chain.append("cuda")
-    explicit = backend in ("triton", "cuda")
-    skip = _triton_skip(q, k, v, d, norm, st, explicit)
-    if skip is None:
-        chain.append("triton")
-    chain.append("sdpa")
-    return chain, skip
+    return chain + ["triton", "sdpa"]
 
 
 def _triton_skip(q, k, v, d, norm, st, explicit: bool):
@@ -122,13 +119,16 @@ def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", r
         norm, counted = _normalize(ranges, d, positions, bytes_per_key)
     if backend == "auto" and st.force_parity:
         backend = "reference"
-    chain, skip = _plan(q, k, v, d, norm, backend, st)
-    if skip is not None:
-        if strict and backend == "triton":
-            raise StrictModeError(f"backend={backend!r} cannot run: {skip[0]}: {skip[1]}")
-        record_fallback("triton", *skip)
+    chain = _plan(q, d, backend, st)
     debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
+        if name == "triton":
+            skip = _triton_skip(q, k, v, d, norm, st, explicit=backend in ("triton", "cuda"))
+            if skip is not None:
+                if strict and backend == "triton":
+                    raise StrictModeError(f"backend={backend!r} cannot run: {skip[0]}: {skip[1]}")
+                record_fallback("triton", *skip)
+                continue
         try:
             o, lse = _run(name, q, k, v, norm, scale, positions, d, st)
         except Exception as e:

@@ -61,6 +61,7 @@ class Settings:
     use_cuda: bool        # NSA_SEL_CUDA: try the CUDA decode kernel first
     disabled_caps: tuple  # policy.triton_sel_disabled_capabilities
     min_cap: str          # policy.triton_sel_min_capability
+    budget_bytes: int     # runtime.sdpa_budget_mb: gathered K/V per chunk in the sdpa and reference paths
 
 
 def settings(device_name: str | None = None) -> Settings:
@@ -77,6 +78,7 @@ def settings(device_name: str | None = None) -> Settings:
         use_cuda=env_flag("NSA_SEL_CUDA", False),
         disabled_caps=tuple(str(c) for c in pol["triton_sel_disabled_capabilities"]),
         min_cap=str(pol["triton_sel_min_capability"]),
+        budget_bytes=int(rt["sdpa_budget_mb"]) << 20,
     )
 
 

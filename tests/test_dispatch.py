@@ -149,6 +149,26 @@ def test_config_precedence_base_profile_env(monkeypatch, tmp_path):
         config_mod.load_config.cache_clear()
 
 
+def test_sdpa_budget_from_config_reaches_the_sdpa_and_reference_paths(monkeypatch, tmp_path):
+    """runtime.sdpa_budget_mb is read: the dispatcher hands it to both torch paths."""
+    from selgate.kernels import dispatch
+    (tmp_path / "profiles").mkdir()
+    base = (config_mod.CONFIG_DIR / "base.yaml").read_text().replace("sdpa_budget_mb: 1024", "sdpa_budget_mb: 3")
+    (tmp_path / "base.yaml").write_text(base)
+    monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
+    config_mod.load_config.cache_clear()
+    seen = []
+    for name in ("selection_attention_sdpa", "selection_attention_ref"):
+        real = getattr(dispatch, name)
+        monkeypatch.setattr(dispatch, name, lambda *a, _real=real, **kw: seen.append(kw["budget_bytes"]) or _real(*a, **kw))
+    try:
+        for backend in ("sdpa", "reference"):
+            selection_attention(*inputs(), backend=backend)
+    finally:
+        config_mod.load_config.cache_clear()
+    assert seen == [3 << 20, 3 << 20]
+
+
 # --- the Triton rungs (interpreter on CPU) -----------------------------------------------
 
 @needs_triton
