@@ -4,6 +4,7 @@
   thresholds  derive the device profile (`sel_triton_min_L`, block sizes) from a results CSV
   baseline    promote a results CSV to the committed baseline of its device
   compare     compare the latest results with the baseline (exit 1 when a config regressed)
+  tune        tune the Triton launch parameters ahead of time (writes configs/tuned/<device>.json)
 """
 from __future__ import annotations
 
@@ -172,8 +173,14 @@ def main(argv=None) -> int:
     b.add_argument("--device")
     c = sub.add_parser("compare", help="latest results vs the committed baseline")
     c.add_argument("--device")
+    from . import tune
+
+    tune.add_parser(sub, int_list, choice_list, DTYPES)
     a = parser.parse_args(argv)
-    commands = {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare}
+    if a.command == "tune":
+        tune.normalise_args(a, DTYPES)
+    commands = {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare,
+                "tune": tune.cmd_tune}
     return commands[a.command](a)
 
 

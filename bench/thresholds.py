@@ -12,7 +12,9 @@ losses below it are reported; when Triton never qualifies, the threshold is set 
 length (`NEVER`). Launch parameters (`BLOCK_L`, warps, stages) come from the
 `triton@BxWxS` variants of the sweep: per kind (decode, prefill; what the kernel reads)
 and per L bucket, the variant with the lowest geometric-mean slowdown against the best
-variant of each configuration, among those with parity on all of them.
+variant of each configuration, among those with parity on all of them. The bucket is the one
+the launch path computes from what the host knows (`launch_bucket`), so the profile's
+`triton_fwd.by_L_bucket.<kind>` is read back under the same key.
 """
 from __future__ import annotations
 
@@ -63,6 +65,19 @@ def _name(cfg: dict) -> str:
 def bucket(L: int) -> int:
     """L bucket: the next power of two, at least 16 (the packed-SDPA buckets)."""
     return max(16, 1 << max(int(L) - 1, 0).bit_length())
+
+
+def launch_bucket(r: dict) -> int:
+    """The L bucket under which the launch path looks a row's configuration up: the bucket of
+    its host-known bound min(S_kv, n * range_len) (kernels/triton/tuning.py), n the row's range
+    slots; a row without shape columns (S_kv, dist) is bucketed by its measured L_max."""
+    if r.get("S_kv") in (None, "") or (r.get("kind") == "decode" and not r.get("dist")):
+        return bucket(r["L_max"])
+    from selgate.kernels.triton.tuning import range_len
+
+    from .tune import launch_bucket as shape_bucket
+
+    return shape_bucket(r, range_len(load_config(r.get("device") or None)))
 
 
 def _by_config(rows: list[dict]) -> dict[str, dict[str, dict]]:
@@ -135,7 +150,7 @@ def choose_launch(rows: list[dict], decision: Decision) -> None:
         decision.launch[kind] = best
         buckets: dict[int, list] = defaultdict(list)
         for c in configs:
-            buckets[bucket(next(iter(c.values()))["L_max"])].append(c)
+            buckets[launch_bucket(next(iter(c.values())))].append(c)
         decision.launch_by_bucket[kind] = {b: cfg for b, cs in sorted(buckets.items())
                                            if (cfg := _best_variant(cs)) is not None}
 

@@ -29,6 +29,8 @@ import triton.language as tl
 from selgate.reference.ranges import key_limit
 from selgate.reference.validation import check_inputs
 
+from . import tuning
+
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEFAULT_CHUNK = 2048  # pairs per dk/dv work item; bounds the longest program
@@ -283,8 +285,18 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
-def launch_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
-    """Launch parameters: `dq_*` for the dq kernel; `block_n` (KV tile), `block_m`
+def launch_config(Dk: int, Dv: int, dtype: torch.dtype, *, S_kv=None, n=None, kind=None, tune=None) -> dict:
+    """Launch parameters of the backward (keys of `default_config`), chosen by
+    `tuning.bwd_config`, cached per (kind, Dk, Dv, L bucket of (S_kv, n), dtype): env
+    `NSA_SEL_TRITON_BWD_CONFIG` > persisted tuned config (`configs/tuned/`) > `default_config`.
+    No kernel here accumulates into its output (dk/dv are zero-filled by `triton_backward`
+    before every launch), so tuning reruns need no reset_to_zero."""
+    kind = kind or ("interpreter" if INTERPRET else "prefill")
+    return tuning.bwd_config(Dk, Dv, dtype, kind, S_kv=S_kv, n=n, default=default_config, tune=tune)
+
+
+def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
+    """Built-in launch parameters: `dq_*` for the dq kernel; `block_n` (KV tile), `block_m`
     ((query row x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per
     program) for dk/dv. Head dims above 128 and fp32 (IEEE dots, no tensor cores) take
     smaller tiles to stay within 255 registers (sm90 compiles). dk/dv with 4 warps: two
@@ -315,7 +327,12 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
         if dim % 8 or dim > 256:
             raise ValueError(f"{name}={dim}: the Triton backward needs a head dim that is a multiple of 8, at most 256")
-    cfg = launch_config(d.Dk, d.Dv, q.dtype)
+    kind = "interpreter" if q.device.type == "cpu" else "decode" if d.S == 1 else "prefill"
+    cfg = launch_config(d.Dk, d.Dv, q.dtype, S_kv=d.S_kv, n=d.n, kind=kind, tune=None if config else (
+        lambda default: tuning.tune_bwd(
+            lambda c: triton_backward(q, k, v, o, lse, do, norm_ranges, scale=scale, positions=positions, dlse=dlse,
+                                      config=c),
+            default=default, do_bench=tuning.device_bench(q.device))["config"]))
     unknown = set(config or {}) - set(cfg)
     if unknown:
         raise ValueError(f"config: unknown keys {sorted(unknown)}; expected some of {sorted(cfg)}")

@@ -21,6 +21,8 @@ import triton.language as tl
 from selgate.kernels.config import load_config
 from selgate.kernels.stats import record_launch
 
+from . import tuning
+
 LOG2E = 1.4426950408889634
 MIN_DOT = 16  # tl.dot needs every dimension >= 16
 
@@ -133,17 +135,16 @@ def _sel_fwd_kernel(
     tl.store(lse_ptr + b * sl_b + s * sl_s + g * sl_g + hh * sl_h, lse, mask=hh < h)
 
 
-def launch_config(Dk: int, Dv: int, item: int, kind: str) -> dict:
-    """BLOCK_L, num_warps and num_stages for one call of `kind` ("decode", "prefill" or
-    "interpreter", whose small tiles make tiny test rows span several tiles).
+def smem_fits(block_l: int, stages: int, dk_pad: int, dv_pad: int, item: int, budget_kb: int) -> bool:
+    """Whether the pipelined K/V tiles of one program fit `budget_kb` of shared memory."""
+    return block_l * (dk_pad + dv_pad) * item * max(stages, 1) <= budget_kb * 1024
 
-    Values come from `configs/` (`triton_fwd.<kind>`, measured per device); BLOCK_L and the
-    stage count then shrink until the pipelined K/V tiles fit `triton_fwd.smem_budget_kb`."""
-    cfg = dict(load_config()["triton_fwd"][kind])
-    budget = load_config()["triton_fwd"]["smem_budget_kb"] * 1024
+
+def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
+    """Shrink the stage count, then BLOCK_L, until the K/V tiles fit `budget_kb`."""
     dk_pad, dv_pad = (max(MIN_DOT, triton.next_power_of_2(d)) for d in (Dk, Dv))
-    block_l, stages = int(cfg["block_l"]), int(cfg["num_stages"])
-    while block_l > MIN_DOT and block_l * (dk_pad + dv_pad) * item * max(stages, 1) > budget:
+    block_l, stages = int(cfg["BLOCK_L"]), int(cfg["num_stages"])
+    while block_l > MIN_DOT and not smem_fits(block_l, stages, dk_pad, dv_pad, item, budget_kb):
         if stages > 2:
             stages -= 1
         else:
@@ -151,14 +152,28 @@ def launch_config(Dk: int, Dv: int, item: int, kind: str) -> dict:
     return {"BLOCK_L": block_l, "num_warps": int(cfg["num_warps"]), "num_stages": stages}
 
 
-def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None, config=None):
+def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None, n=None, tune=None) -> dict:
+    """BLOCK_L, num_warps and num_stages for one call of `kind` ("decode", "prefill" or
+    "interpreter", whose small tiles make tiny test rows span several tiles).
+
+    Chosen by `tuning.fwd_config`, cached per (kind, Dk, Dv, L bucket of (S_kv, n), dtype):
+    env `NSA_SEL_TRITON_FWD_CONFIG` > persisted tuned config (`configs/tuned/`) > the
+    profile's `triton_fwd.by_L_bucket.<kind>` > `triton_fwd.<kind>` (`configs/`); profile
+    values shrink until the pipelined K/V tiles fit `triton_fwd.smem_budget_kb`. Without
+    `dtype`, `S_kv` and `n` only the profile's `triton_fwd.<kind>` applies. The kernel only
+    stores into `o` and `lse` (never accumulates), so autotuning needs no reset_to_zero."""
+    return tuning.fwd_config(Dk, Dv, item, kind, dtype=dtype, S_kv=S_kv, n=n, tune=tune)
+
+
+def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None, config=None, _tuner=None):
     """Raw launch of the forward kernel on already-normalised ranges (no checks, no autograd).
 
     q [B,S,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv] in fp32/fp16/bf16, any strides; ranges
     [B,S,G,n,2] sorted and disjoint (overlapping ranges would count keys twice).
     Returns `(o, lse)`: `o` in v's dtype, `lse` fp32 [B,S,G,h], -inf for empty rows. `out`
     = `(o, lse)` writes into given tensors (tests poison them); `config` overrides
-    `launch_config` (benchmarks sweep it)."""
+    `launch_config` (benchmarks sweep it); `_tuner` (tuning.py) launches through a
+    `triton.autotune` wrapper of the kernel instead, which picks the launch parameters."""
     B, S, G, h, Dk = q.shape
     S_kv, Dv = k.shape[2], v.shape[3]
     n = norm_ranges.shape[3]
@@ -172,10 +187,18 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         return o, lse
     q, k, v, norm_ranges = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, norm_ranges))
     kind = "interpreter" if q.device.type == "cpu" else "decode" if S == 1 else "prefill"
-    cfg = config or launch_config(Dk, Dv, q.element_size(), kind)
+    if _tuner is None:
+        cfg = config or launch_config(
+            Dk, Dv, q.element_size(), kind, dtype=q.dtype, S_kv=S_kv, n=n,
+            tune=lambda default: tuning.tune_fwd(
+                lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
+                default=default, do_bench=tuning.device_bench(q.device))["config"])
+        meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    else:
+        meta = {}
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
-    _sel_fwd_kernel[(rows,)](
+    (_tuner or _sel_fwd_kernel)[(rows,)](
         q, k, v, norm_ranges, pos, o, lse,
         *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *norm_ranges.stride()[:4],
         *o.stride()[:4], *lse.stride(),
@@ -185,6 +208,6 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
         DV_PAD=max(MIN_DOT, triton.next_power_of_2(Dv)),
         N_PAD=max(MIN_DOT, triton.next_power_of_2(n)),  # few compiled variants for n <= 16
-        BLOCK_L=cfg["BLOCK_L"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **meta,
     )
     return o, lse

@@ -1,0 +1,454 @@
+"""Launch parameters of the Triton forward and backward: selection, persisted tuning, autotuning.
+
+Selection, once per key and then a dict lookup (no file read, no yaml, no device read per call):
+  1. env override `NSA_SEL_TRITON_FWD_CONFIG` / `NSA_SEL_TRITON_BWD_CONFIG`, e.g.
+     `BLOCK_L=32,num_warps=8` or `block_n=32,chunk=1024`: the keys given replace the chosen
+     ones, verbatim (no shared-memory clamp);
+  2. the persisted tuned config `configs/tuned/<device-slug>.json` (folder: `NSA_SEL_TUNED_DIR`),
+     written by `python -m selgate.bench tune`; a file whose triton version (or device) differs
+     from the running one is ignored, with the reason logged once and kept in `tuning_status()`;
+     `NSA_SEL_TUNED=0` ignores the file;
+  3. the profile's `triton_fwd.by_L_bucket.<kind>` (the threshold optimiser writes it);
+  4. the profile/base `triton_fwd.<kind>` (forward) or `bwd.default_config` (backward).
+  Profile values (3, 4) shrink to the forward's shared-memory budget as before.
+Key: (op, kind, Dk, Dv, L bucket, dtype); kind is decode (S == 1), prefill or interpreter (CPU).
+A key without an entry in a table takes the table's nearest bucket at or above, else the largest.
+L bucket: l_bucket(min(S_kv, n * range_len)), range_len = NSA's l_sel: a bound on L the host knows, no device read.
+(range_len: configs `triton_tuning.range_len`, default 64, env `NSA_SEL_RANGE_LEN`; builder ranges are at most
+n blocks of l_sel keys, so the bound holds for them; for other ranges it only picks the launch parameters.)
+
+Nothing is benchmarked inside a normal call. `NSA_SEL_TRITON_AUTOTUNE=1` tunes a key that has
+neither an env override nor a persisted entry on its first call (never while a CUDA graph is
+being captured), keeps the result for the process and does not write it; the warm-up command
+`python -m selgate.bench tune` tunes ahead of time and writes the file.
+
+The forward is tuned by Triton's own `triton.autotune` over `triton.Config`s (BLOCK_L, warps,
+stages; configs over the shared-memory budget pruned). The backward is tuned at the wrapper:
+its KV tile `block_n` and `chunk` size the host-built inverse index and the grid, which a
+kernel-level autotuner cannot vary, so each candidate runs the whole `triton_backward`.
+
+reset_to_zero: no kernel accumulates into its output, so none is needed. The forward stores
+`o` and `lse` once per program; the backward's delta, dq, dk/dv (direct, or fp32 partial slots)
+and partial-reduce kernels all store, and `triton_backward` zero-fills dk and dv (tiles no row
+selects) on every call before its launches. A benchmark repetition therefore rewrites the same
+values; tests/test_triton_tuning.py proves outputs do not depend on what the buffers held or
+on which configs ran before.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from selgate.kernels import config as _config
+from selgate.kernels.config import current_device_name, device_slug, load_config
+
+log = logging.getLogger("selgate.kernels")
+
+FORMAT = 1
+ENV_FWD = "NSA_SEL_TRITON_FWD_CONFIG"
+ENV_BWD = "NSA_SEL_TRITON_BWD_CONFIG"
+ENV_AUTOTUNE = "NSA_SEL_TRITON_AUTOTUNE"
+ENV_TUNED = "NSA_SEL_TUNED"
+ENV_TUNED_DIR = "NSA_SEL_TUNED_DIR"
+ENV_RANGE_LEN = "NSA_SEL_RANGE_LEN"
+DEFAULT_RANGE_LEN = 64
+FWD_KEYS = ("BLOCK_L", "num_warps", "num_stages")
+BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "block_n", "block_m", "warps", "stages", "chunk")
+
+# Forward search space: BLOCK_L x (warps, stages); configs over the smem budget are pruned.
+FWD_SPACE = tuple((b, w, s) for b in (16, 32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 2), (8, 3)))
+# Backward: one factor at a time around the defaults, then the per-axis winners combined.
+BWD_AXES = {"dq_block_n": (16, 32, 64, 128), "dq_warps": (4, 8), "block_n": (16, 32, 64, 128),
+            "block_m": (16, 32, 64, 128), "warps": (4, 8), "stages": (1, 2, 3), "chunk": (512, 2048, 8192)}
+
+
+def l_bucket(L: int) -> int:
+    """L bucket: the next power of two >= L, at least 16."""
+    return max(16, 1 << max(int(L) - 1, 0).bit_length())
+
+
+def range_len(cfg: dict | None = None) -> int:
+    """Longest range the host assumes (NSA's l_sel): env NSA_SEL_RANGE_LEN > configs > 64."""
+    env = os.environ.get(ENV_RANGE_LEN)
+    if env:
+        return int(env)
+    cfg = load_config() if cfg is None else cfg
+    return int((cfg.get("triton_tuning") or {}).get("range_len", DEFAULT_RANGE_LEN))
+
+
+def shape_bucket(S_kv: int, n: int, rl: int | None = None) -> int:
+    """The L bucket of a launch with S_kv keys and n range slots (module docstring)."""
+    return l_bucket(min(S_kv, n * (range_len() if rl is None else rl)))
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def kind_of(device: torch.device, S: int) -> str:
+    return "interpreter" if device.type == "cpu" else "decode" if S == 1 else "prefill"
+
+
+def parse_override(text: str, keys: tuple[str, ...], env: str) -> dict:
+    """'BLOCK_L=32, num_warps=8' (or a JSON object) -> {'BLOCK_L': 32, 'num_warps': 8}."""
+    text = text.strip()
+    try:
+        pairs = (item.split("=", 1) for item in text.split(",") if item.strip())
+        out = json.loads(text) if text.startswith("{") else dict(pairs)
+        out = {k.strip(): int(v) for k, v in out.items()}
+    except (ValueError, TypeError):
+        raise ValueError(f"{env}={text!r}: expected KEY=INT pairs separated by commas, keys from {keys}") from None
+    bad = set(out) - set(keys)
+    if bad:
+        raise ValueError(f"{env}={text!r}: unknown keys {sorted(bad)}; expected some of {keys}")
+    return out
+
+
+def nearest_bucket(buckets, b: int):
+    """The smallest bucket >= b, else the largest; None when there is none."""
+    buckets = sorted(int(x) for x in buckets)
+    if not buckets:
+        return None
+    return next((x for x in buckets if x >= b), buckets[-1])
+
+
+# ---- persisted tuned configs -------------------------------------------------------------
+
+def tuned_dir() -> Path:
+    return Path(os.environ.get(ENV_TUNED_DIR) or _config.CONFIG_DIR / "tuned")
+
+
+def tuned_path(device_name: str | None = None, folder: Path | None = None) -> Path:
+    return Path(folder or tuned_dir()) / f"{device_slug(device_name or current_device_name())}.json"
+
+
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def entry_key(e: dict) -> tuple:
+    return (e["op"], e["kind"], int(e["Dk"]), int(e["Dv"]), e["dtype"])
+
+
+def read_tuned(path: Path, *, device_name: str, version: str) -> tuple[dict, str | None]:
+    """Table {(op, kind, Dk, Dv, dtype): {bucket: config}} of a tuned file, and why it is
+    ignored (None when used)."""
+    if not path.exists():
+        return {}, f"no tuned file {path}"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return {}, f"{path}: unreadable ({e})"
+    if data.get("format") != FORMAT:
+        return {}, f"{path}: format {data.get('format')!r}, expected {FORMAT}"
+    if data.get("triton") != version:
+        return {}, (f"{path}: tuned with triton {data.get('triton')}, running triton {version}; "
+                    "ignored (re-run `python -m selgate.bench tune`)")
+    if device_slug(str(data.get("device", ""))) != device_slug(device_name):
+        return {}, f"{path}: tuned on {data.get('device')!r}, running on {device_name!r}; ignored"
+    table: dict = {}
+    for e in data.get("entries", []):
+        table.setdefault(entry_key(e), {})[int(e["L_bucket"])] = dict(e["config"])
+    return table, None
+
+
+def write_tuned(path: Path, entries: list[dict], *, device_name: str, version: str | None = None,
+                extra: dict | None = None) -> Path:
+    """Merge `entries` into the tuned file at `path` (same key and bucket: replaced). A file of
+    another triton version or device is replaced, not merged. Written atomically."""
+    version = version or triton_version()
+    old = []
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("triton") == version and device_slug(str(data.get("device", ""))) == device_slug(device_name):
+                old = data.get("entries", [])
+        except (OSError, ValueError):
+            pass
+    merged = {(*entry_key(e), int(e["L_bucket"])): e for e in [*old, *entries]}
+    data = {"format": FORMAT, "device": device_name, "triton": version, "torch": torch.__version__,
+            "range_len": range_len(), "written": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **(extra or {}), "entries": [merged[k] for k in sorted(merged)]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+    clear_cache()
+    return path
+
+
+# ---- per-process state: everything below the first call of a key is a dict lookup ----------
+
+class _State:
+    def __init__(self, owner):
+        self.owner = owner  # the load_config() dict this state was built from
+        self.range_len = range_len(owner)
+        self.cache: dict = {}
+        self.table: dict | None = None  # tuned table (lazy)
+        self.session: dict = {}  # NSA_SEL_TRITON_AUTOTUNE results of this process
+        self.path: Path | None = None
+        self.reason: str | None = None
+        self.last: dict = {}
+        self.env_fwd = os.environ.get(ENV_FWD)  # read once per state: no environ access per call
+        self.env_bwd = os.environ.get(ENV_BWD)
+
+
+_state: _State | None = None
+
+
+def _current() -> _State:
+    global _state
+    cfg = load_config()
+    if _state is None or _state.owner is not cfg:
+        _state = _State(cfg)
+    return _state
+
+
+def clear_cache() -> None:
+    """Forget cached selections, the tuned table and the env overrides read (they are read
+    once, at the first selection after this or after `load_config.cache_clear()`)."""
+    global _state
+    _state = None
+
+
+def _tuned(st: _State) -> dict:
+    if st.table is None:
+        if os.environ.get(ENV_TUNED, "1") == "0":
+            st.table, st.reason = {}, f"{ENV_TUNED}=0"
+        else:
+            name = current_device_name()
+            st.path = tuned_path(name)
+            st.table, st.reason = read_tuned(st.path, device_name=name, version=triton_version())
+            if st.reason and st.path.exists():
+                log.warning("sel.triton.tuned_ignored reason=%s", st.reason)
+    return st.table
+
+
+def tuning_status() -> dict:
+    """Which tuned file is used (or why not), how many keys it holds, the last selections."""
+    st = _current()
+    table = _tuned(st)
+    return {"path": str(st.path) if st.path else None, "used": st.reason is None, "reason": st.reason,
+            "keys": len(table), "session_keys": len(st.session), "last": dict(st.last)}
+
+
+def last_choice(op: str = "fwd") -> tuple | None:
+    """(key, config, source) of the latest selection for op 'fwd' or 'bwd'."""
+    return _current().last.get(op)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _lookup(st: _State, op, kind, Dk, Dv, dtype, b):
+    """(config, source) from the session's autotune results or the tuned file, else None."""
+    if b is None or dtype is None:
+        return None
+    k = (op, kind, Dk, Dv, dtype_name(dtype))
+    for table, label in ((st.session, "autotuned in this process"), (_tuned(st), f"tuned {st.path}")):
+        pick = nearest_bucket(table.get(k, {}), b)
+        if pick is not None:
+            return dict(table[k][pick]), f"{label} L<={pick}"
+    return None
+
+
+def _select(op, key, resolve, tune, keys, env_name, env):
+    st = _current()
+    hit = st.cache.get(key)
+    if hit is None:
+        cfg, source = resolve(st)
+        tuned = source.startswith(("tuned", "autotuned"))
+        if tune is not None and not env and not tuned and os.environ.get(ENV_AUTOTUNE) == "1":
+            if _capturing():
+                log.info("sel.triton.autotune_skipped reason=cuda graph capture key=%s", key)
+                st.last[op] = (key, cfg, source)
+                return dict(cfg)  # not cached: tune on the next call outside capture
+            best = tune(cfg)
+            kind, Dk, Dv, item, dtype, b = key[1:7]
+            st.session.setdefault((op, kind, Dk, Dv, dtype_name(dtype)), {})[b] = best
+            cfg, source = resolve(st)
+        if env:
+            cfg = {**cfg, **parse_override(env, keys, env_name)}
+            source = f"env {env_name} over {source}"
+        hit = st.cache[key] = (cfg, source)
+    st.last[op] = (key, *hit)
+    return dict(hit[0])
+
+
+def profile_fwd_config(cfg_all: dict, Dk: int, Dv: int, item: int, kind: str, b: int | None) -> tuple[dict, str]:
+    """(config, source) from configs/ alone: `triton_fwd.by_L_bucket.<kind>` (nearest bucket),
+    else `triton_fwd.<kind>`, shrunk to the shared-memory budget."""
+    from .fwd import fit_smem
+
+    fwd = cfg_all["triton_fwd"]
+    raw, source = fwd[kind], f"configs triton_fwd.{kind}"
+    by_bucket = {int(k): v for k, v in ((fwd.get("by_L_bucket") or {}).get(kind) or {}).items()}
+    pick = nearest_bucket(by_bucket, b) if b is not None else None
+    if pick is not None:
+        raw, source = by_bucket[pick], f"configs triton_fwd.by_L_bucket.{kind}.{pick}"
+    cfg = {"BLOCK_L": int(raw["block_l"]), "num_warps": int(raw["num_warps"]), "num_stages": int(raw["num_stages"])}
+    return fit_smem(cfg, Dk, Dv, item, fwd["smem_budget_kb"]), source
+
+
+def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None, n=None, tune=None) -> dict:
+    """Launch parameters {BLOCK_L, num_warps, num_stages} of the forward (module docstring).
+    `tune(default) -> config` runs when NSA_SEL_TRITON_AUTOTUNE=1 and the key has no entry."""
+    st = _current()
+    b = l_bucket(min(S_kv, n * st.range_len)) if S_kv is not None and n is not None else None
+    env = st.env_fwd
+    key = ("fwd", kind, Dk, Dv, item, dtype, b, env)
+    hit = st.cache.get(key)
+    if hit is not None:  # the hot path
+        st.last["fwd"] = (key, *hit)
+        return dict(hit[0])
+
+    def resolve(st):
+        return _lookup(st, "fwd", kind, Dk, Dv, dtype, b) or profile_fwd_config(st.owner, Dk, Dv, item, kind, b)
+
+    return _select("fwd", key, resolve, tune, FWD_KEYS, ENV_FWD, env)
+
+
+def bwd_config(Dk: int, Dv: int, dtype, kind: str, *, S_kv=None, n=None, default, tune=None) -> dict:
+    """Backward launch parameters (bwd.launch_config's keys); `default(Dk, Dv, dtype)` gives
+    the built-in values."""
+    st = _current()
+    b = l_bucket(min(S_kv, n * st.range_len)) if S_kv is not None and n is not None else None
+    env = st.env_bwd
+    key = ("bwd", kind, Dk, Dv, None, dtype, b, env)
+    hit = st.cache.get(key)
+    if hit is not None:
+        st.last["bwd"] = (key, *hit)
+        return dict(hit[0])
+
+    def resolve(st):
+        found = _lookup(st, "bwd", kind, Dk, Dv, dtype, b)
+        if found:
+            return {**default(Dk, Dv, dtype), **found[0]}, found[1]
+        return default(Dk, Dv, dtype), "bwd.default_config"
+
+    return _select("bwd", key, resolve, tune, BWD_KEYS, ENV_BWD, env)
+
+
+# ---- tuning ----------------------------------------------------------------------------------
+
+def cpu_bench(fn, quantiles=None, reps: int = 1):
+    """A do_bench for CPU tensors (the interpreter): one warm call, then `reps` timed ones."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    ms = (time.perf_counter() - t0) * 1e3 / reps
+    return [ms] * len(quantiles) if quantiles else ms
+
+
+def device_bench(device: torch.device, *, warmup_ms: float = 5, rep_ms: float = 25):
+    """do_bench(fn, quantiles) for `device`: triton.testing.do_bench on a GPU, else cpu_bench."""
+    if device.type != "cuda":
+        return cpu_bench
+    import triton.testing
+
+    return lambda fn, quantiles=None: triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=quantiles)
+
+
+def _median(t) -> float:
+    return float(t[0] if isinstance(t, (list, tuple)) else t)
+
+
+def fwd_autotuner(space, do_bench, smem_budget_kb: int | None = None):
+    """`triton.autotune` over `space` [(BLOCK_L, warps, stages)] wrapping the forward kernel:
+    a fresh tuner per key (its in-memory cache is the key), no reset_to_zero (the kernel only
+    stores), configs over the shared-memory budget pruned before benchmarking."""
+    import triton
+
+    from .fwd import _sel_fwd_kernel, smem_fits
+
+    budget = load_config()["triton_fwd"]["smem_budget_kb"] if smem_budget_kb is None else smem_budget_kb
+    configs = [triton.Config({"BLOCK_L": b}, num_warps=w, num_stages=s) for b, w, s in space]
+
+    def prune(configs, nargs, **kw):
+        item = nargs["q_ptr"].element_size()
+        ok = [c for c in configs
+              if smem_fits(c.kwargs["BLOCK_L"], c.num_stages, kw["DK_PAD"], kw["DV_PAD"], item, budget)]
+        return ok or configs[:1]
+
+    return triton.autotune(configs=configs, key=[], reset_to_zero=None, prune_configs_by={"early_config_prune": prune},
+                           do_bench=do_bench)(_sel_fwd_kernel)
+
+
+def config_of(c) -> dict:
+    """triton.Config -> {'BLOCK_L', 'num_warps', 'num_stages'}."""
+    return {"BLOCK_L": int(c.kwargs["BLOCK_L"]), "num_warps": int(c.num_warps), "num_stages": int(c.num_stages)}
+
+
+def tune_fwd(run, *, default: dict, space=None, do_bench=cpu_bench) -> dict:
+    """Tune the forward on one input: `run(kernel)` launches `triton_forward` through `kernel`
+    (a `triton.autotune` wrapper over `space`, default FWD_SPACE, plus `default`).
+    Returns {'config', 'ms', 'default_ms', 'timings': {name: ms}}."""
+    space = FWD_SPACE if space is None else space
+    space = list(dict.fromkeys([*space, (default["BLOCK_L"], default["num_warps"], default["num_stages"])]))
+    tuner = fwd_autotuner(space, do_bench)
+    run(tuner)
+    timings = {c: _median(t) for c, t in getattr(tuner, "configs_timings", {}).items()}
+    best = config_of(tuner.best_config)
+    named = {"{BLOCK_L}x{num_warps}x{num_stages}".format(**config_of(c)): ms for c, ms in timings.items()}
+    d = "{BLOCK_L}x{num_warps}x{num_stages}".format(**default)
+    return {"config": best, "ms": named.get("{BLOCK_L}x{num_warps}x{num_stages}".format(**best)),
+            "default_ms": named.get(d), "timings": named}
+
+
+def bwd_candidates(default: dict, axes: dict) -> list[dict]:
+    """The default, then each axis varied alone (one factor at a time)."""
+    out = [dict(default)]
+    for k, values in axes.items():
+        out += [{**default, k: v} for v in values if v != default.get(k)]
+    return out
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    tol = 1e-4 if a.dtype == torch.float32 else 2e-2
+    a, b = a.float(), b.float()
+    return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= tol * (float(b.abs().max()) + 1)
+
+
+def tune_bwd(run, *, default: dict, axes: dict | None = None, do_bench=cpu_bench) -> dict:
+    """Tune the backward: `run(config)` runs `triton_backward` with that config and returns
+    (dq, dk, dv). One factor at a time, then the per-axis winners combined; a candidate that
+    fails to compile or disagrees with the default beyond tolerance is dropped."""
+    axes = BWD_AXES if axes is None else axes
+    ref = [t.clone() for t in run(default)]
+
+    def time_it(cfg):
+        try:
+            got = run(cfg)
+            if not all(_close(g, r) for g, r in zip(got, ref)):
+                return float("inf"), "mismatch"
+            return _median(do_bench(lambda: run(cfg), quantiles=(0.5, 0.2, 0.8))), ""
+        except Exception as e:  # out of resources, bad tile combination: not a candidate
+            return float("inf"), f"{type(e).__name__}"
+
+    timings = {}
+    for cfg in bwd_candidates(default, axes):
+        timings[_bwd_name(cfg)] = (time_it(cfg), cfg)
+    combined = dict(default)
+    for k in axes:
+        best_k = min((v for v in timings.values() if all(v[1][j] == default[j] for j in default if j != k)),
+                     key=lambda v: v[0][0])
+        combined[k] = best_k[1][k]
+    if _bwd_name(combined) not in timings:
+        timings[_bwd_name(combined)] = (time_it(combined), combined)
+    name, ((ms, _), cfg) = min(timings.items(), key=lambda kv: kv[1][0][0])
+    return {"config": cfg, "ms": ms, "default_ms": timings[_bwd_name(default)][0][0],
+            "timings": {n: (t[0] if not t[1] else t[1]) for n, (t, _) in timings.items()}}
+
+
+def _bwd_name(cfg: dict) -> str:
+    return ",".join(f"{k}={cfg[k]}" for k in BWD_KEYS if k in cfg)
