@@ -21,7 +21,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
 
 from selgate.kernels import selection_attention, selection_attention_varlen, stats, reset_stats  # noqa: E402
 from selgate.kernels.triton import selection_attention_triton  # noqa: E402
-from selgate.kernels.triton.fwd import triton_forward  # noqa: E402
+from selgate.kernels.triton.fwd import tma_supported, triton_forward  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [
@@ -84,15 +84,25 @@ def _inputs(shape, dtype, seed):
     return (t.to(DEVICE) for t in (q, k, v, ranges))
 
 
+# Whole 32-key tiles through tensor descriptors, 16-key gather tiles for the remainders.
+TMA_CONFIG = {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1 if DEVICE == "cpu" else 2, "TMA": True, "TAIL_L": 16}
+
+
+@pytest.mark.parametrize("path", ["gather", "tma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", SHAPES)
-def test_forward_matches_reference(case, dtype):
+def test_forward_matches_reference(case, dtype, path):
     q, k, v, ranges = _inputs(SHAPES[case], dtype, seed=len(case))
+    if path == "tma":
+        ranges[..., 1] += 40  # ranges longer than a tile, so whole tiles exist
     norm = normalize_ranges(ranges, k.shape[2])
     k_nan, v_nan = poison_unselected(k, v, norm)
     o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
     lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
-    triton_forward(q, k_nan, v_nan, norm, scale=resolve_scale(None, q.shape[-1]), out=(o, lse))
+    cfg = TMA_CONFIG if path == "tma" else None
+    if cfg is not None and not tma_supported(k, v):
+        pytest.skip("tensor descriptors need SM >= 9.0")
+    triton_forward(q, k_nan, v_nan, norm, scale=resolve_scale(None, q.shape[-1]), out=(o, lse), config=cfg)
     assert_matches_reference(q, k, v, norm, o, lse)  # the reference pads gathers with key 0: clean K/V
 
 

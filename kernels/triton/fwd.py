@@ -11,6 +11,13 @@ a nested range-then-tile loop would make each inner loop one iteration long, whi
 software pipeliner cannot overlap, while this flat loop prefetches the next tile across
 range boundaries. Every load is masked by its range's end and by `t`, so no key outside
 the selection is read, and the loop bound `L` is computed on the device (no host sync).
+
+With `TMA` (Hopper; the H100 profile turns it on for prefill) whole BLOCK_L-key tiles of
+each range are loaded through tensor descriptors instead: the copy engine computes the
+addresses, so the SMs skip the per-key address arithmetic and masks, and such a tile
+holds only selected keys. Each range's remainder still takes the masked gather path in
+TAIL_L tiles. Measured on the H100, prefill T=65536: 16.5 ms against 17.4 ms for the
+gather path (rotating inputs), 16.6 against 21.2 ms with L2 flushed before each call.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import triton
 import triton.language as tl
 
 from selgate.kernels.config import load_config
+from selgate.kernels.policy import env_flag, interpreting
 from selgate.kernels.stats import record_launch
 
 from . import tuning
@@ -28,9 +36,31 @@ MIN_DOT = 16  # tl.dot needs every dimension >= 16
 
 
 @triton.jit
+def _softmax_step(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """One online-softmax step: kt [DK_PAD, keys], vt [keys, DV_PAD]; `ok` masks keys when MASKED."""
+    if IEEE:
+        sc = tl.dot(q, kt, input_precision="ieee")
+    else:
+        sc = tl.dot(q, kt)
+    if MASKED:
+        sc = tl.where(ok[None, :], sc * qk_scale, float("-inf"))
+    else:
+        sc = sc * qk_scale
+    m_new = tl.maximum(m_i, tl.max(sc, 1))  # finite: every tile holds >= 1 selected key
+    alpha = tl.exp2(m_i - m_new)
+    pr = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(pr, 1)
+    if IEEE:
+        pv = tl.dot(pr, vt, input_precision="ieee")
+    else:
+        pv = tl.dot(pr.to(vt.dtype), vt)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
                  IEEE: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_L: tl.constexpr):
-    """One online-softmax step over tile positions [p0, p0 + BLOCK_L) of the row's selection."""
+    """Tile positions [p0, p0 + BLOCK_L) of the row's selection, gathered with masked loads."""
     dk = tl.arange(0, DK_PAD)
     dv = tl.arange(0, DV_PAD)
     p = p0 + tl.arange(0, BLOCK_L)
@@ -39,22 +69,62 @@ def _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk
     ok = (p < L) & (key < lim)
     key64 = key.to(tl.int64)
     kt = tl.load(k_grp + key64[None, :] * sk_n + dk[:, None], mask=ok[None, :] & (dk[:, None] < Dk), other=0.0)
-    if IEEE:
-        sc = tl.dot(q, kt, input_precision="ieee")
-    else:
-        sc = tl.dot(q, kt)
-    sc = tl.where(ok[None, :], sc * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, 1))  # finite: every tile holds >= 1 selected key
-    alpha = tl.exp2(m_i - m_new)
-    pr = tl.exp2(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(pr, 1)
     vt = tl.load(v_grp + key64[:, None] * sv_n + dv[None, :], mask=ok[:, None] & (dv[None, :] < Dv), other=0.0)
-    if IEEE:
-        pv = tl.dot(pr, vt, input_precision="ieee")
+    return _softmax_step(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE, True)
+
+
+@triton.jit
+def _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
+                   IEEE: tl.constexpr, INTERPRET: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                   TILE: tl.constexpr):
+    """Every key of the ranges `[start, start + length)` in TILE-position gather tiles."""
+    stop = tl.cumsum(length, 0)
+    first = stop - length
+    L = tl.sum(length, 0)
+    if INTERPRET:
+        # The interpreter keeps scalars as 1-element arrays that numpy >= 2.4 refuses to
+        # turn into a `range` bound; a while loop only needs their truth value.
+        p0 = 0
+        while p0 < L:
+            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
+                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, TILE)
+            p0 += TILE
     else:
-        pv = tl.dot(pr.to(vt.dtype), vt)
-    acc = acc * alpha[:, None] + pv
-    m_i = m_new
+        for p0 in tl.range(0, L, TILE):
+            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
+                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, TILE)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale,
+                  IEEE: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Whole tile `i` of the row: BLOCK_L keys of range `jj` (the one whose running count of
+    whole tiles passes i) through the tensor descriptors, unmasked."""
+    jj = tl.sum((cum <= i).to(tl.int32), 0)
+    key0 = tl.sum(tl.where(j == jj, start + (i - cum + nfull) * BLOCK_L, 0), 0)
+    kt = tl.reshape(k_desc.load([b, g, key0, 0]), (BLOCK_L, DK_PAD))
+    vt = tl.reshape(v_desc.load([b, g, key0, 0]), (BLOCK_L, DV_PAD))
+    return _softmax_step(q, tl.trans(kt), vt, 0, m_i, l_i, acc, qk_scale, IEEE, False)
+
+
+@triton.jit
+def _attend_blocks(q, k_desc, v_desc, b, g, j, start, nfull, m_i, l_i, acc, qk_scale,
+                   IEEE: tl.constexpr, INTERPRET: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                   BLOCK_L: tl.constexpr):
+    """The `nfull` whole BLOCK_L-key tiles of every range, one tensor-descriptor load each."""
+    cum = tl.cumsum(nfull, 0)
+    F = tl.sum(nfull, 0)
+    if INTERPRET:
+        i = 0
+        while i < F:
+            m_i, l_i, acc = _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc,
+                                          qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
+            i += 1
+    else:
+        for i in tl.range(0, F):
+            m_i, l_i, acc = _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc,
+                                          qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
     return m_i, l_i, acc
 
 
@@ -67,7 +137,7 @@ _VARYING = ("sq_b", "sq_s", "sq_g", "sq_h", "sr_b", "sr_s", "sr_g", "sr_j", "so_
 
 @triton.jit(do_not_specialize=_VARYING)
 def _sel_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, r_ptr, pos_ptr, o_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, pos_ptr, o_ptr, lse_ptr,
     sq_b, sq_s, sq_g, sq_h,
     sk_b, sk_g, sk_n,
     sv_b, sv_g, sv_n,
@@ -77,7 +147,7 @@ def _sel_fwd_kernel(
     S, G, S_kv, h, Dk, Dv, n, qk_scale,
     HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
     H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
-    BLOCK_L: tl.constexpr,
+    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr,
 ):
     # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
     pid = tl.program_id(0).to(tl.int64)
@@ -98,9 +168,6 @@ def _sel_fwd_kernel(
     start = tl.minimum(tl.maximum(start, 0), lim)
     end = tl.minimum(tl.maximum(end, 0), lim)
     length = tl.maximum(end - start, 0)
-    stop = tl.cumsum(length, 0)
-    first = stop - length
-    L = tl.sum(length, 0)
 
     hh = tl.arange(0, H_PAD)
     dk = tl.arange(0, DK_PAD)
@@ -113,18 +180,19 @@ def _sel_fwd_kernel(
     m_i = tl.full([H_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([H_PAD], tl.float32)
     acc = tl.zeros([H_PAD, DV_PAD], tl.float32)
-    if INTERPRET:
-        # The interpreter keeps scalars as 1-element arrays that numpy >= 2.4 refuses to
-        # turn into a `range` bound; a while loop only needs their truth value.
-        p0 = 0
-        while p0 < L:
-            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
-                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
-            p0 += BLOCK_L
+    if TMA:
+        # Whole BLOCK_L-key tiles of every range come through the tensor-memory accelerator:
+        # no per-key address arithmetic and no masks, and every key they hold is selected.
+        # Only each range's remainder (< BLOCK_L keys) takes the masked gather path below.
+        nfull = length // BLOCK_L
+        m_i, l_i, acc = _attend_blocks(q, k_desc, v_desc, b.to(tl.int32), g.to(tl.int32), j, start, nfull,
+                                       m_i, l_i, acc, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
+        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start + nfull * BLOCK_L,
+                                       length - nfull * BLOCK_L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
+                                       IEEE, INTERPRET, DK_PAD, DV_PAD, TAIL_L)
     else:
-        for p0 in tl.range(0, L, BLOCK_L):
-            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
-                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
+        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i, l_i, acc,
+                                       qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
 
     nonempty = l_i > 0
     l_safe = tl.where(nonempty, l_i, 1.0)
@@ -165,6 +233,37 @@ def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=No
     return tuning.fwd_config(Dk, Dv, item, kind, dtype=dtype, S_kv=S_kv, n=n, tune=tune)
 
 
+def tma_setting(kind: str, k, v, cfg: dict) -> dict:
+    """`{TMA, TAIL_L}` of a launch: whole tiles through tensor descriptors where the kind's
+    config asks for it (`triton_fwd.<kind>.tma`, env NSA_SEL_TRITON_TMA overrides; a config
+    passed in wins) and the device and K/V allow it: SM >= 9.0 (or the interpreter), K/V
+    rows on 16-byte boundaries. TAIL_L (`tail_l`, at least the MMA minimum 16) tiles the
+    ranges' remainders."""
+    raw = load_config()["triton_fwd"].get(kind, {})
+    want = cfg.get("TMA", env_flag("NSA_SEL_TRITON_TMA", bool(raw.get("tma", False))))
+    tail = max(MIN_DOT, int(cfg.get("TAIL_L", raw.get("tail_l", cfg["BLOCK_L"]))))
+    return {"TMA": bool(want) and tma_supported(k, v), "TAIL_L": tail}
+
+
+def tma_supported(k, v) -> bool:
+    if k.device.type == "cuda":
+        if torch.cuda.get_device_capability(k.device)[0] < 9:
+            return False
+    elif not interpreting():
+        return False
+    return all(x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:3])
+               for x in (k, v))
+
+
+def tma_descriptors(k, v, block_l: int):
+    """Tensor descriptors of K and V [B, G, S_kv, D] with [1, 1, block_l, D padded] boxes
+    (columns past D read as zeros)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()),
+                                  [1, 1, block_l, max(MIN_DOT, triton.next_power_of_2(x.shape[3]))]) for x in (k, v))
+
+
 def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None, config=None, _tuner=None):
     """Raw launch of the forward kernel on already-normalised ranges (no checks, no autograd).
 
@@ -193,13 +292,15 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
             tune=lambda default: tuning.tune_fwd(
                 lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
-        meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+        meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+                **tma_setting(kind, k, v, cfg)}
     else:
-        meta = {}
+        meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
+    descs = tma_descriptors(k, v, meta["BLOCK_L"]) if meta["TMA"] else (None, None)
     (_tuner or _sel_fwd_kernel)[(rows,)](
-        q, k, v, norm_ranges, pos, o, lse,
+        q, k, v, *descs, norm_ranges, pos, o, lse,
         *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *norm_ranges.stride()[:4],
         *o.stride()[:4], *lse.stride(),
         S, G, S_kv, h, Dk, Dv, n, float(scale) * LOG2E,
