@@ -169,7 +169,8 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
     profile.setdefault("runtime", {})["sel_triton_min_L"] = decision.min_L
     if decision.launch:
         fwd = profile.setdefault("triton_fwd", {})
-        fwd.update(decision.launch)
+        for kind, launch in decision.launch.items():  # merged, so a kind's other keys (tma, tail_l) stay
+            fwd[kind] = {**(fwd.get(kind) or {}), **launch}
         fwd["by_L_bucket"] = decision.launch_by_bucket
     profile["measured"] = {"source": str(source), "software": software,
                            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
