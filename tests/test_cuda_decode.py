@@ -81,8 +81,8 @@ class FakeExtension:
     def __init__(self, error=None):
         self.error, self.calls = error, []
 
-    def fwd(self, q, k, v, ranges, positions, scale, use_mma):
-        self.calls.append(dict(q=q, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma))
+    def fwd(self, q, k, v, ranges, positions, scale, use_mma, tune=()):
+        self.calls.append(dict(q=q, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma, tune=list(tune)))
         if self.error:
             raise self.error
         from selgate.reference.golden import gather_attention
@@ -152,6 +152,21 @@ def test_normalized_ranges_pass_through_unchanged(runnable):
     assert isinstance(o, torch.Tensor)
 
 
+def test_launch_overrides_reach_the_extension(runnable):
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs()
+    selection_attention_cuda(q, k, v, r)
+    selection_attention_cuda(q, k, v, r, tune=(3, 2, 8, 1))
+    assert ext.calls[0]["tune"] == [] and ext.calls[1]["tune"] == [3, 2, 8, 1]
+
+
+@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5), (-1,)])
+def test_bad_launch_overrides_are_input_errors(runnable, tune):
+    runnable(FakeExtension())
+    with pytest.raises(ValueError, match="^tune: expected up to 4 non-negative ints"):
+        selection_attention_cuda(*decode_inputs(), tune=tune)
+
+
 def test_misaligned_views_are_copied_before_the_kernel(runnable):
     ext = runnable(FakeExtension())
     q, k, v, r = decode_inputs()
@@ -208,6 +223,20 @@ def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, 
     from selgate.kernels.cuda.check_h100 import run_case
 
     res = run_case(h, Dk, Dv, L, dist, dtype, kernel, seed=L + h, device=torch.device("cuda"))
+    assert res["ok"], res
+
+
+@gpu
+@pytest.mark.parametrize("tune", [(2, 1, 1, 0), (3, 2, 4, 1), (2, 4, 2, 0), (6, 3, 2, 0), (2, 8, 8, 0)])
+@pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"),
+                                                (2, 256, 256, 333, "many")])
+def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
+    """Warps, ring depth, cluster split and PDL change the schedule, never the function."""
+    from selgate.kernels.cuda.check_h100 import run_case
+
+    if (tune[1] > 1 or tune[3]) and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("clusters and PDL need SM 9.0")
+    res = run_case(h, Dk, Dv, L, dist, torch.bfloat16, "mma", seed=L + h, device=torch.device("cuda"), tune=tune)
     assert res["ok"], res
 
 

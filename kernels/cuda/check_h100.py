@@ -46,6 +46,13 @@ DISTS = ("few", "many", "mixed")
 VARIANTS = ((torch.float32, "simt"), (torch.float16, "simt"), (torch.bfloat16, "simt"), (torch.float16, "mma"),
             (torch.bfloat16, "mma"))
 BENCH_GRID = dict(N=(256, 1024), h=(4, 8), D=(64, 128), n=(8, 16))
+# (stages, split, warps, pdl) overrides checked for parity, on these (h, (Dk, Dv), L, dist) cases
+TUNE_PARITY = ((2, 1, 4, 0), (6, 1, 1, 0), (3, 2, 4, 0), (2, 4, 4, 1), (3, 8, 2, 0), (2, 3, 8, 0), (4, 1, 8, 1))
+TUNE_CASES = ((4, (64, 64), 512, "few"), (8, (128, 128), 1000, "mixed"), (16, (192, 64), 333, "many"),
+              (20, (72, 40), 129, "mixed"), (2, (64, 192), 7, "few"), (1, (256, 256), 2048, "many"))
+# variants timed side by side by --sweep (0 = automatic)
+SWEEP = ((0, 0, 0, 0), (0, 0, 0, 1), (2, 1, 8, 0), (3, 1, 8, 0), (2, 1, 4, 0), (3, 1, 4, 0), (2, 1, 2, 0),
+         (3, 1, 2, 0), (4, 1, 2, 0), (2, 2, 4, 0), (3, 2, 2, 0), (2, 2, 8, 0), (2, 4, 2, 0), (3, 4, 2, 0))
 L_SEL = 64
 
 
@@ -109,16 +116,17 @@ def poison_allocator(device, nbytes=256 << 20) -> None:
     torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(float("nan"))
 
 
-def run_case(h, Dk, Dv, L, dist, dtype, kernel, *, seed, device) -> dict:
+def run_case(h, Dk, Dv, L, dist, dtype, kernel, *, seed, device, tune=None) -> dict:
     x, raw, positions, norm, bad = decode_case(h, Dk, Dv, L, dist, dtype, seed=seed, device=device)
     ref_o, ref_lse = selection_attention_ref(x.q, x.k, x.v, raw, scale=x.scale, positions=positions, return_lse=True)
     plain_o, plain_lse = gather_attention(x.q, x.k, x.v, norm, scale=x.scale, dtype=dtype)
     poison_allocator(device)
     o, lse = selection_attention_cuda(bad.q, bad.k, bad.v, raw, scale=x.scale, positions=positions,
-                                      return_lse=True, kernel=kernel)
+                                      return_lse=True, kernel=kernel, tune=tune)
     o2, lse2 = selection_attention_cuda(bad.q, bad.k, bad.v, raw, scale=x.scale, positions=positions,
-                                        return_lse=True, kernel=kernel)
-    res = dict(h=h, Dk=Dk, Dv=Dv, L=L, dist=dist, dtype=str(dtype).removeprefix("torch."), kernel=kernel)
+                                        return_lse=True, kernel=kernel, tune=tune)
+    res = dict(h=h, Dk=Dk, Dv=Dv, L=L, dist=dist, dtype=str(dtype).removeprefix("torch."),
+               kernel=kernel if not tune else f"{kernel} {'/'.join(map(str, tune))}")
     ok = True
     for name, got, ref, plain in (("o", o, ref_o, plain_o), ("lse", lse, ref_lse, plain_lse)):
         mx, mean = errors(got, ref)
@@ -129,6 +137,16 @@ def run_case(h, Dk, Dv, L, dist, dtype, kernel, *, seed, device) -> dict:
     res["deterministic"] = bool(torch.equal(o, o2) and torch.equal(lse, lse2))
     res["ok"] = ok and res["empty_row_exact"] and res["deterministic"]
     return res
+
+
+def fits(tune, h, Dk, Dv, dtype) -> bool:
+    """Whether the tensor-core launch with overrides `tune` fits the device (ext.plan refuses it otherwise)."""
+    ext = build.load_extension()
+    try:
+        ext.plan({torch.float16: 0, torch.bfloat16: 1}[dtype], 3, 2, h, 4096, Dk, Dv, 8, True, list(tune))
+    except RuntimeError:
+        return False
+    return True
 
 
 def parity_matrix(device) -> list[dict]:
@@ -145,6 +163,20 @@ def parity_matrix(device) -> list[dict]:
             results.append(run_case(h, Dk, Dv, L, "mixed", dtype, kernel, seed=seed, device=device))
         done = [r for r in results if r["kernel"] == kernel and r["dtype"] == str(dtype).removeprefix("torch.")]
         print(f"parity {dtype} {kernel}: {sum(r['ok'] for r in done)}/{len(done)} pass", flush=True)
+    # Launch overrides of the tensor-core kernel (stages, split, warps, pdl): every swept
+    # variant must compute the same function (split > 1 and pdl need SM >= 9.0).
+    sm90 = torch.cuda.get_device_capability(device) >= (9, 0)
+    for tune in TUNE_PARITY:
+        if not sm90 and (tune[1] > 1 or tune[3]):
+            continue
+        for dtype in (torch.float16, torch.bfloat16):
+            for h, (Dk, Dv), L, dist in TUNE_CASES:
+                seed += 1
+                if not fits(tune, h, Dk, Dv, dtype):
+                    continue  # more shared memory than a block may have: the launch refuses it
+                results.append(run_case(h, Dk, Dv, L, dist, dtype, "mma", seed=seed, device=device, tune=tune))
+    tuned = [r for r in results if "/" in r["kernel"]]
+    print(f"parity mma with launch overrides: {sum(r['ok'] for r in tuned)}/{len(tuned)} pass", flush=True)
     return results
 
 
@@ -184,6 +216,7 @@ def graph_us(fn, sets, *, min_calls=32, replays=15) -> float:
         for i in range(calls):
             fn(sets[i % len(sets)])
     graph.replay()
+    torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -194,6 +227,20 @@ def graph_us(fn, sets, *, min_calls=32, replays=15) -> float:
         times.append(a.elapsed_time(b) * 1e3 / calls)
     del graph
     return statistics.median(times)
+
+
+def grid_sets(device, dtype, copy_gbps):
+    """For each BENCH_GRID point: its row (shape, HBM floor = (selected K/V + q + o bytes) / copy
+    bandwidth) and the rotating input sets (together at least 4x L2, so each call reads cold)."""
+    for N, h, D, n in itertools.product(*BENCH_GRID.values()):
+        L, es = n * L_SEL, torch.finfo(dtype).bits // 8
+        selected = N * L * 2 * D * es
+        sets = [nsa_inputs(N, h, D, n, dtype, seed=s, device=device)
+                for s in range(rotation_count(selected, device))]
+        moved = selected + 2 * N * h * D * es  # + q read + o written
+        yield dict(N=N, h=h, D=D, n=n, L=L, floor_us=moved / (copy_gbps * 1e3)), sets
+        del sets
+        torch.cuda.empty_cache()
 
 
 def bench(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
@@ -210,16 +257,12 @@ def bench(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
     if tri is not None:
         methods["triton"] = tri
     rows = []
-    for N, h, D, n in itertools.product(*BENCH_GRID.values()):
-        L, es = n * L_SEL, torch.finfo(dtype).bits // 8
-        selected = N * L * 2 * D * es
-        sets = [nsa_inputs(N, h, D, n, dtype, seed=s, device=device)
-                for s in range(rotation_count(selected, device))]
-        moved = selected + 2 * N * h * D * es  # + q read + o written
-        row = dict(N=N, h=h, D=D, n=n, L=L, floor_us=moved / (limits.copy_gbps * 1e3))
+    for row, sets in grid_sets(device, dtype, limits.copy_gbps):
+        row["plan"] = plan_of(sets[0])
+        bad = poisoned(sets[0])
         for name, fn in methods.items():
             try:
-                parity = check_parity(fn(poisoned(sets[0])), poisoned(sets[0]))
+                parity = check_parity(fn(bad), bad)
                 it = itertools.cycle(sets)
                 row[name] = do_bench(lambda: fn(next(it)), warmup=25, rep=200, return_mode="median") * 1e3
                 row[name + "_parity"] = parity.label()
@@ -236,9 +279,65 @@ def bench(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
         row["x_floor_graph"] = row["cuda_graph"] / row["floor_us"]
         print(row, flush=True)
         rows.append(row)
-        del sets
+        del sets, bad
         torch.cuda.empty_cache()
     return rows, limits.copy_gbps
+
+
+def plan_of(x: Inputs, tune=()) -> str:
+    """The tensor-core launch for x: stages/split/warps/pdl, blocks per SM, smem KB."""
+    from .build import load_extension
+
+    ext = load_extension(x.q.device)
+    B, _, G, h, Dk = x.q.shape
+    dt = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}[x.q.dtype]
+    kern, st, sp, w, _, smem, bps, pdl, _ = ext.plan(dt, B, G, h, x.k.shape[2], Dk, x.v.shape[3], x.ranges.shape[3],
+                                                     True, list(tune))
+    return f"{st}/{sp}/{w}/{pdl} {bps}/SM {smem / 1024:.0f}KB"
+
+
+def sweep(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
+    """Graph-replay time of every SWEEP variant of the tensor-core kernel on the bench grid,
+    each checked for parity on the first input set (NaN-poisoned outside the selection)."""
+    limits = measure_limits(device, dtype)
+    rows = []
+    for row, sets in grid_sets(device, dtype, limits.copy_gbps):
+        floor = row["floor_us"]
+        bad = poisoned(sets[0])
+        row["auto"] = plan_of(sets[0])
+        for tune in SWEEP:
+            key = "/".join(map(str, tune))
+            fn = (lambda t: lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale,
+                                                                normalized=True, tune=t))(tune)
+            try:
+                ok = check_parity(fn(bad), bad).ok
+                row[key] = (graph_us(fn, sets) / floor, ok)
+            except Exception as exc:
+                row[key] = (math.nan, False)
+                print(f"sweep {key} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        print({k: (f"{v[0]:.2f}{'' if v[1] else '!'}" if isinstance(v, tuple) else v) for k, v in row.items()},
+              flush=True)
+        rows.append(row)
+        del sets, bad
+        torch.cuda.empty_cache()
+    return rows, limits.copy_gbps
+
+
+def sweep_markdown(rows: list[dict], copy_gbps: float) -> str:
+    keys = ["/".join(map(str, t)) for t in SWEEP]
+    out = ["## Launch sweep of the tensor-core kernel (graph replay, time / HBM floor)", "",
+           f"Copy bandwidth {copy_gbps:.0f} GB/s. Columns: stages/split/warps/pdl (0 = automatic); `!` = parity "
+           "failure; `auto` = the automatic launch (stages/split/warps/pdl, blocks per SM, shared memory).", "",
+           "| N | h | D | n | floor us | auto | " + " | ".join(keys) + " |",
+           "| --- " * (6 + len(keys)) + "|"]
+    for r in rows:
+        cells = [f"{r[k][0]:.2f}{'' if r[k][1] else '!'}" for k in keys]
+        out.append(f"| {r['N']} | {r['h']} | {r['D']} | {r['n']} | {r['floor_us']:.1f} | {r['auto']} | "
+                   + " | ".join(cells) + " |")
+    best = {k: max(r[k][0] for r in rows) for k in keys}
+    out += ["", "Worst time / floor over the grid per variant: "
+            + ", ".join(f"{k}: {v:.2f}" for k, v in sorted(best.items(), key=lambda kv: kv[1])), ""]
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------ report
@@ -274,16 +373,17 @@ def markdown(env: dict, build_s: float, parity: list[dict], rows: list[dict], co
     out += ["", f"## Benchmark (bf16, l_sel = {L_SEL}, times in us)", "",
             f"Copy bandwidth measured in this run: {copy_gbps:.0f} GB/s (read + write). `db`: do_bench median "
             "(L2 flushed before each call); `graph`: CUDA-graph replay over rotating inputs. "
-            "N = B*G decode rows (G = 1), S_kv = 4L.", "",
+            "N = B*G decode rows (G = 1), S_kv = 4L. `cuda launch`: the tensor-core kernel's automatic launch, "
+            "stages/split/warps/pdl, blocks per SM, shared memory per block.", "",
             "| N | h | D=Dv | n | L | cuda db | cuda graph | simt db | simt graph | sdpa db | triton db | triton graph "
-            "| HBM floor | sdpa/cuda (db) | cuda/floor (db) | cuda/floor (graph) | parity cuda, simt, sdpa, triton |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| HBM floor | sdpa/cuda (db) | cuda/floor (db) | cuda/floor (graph) | parity cuda, simt, sdpa, triton | cuda launch |",
+            "| --- " * 18 + "|"]
     for r in rows:
         out.append(f"| {r['N']} | {r['h']} | {r['D']} | {r['n']} | {r['L']} | {r['cuda']:.1f} | {r['cuda_graph']:.1f} | "
                    f"{r['cuda_simt']:.1f} | {r['cuda_simt_graph']:.1f} | {r['sdpa']:.1f} | "
                    f"{r.get('triton', math.nan):.1f} | {r.get('triton_graph', math.nan):.1f} | {r['floor_us']:.1f} | "
                    f"{r['x_sdpa']:.2f} | {r['x_floor']:.2f} | {r['x_floor_graph']:.2f} | {r['cuda_parity']}, "
-                   f"{r['cuda_simt_parity']}, {r['sdpa_parity']}, {r.get('triton_parity', '-')} |")
+                   f"{r['cuda_simt_parity']}, {r['sdpa_parity']}, {r.get('triton_parity', '-')} | {r['plan']} |")
     ok_sdpa = all(r["x_sdpa"] >= 1.2 for r in rows)
     ok_floor = all(r["x_floor"] <= 1.3 for r in rows if r["L"] >= 512)
     ok_graph = all(r["x_floor_graph"] <= 1.3 for r in rows if r["L"] >= 512)
@@ -297,6 +397,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the Markdown report here")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time the tensor-core kernel's launch variants")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check", file=sys.stderr)
@@ -305,13 +407,15 @@ def main(argv=None) -> int:
     build.load_extension(device)
     build_s = build.build_seconds.get(build.device_arch(device), 0.0)
     print(f"extension ready in {build_s:.1f} s", flush=True)
-    parity = parity_matrix(device)
+    parity = [] if args.skip_parity else parity_matrix(device)
     for r in parity:
         if not r["ok"]:
             print("FAIL", r, flush=True)
     print(f"parity: {sum(r['ok'] for r in parity)}/{len(parity)} pass", flush=True)
     rows, gbps = ([], math.nan) if args.skip_bench else bench(device)
     text = markdown(stamp(), build_s, parity, rows, gbps)
+    if args.sweep:
+        text += "\n" + sweep_markdown(*sweep(device))
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -48,19 +48,24 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
 
 
 def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
-                             normalized=False, kernel: str = "auto"):
+                             normalized=False, kernel: str = "auto", tune=None):
     """Selection attention for decode (S == 1) on the CUDA kernel; same contract as the reference.
 
     q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] -> o [B,1,G,h,Dv]
     (dtype of v), and lse fp32 [B,1,G,h] with `return_lse`. Ranges are normalised first
     unless `normalized=True` (the kernel still clamps every read to `<= t`). `kernel`:
-    "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt".
+    "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt". `tune`:
+    optional `(stages, split, warps, pdl)` launch overrides of the tensor-core kernel, 0 =
+    automatic (benchmarks sweep them; results do not depend on them beyond rounding).
 
     Raises ValueError/TypeError for bad input and `BackendUnavailable` (reason "not_decode",
     "dtype", "head_dim", "ranges", "no_cuda", "device", "capability", "build" or "launch")
     when this backend cannot serve the call."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    tune = [int(x) for x in (tune or ())]
+    if len(tune) > 4 or any(x < 0 for x in tune):
+        raise ValueError(f"tune: expected up to 4 non-negative ints (stages, split, warps, pdl), got {tune}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     reason = unsupported_reason(q, d)
     if reason is not None:
@@ -75,7 +80,8 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
     pos = None if positions is None else positions.contiguous()
     try:
-        o, lse = ext.fwd(aligned(q), aligned(k), aligned(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk), use_mma)
+        o, lse = ext.fwd(aligned(q), aligned(k), aligned(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk), use_mma,
+                         tune)
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
     return (o, lse) if return_lse else o

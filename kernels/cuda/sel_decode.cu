@@ -1,18 +1,24 @@
-// NSA selection attention, decode (S = 1): one thread block per (b, g) row and group of heads.
+// NSA selection attention, decode (S = 1): thread blocks per (b, g) row and group of heads.
 //
-// Both kernels stream the row's selected keys tile by tile: the row's ranges are clamped to
-// [0, min(t+1, S_kv)) and prefix-summed in shared memory once, every key of a tile is found
-// by a per-thread cursor that walks those sums forward, and its K and V rows travel with
-// 16-byte cp.async copies into a 3- to 6-stage shared-memory ring (as deep as ~104 KB allows,
-// so two blocks share an SM; keys past the row's length are zero-filled, never read).
-// Scores live in the log2 domain (scale * log2(e) folded in once) so the online softmax uses
-// exp2f; accumulation is fp32 throughout and o and lse are written once.
+// Both kernels stream the row's selected keys: the row's ranges are clamped to
+// [0, min(t+1, S_kv)) and prefix-summed in shared memory once (`begin_row`), every key is
+// found by a per-thread cursor that walks those sums forward, and K and V rows travel with
+// 16-byte cp.async copies into shared-memory rings (keys past the row's length are
+// zero-filled, never read). Scores live in the log2 domain (scale * log2(e) folded in once)
+// so the online softmax uses exp2f; accumulation is fp32 throughout and o and lse are
+// written once.
 //
-// - sel_decode_mma (fp16/bf16): 4 warps, 64-key tiles, each warp owns 16 keys of every tile
-//   and keeps its own running max/sum and p*V accumulators in registers (mma.sync m16n8k16,
-//   heads on the M side); the 4 partial softmaxes are merged once at the end.
-// - sel_decode_simt (any dtype, the fp32 path): 8 warps, dot products and p*V on CUDA cores,
-//   one block-wide online softmax per tile.
+// - sel_decode_mma (fp16/bf16): each warp is its own pipeline. A row's keys are cut into
+//   16-key slabs, dealt round-robin to the warps of the block (and, with split > 1, of the
+//   thread-block cluster that shares the row); a warp streams its slabs through a private
+//   cp.async ring (`stages` deep, no block barrier in the loop), keeps its own running
+//   max/sum and p*V accumulators in registers (mma.sync m16n8k16, heads on the M side), and
+//   the partial softmaxes are merged once at the end in a fixed order (across the cluster
+//   through distributed shared memory, SM 9.0): deterministic, no atomics. Rows whose
+//   length is a multiple of 64 bytes' worth of 16-byte chunks are XOR-swizzled instead of
+//   padded, so a stage holds no padding.
+// - sel_decode_simt (any dtype, the fp32 path): 8 warps, one block-wide ring of 32/64-key
+//   tiles, dot products and p*V on CUDA cores, one block-wide online softmax per tile.
 #include "sel_decode.h"
 
 #include <cuda_bf16.h>
@@ -23,15 +29,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace selgate {
 namespace {
 
 constexpr int kMinStages = 3, kMaxStages = 6;
-constexpr int kRingBudget = 104 * 1024;  // bytes of K/V ring per block: 2 blocks per SM
-constexpr int kMmaThreads = 128;
-constexpr int kMmaTile = 64;
+constexpr int kRingBudget = 104 * 1024;  // simt: bytes of K/V ring per block (2 blocks per SM)
+constexpr int kMmaMaxWarps = 8;
+constexpr int kMmaAutoMaxSplit = 1;  // clusters only on request: not yet measured faster (see the dev notes)
 constexpr int kMmaHeads = 16;
+constexpr int kSlab = 16;  // keys per warp step of the mma kernel
+constexpr int kMaxSplit = 8;  // portable cluster size
 constexpr int kSimtThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -48,10 +59,12 @@ struct Params {
   int64_t G, h, S_kv;
   int Dk, Dv, n;
   int hpb;          // heads per block
-  int head_groups;  // blocks per (b, g) row
-  int tile;         // keys per tile
-  int stages;       // depth of the cp.async ring
-  int k_stride, v_stride, stage_elems;  // shared-memory row strides and stage size, in elements
+  int head_groups;  // head groups per (b, g) row
+  int split;        // mma: blocks (one cluster) per (row, head group)
+  int tile;         // simt: keys per tile
+  int stages;       // depth of the cp.async ring (mma: per warp)
+  int k_stride, v_stride, q_stride, stage_elems;  // shared-memory row strides and stage size, in elements
+  int k_xor, v_xor;  // mma: 7 = 16-byte chunks XOR-swizzled by row, 0 = padded rows
   int off_L, off_q, off_sc, off_stats, off_kv;  // byte offsets in dynamic shared memory
   float scale_log2;
 };
@@ -129,7 +142,7 @@ __device__ __forceinline__ int64_t load_index(const void* base, int64_t i, bool 
 // inclusive prefix sum of lengths (`cum`) and `off` = start - first position of the range,
 // so position `pos` of the row's concatenated keys is key `off[j] + pos` for the first j
 // with cum[j] > pos. Also stores the row's length L. Warp 0 scans 32 ranges per step with
-// shuffles; ends with a block barrier.
+// shuffles; the caller ends it with a block barrier.
 __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned char* smem) {
   if (threadIdx.x < 32) {
     int64_t* cum = reinterpret_cast<int64_t*>(smem);
@@ -160,7 +173,25 @@ __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned c
     }
     if (lane == 0) *reinterpret_cast<int64_t*>(smem + p.off_L) = carry;
   }
+}
+
+// What both kernels know about their row once its ranges are in shared memory.
+template <typename T>
+struct RowView {
+  int64_t L;    // selected keys
+  const T* kg;  // the row's K [S_kv, Dk] and V [S_kv, Dv]
+  const T* vg;
+};
+
+// Shared prologue of both kernels: the row's ranges into shared memory (warp 0), every
+// thread's earlier cp.async copies (q) landed, then one block barrier.
+template <typename T>
+__device__ __forceinline__ RowView<T> begin_row(const Params& p, int64_t row, unsigned char* smem) {
+  setup_ranges(p, row, row / p.G, smem);
+  cp_async_wait<0>();
   __syncthreads();
+  return {*reinterpret_cast<const int64_t*>(smem + p.off_L), static_cast<const T*>(p.k) + row * p.S_kv * p.Dk,
+          static_cast<const T*>(p.v) + row * p.S_kv * p.Dv};
 }
 
 // Maps a thread's selected positions to key indices. Each thread visits its positions in
@@ -195,6 +226,41 @@ __device__ __forceinline__ void load_tile(const Params& p, const T* kg, const T*
     for (int c = threadIdx.x & 7; c < ckk; c += 8) cp_async16(ks + jj * p.k_stride + c * VEC, krow + c * VEC, valid);
     for (int c = threadIdx.x & 7; c < ckv; c += 8) cp_async16(vs + jj * p.v_stride + c * VEC, vrow + c * VEC, valid);
   }
+}
+
+// ---------------------------------------------------------------- SM 9.0: PDL and clusters
+// Programmatic dependent launch: with the launch attribute set, this grid may start while
+// the previous kernel on the stream finishes; nothing global is read or written before
+// `wait_prior_grids` returns (it returns at once when the attribute is not set).
+__device__ __forceinline__ void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Barrier over the thread-block cluster, ordering shared-memory writes before remote reads.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();  // the host launches clusters on SM >= 9.0 only
+#endif
+}
+// Generic address of `local`'s counterpart in the shared memory of cluster block `rank`
+// (ordinary loads through it batch well; cluster_sync orders them).
+__device__ __forceinline__ const float* cluster_ptr(const float* local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(local)), "r"(rank));
+  return reinterpret_cast<const float*>(out);
+#else
+  __trap();
+  return local;
+#endif
 }
 
 // ---------------------------------------------------------------- tensor-core kernel
@@ -238,44 +304,72 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// One warp issues the copies of the 16 keys at positions [pos0, pos0 + 16) of the row into
+// its slab (K rows then V rows): 8 lanes per key row, 4 rows per pass, so each instruction
+// moves whole 128-byte lines. 16-byte chunk c of slab row r lands at chunk c ^ (r & xor).
+template <typename T>
+__device__ __forceinline__ void load_slab(const Params& p, const RowView<T>& rv, int64_t pos0, T* ks, T* vs,
+                                          const unsigned char* smem, KeyCursor& cursor, int lane) {
+  const int ckk = p.Dk >> 3, ckv = p.Dv >> 3;
+#pragma unroll 1
+  for (int it = 0; it < kSlab / 4; ++it) {
+    const int r = (lane >> 3) + 4 * it;
+    const int64_t pos = pos0 + r;
+    const bool valid = pos < rv.L;
+    const int64_t key = valid ? cursor.key(pos, smem, p.n) : 0;
+    const T* krow = rv.kg + key * p.Dk;
+    const T* vrow = rv.vg + key * p.Dv;
+    for (int c = lane & 7; c < ckk; c += 8)
+      cp_async16(ks + r * p.k_stride + ((c ^ (r & p.k_xor)) << 3), krow + (c << 3), valid);
+    for (int c = lane & 7; c < ckv; c += 8)
+      cp_async16(vs + r * p.v_stride + ((c ^ (r & p.v_xor)) << 3), vrow + (c << 3), valid);
+  }
+}
+
 // DVB: Dv rounded up to 64, 128 or 256 (sizes the register accumulators).
 template <typename T, int DVB>
-__global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
+__global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_decode_mma(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int NV = DVB / 8;  // n8 output tiles
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
   const int g = lane >> 2, tg = lane & 3, mi = lane >> 3, rr = lane & 7;
-  const int64_t row = blockIdx.x / p.head_groups;
-  const int head0 = static_cast<int>(blockIdx.x % p.head_groups) * p.hpb;
+  const int rank = static_cast<int>(blockIdx.x % p.split);  // rank in the cluster (clusters run along x)
+  const int64_t unit = blockIdx.x / p.split;
+  const int64_t row = unit / p.head_groups;
+  const int head0 = static_cast<int>(unit % p.head_groups) * p.hpb;
   const int HG = static_cast<int>(min(int64_t(p.hpb), p.h - head0));
   const int k16 = (p.Dk + 15) & ~15;
-  T* qs = reinterpret_cast<T*>(smem + p.off_q);  // [16][k_stride], zero outside [HG, Dk)
-  T* kv = reinterpret_cast<T*>(smem + p.off_kv);
+  T* qs = reinterpret_cast<T*>(smem + p.off_q);  // [16][q_stride], zero outside [HG, Dk)
+  T* ring = reinterpret_cast<T*>(smem + p.off_kv) + warp * p.stages * p.stage_elems;  // this warp's slabs
 
-  // q travels like K/V (16-byte cp.async, zero-filled for heads >= HG and columns >= Dk) and
-  // joins the first commit group, so the first tile's wait covers it.
+  // Padded rows only (Dk not a multiple of 16): K columns [Dk, k16) meet zero q columns in
+  // the last k-step, so they hold zeros, not garbage.
+  for (int i = lane; i < p.stages * kSlab * (k16 - p.Dk); i += 32) {
+    const int w = k16 - p.Dk, r = i / w;
+    ring[(r / kSlab) * p.stage_elems + (r % kSlab) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
+  }
+  wait_prior_grids();
+  allow_next_grid();
+  // q: 16-byte cp.async, zero-filled for heads >= HG and columns >= Dk; begin_row waits for it.
   const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
   for (int i = tid; i < kMmaHeads * (k16 / 8); i += blockDim.x) {
     const int r = i / (k16 / 8), c = (i % (k16 / 8)) * 8;
     const bool valid = r < HG && c < p.Dk;
-    cp_async16(qs + r * p.k_stride + c, valid ? qg + r * p.Dk + c : qg, valid);
+    cp_async16(qs + r * p.q_stride + c, valid ? qg + r * p.Dk + c : qg, valid);
   }
-  // K columns [Dk, k16) meet zero q columns in the last k-step: keep them zero, not garbage.
-  for (int i = tid; i < p.stages * kMmaTile * (k16 - p.Dk); i += blockDim.x) {
-    const int w = k16 - p.Dk, r = i / w;
-    kv[(r / kMmaTile) * p.stage_elems + (r % kMmaTile) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
-  }
-  setup_ranges(p, row, row / p.G, smem);
-  const int64_t L = *reinterpret_cast<const int64_t*>(smem + p.off_L);
+  cp_async_commit();
+  const RowView<T> rv = begin_row<T>(p, row, smem);
 
-  const T* kg = static_cast<const T*>(p.k) + row * p.S_kv * p.Dk;
-  const T* vg = static_cast<const T*>(p.v) + row * p.S_kv * p.Dv;
-  const int64_t ntiles = (L + kMmaTile - 1) / kMmaTile;
+  // This warp's slabs: u, u + U, u + 2U, ... with u its index among the U warps of the row.
+  const int64_t nslabs = (rv.L + kSlab - 1) / kSlab;
+  const int U = p.split * NW, u = rank * NW + warp;
+  const int64_t count = u < nslabs ? (nslabs - 1 - u) / U + 1 : 0;
+  const int kv_off = kSlab * p.k_stride;  // V rows follow the slab's K rows
   KeyCursor cursor;
   for (int s = 0; s < p.stages - 1; ++s) {
-    if (s < ntiles) {
-      T* ks = kv + s * p.stage_elems;
-      load_tile<T>(p, kg, vg, int64_t(s) * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem, cursor);
+    if (s < count) {
+      T* ks = ring + s * p.stage_elems;
+      load_slab<T>(p, rv, (u + int64_t(s) * U) * kSlab, ks, ks + kv_off, smem, cursor, lane);
     }
     cp_async_commit();
   }
@@ -284,30 +378,31 @@ __global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
 #pragma unroll
   for (int nv = 0; nv < NV; ++nv) o[nv][0] = o[nv][1] = o[nv][2] = o[nv][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
-  const uint32_t q_addr = smem_u32(qs + ((mi & 1) * 8 + rr) * p.k_stride + (mi >> 1) * 8);
+  const uint32_t q_addr = smem_u32(qs + ((mi & 1) * 8 + rr) * p.q_stride + (mi >> 1) * 8);
+  const int krow = (mi >> 1) * 8 + rr, vrow = (mi & 1) * 8 + rr;  // ldmatrix rows of this lane
+  const int kx = rr & p.k_xor, vx = rr & p.v_xor;                 // their swizzles (krow, vrow = rr mod 8)
+  int slot = 0, next = p.stages - 1;
 
-  for (int64_t t = 0; t < ntiles; ++t) {
+  for (int64_t i = 0; i < count; ++i) {
     cp_async_wait_pending(p.stages - 2);
-    __syncthreads();
-    {
-      const int64_t tn = t + p.stages - 1;
-      if (tn < ntiles) {
-        T* ks = kv + (tn % p.stages) * p.stage_elems;
-        load_tile<T>(p, kg, vg, tn * kMmaTile, L, ks, ks + kMmaTile * p.k_stride, smem, cursor);
-      }
-      cp_async_commit();
+    __syncwarp();  // every lane's copies of slab i landed; every lane is done with slab i - 1
+    if (next == p.stages) next = 0;
+    if (i + p.stages - 1 < count) {
+      T* ks = ring + next * p.stage_elems;
+      load_slab<T>(p, rv, (u + (i + p.stages - 1) * U) * kSlab, ks, ks + kv_off, smem, cursor, lane);
     }
-    const int64_t pos0 = t * kMmaTile + warp * 16;
-    if (pos0 >= L) continue;  // warp-uniform: this warp's 16 keys are all past the row's end
-    const T* ks = kv + (t % p.stages) * p.stage_elems;
-    const T* vs = ks + kMmaTile * p.k_stride;
+    cp_async_commit();
+    ++next;
+    const int64_t pos0 = (u + i * U) * kSlab;
+    const T* ks = ring + slot * p.stage_elems;
+    slot = slot + 1 == p.stages ? 0 : slot + 1;
+    const uint32_t k_base = smem_u32(ks + krow * p.k_stride), v_base = smem_u32(ks + kv_off + vrow * p.v_stride);
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    const uint32_t k_addr = smem_u32(ks + (warp * 16 + (mi >> 1) * 8 + rr) * p.k_stride + (mi & 1) * 8);
     for (int kk = 0; kk < k16 / 16; ++kk) {
       uint32_t a[4], bk[4];
       ldmatrix_x4(a, q_addr + kk * 32);
-      ldmatrix_x4(bk, k_addr + kk * 32);
+      ldmatrix_x4(bk, k_base + (((2 * kk + (mi & 1)) ^ kx) << 4));
       mma16816<T>(s[0], a, bk[0], bk[1]);
       mma16816<T>(s[1], a, bk[2], bk[3]);
     }
@@ -315,7 +410,7 @@ __global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        s[j][e] = pos0 + j * 8 + 2 * tg + (e & 1) < L ? s[j][e] * p.scale_log2 : -INFINITY;
+        s[j][e] = pos0 + j * 8 + 2 * tg + (e & 1) < rv.L ? s[j][e] * p.scale_log2 : -INFINITY;
     const float mn0 = fmaxf(m0, quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]))));
     const float mn1 = fmaxf(m1, quad_max(fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]))));
     const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
@@ -340,26 +435,32 @@ __global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
     // The score accumulator layout is the A-operand layout of the p*V product.
     const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
                             pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
-    const uint32_t v_addr = smem_u32(vs + (warp * 16 + (mi & 1) * 8 + rr) * p.v_stride + (mi >> 1) * 8);
 #pragma unroll
     for (int n2 = 0; n2 < NV / 2; ++n2) {
       if (n2 * 16 < p.Dv) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_addr + n2 * 32);
+        ldmatrix_x4_trans(bv, v_base + (((2 * n2 + (mi >> 1)) ^ vx) << 4));
         mma16816<T>(o[2 * n2], pa, bv[0], bv[1]);
         mma16816<T>(o[2 * n2 + 1], pa, bv[2], bv[3]);
       }
     }
   }
 
-  // Merge the four warps' partial softmaxes (the stage ring is free once every copy landed).
+  // Merge the partial softmaxes in one fixed order: the block's warps first (weights e_w =
+  // exp2(m_w - M) over the block's max M), then, with split > 1, the cluster's blocks, read
+  // through distributed shared memory. The rings are free once every copy landed.
   cp_async_wait<0>();
-  __syncthreads();
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
-  float* m_s = reinterpret_cast<float*>(kv);  // [4 warps][16 rows]
-  float* l_s = m_s + 4 * kMmaHeads;
-  float* o_s = l_s + 4 * kMmaHeads;           // [4 warps][16 rows][DVB]
+  __syncthreads();
+  float* m_s = reinterpret_cast<float*>(smem + p.off_kv);  // [NW][16] per-warp max
+  float* l_s = m_s + NW * kMmaHeads;                       // [NW][16] per-warp sum
+  float* e_s = l_s + NW * kMmaHeads;                       // [NW][16] per-warp weight
+  float* cm = e_s + NW * kMmaHeads;                        // [16] block max
+  float* cl = cm + kMmaHeads;                              // [16] block sum
+  float* g_s = cl + kMmaHeads;                             // [kMaxSplit][16] per-block weight
+  float* o_s = g_s + kMaxSplit * kMmaHeads;                // [NW][16][DVB] per-warp p*V
+  float* co = o_s + NW * kMmaHeads * DVB;                  // [16][DVB] block p*V (split > 1)
   if (tg == 0) {
     m_s[warp * 16 + g] = m0;
     m_s[warp * 16 + g + 8] = m1;
@@ -377,30 +478,70 @@ __global__ void __launch_bounds__(kMmaThreads) sel_decode_mma(const Params p) {
     }
   }
   __syncthreads();
+  if (tid < kMmaHeads) {
+    const int r = tid;
+    float M = -INFINITY, den = 0.f;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, m_s[w * 16 + r]);
+    for (int w = 0; w < NW; ++w) {
+      const float e = M == -INFINITY ? 0.f : exp2f(m_s[w * 16 + r] - M);
+      e_s[w * 16 + r] = e;
+      den += e * l_s[w * 16 + r];
+    }
+    cm[r] = M;
+    cl[r] = den;
+  }
+  __syncthreads();
   T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;
+  if (p.split == 1) {
+    for (int i = tid; i < HG * p.Dv; i += blockDim.x) {
+      const int r = i / p.Dv, c = i % p.Dv;
+      float num = 0.f;
+      for (int w = 0; w < NW; ++w) num += e_s[w * 16 + r] * o_s[(w * 16 + r) * DVB + c];
+      og[i] = from_float<T>(cl[r] > 0.f ? num / cl[r] : 0.f);
+    }
+    if (tid < HG) p.lse[row * p.h + head0 + tid] = cl[tid] > 0.f ? (cm[tid] + log2f(cl[tid])) * kLn2 : -INFINITY;
+    return;
+  }
   for (int i = tid; i < HG * p.Dv; i += blockDim.x) {
     const int r = i / p.Dv, c = i % p.Dv;
-    float M = -INFINITY;
+    float num = 0.f;
+    for (int w = 0; w < NW; ++w) num += e_s[w * 16 + r] * o_s[(w * 16 + r) * DVB + c];
+    co[r * DVB + c] = num;
+  }
+  cluster_sync();  // every block's cm, cl, co are written
+  if (tid < HG) {
+    const int r = tid;
+    float bm[kMaxSplit], bl[kMaxSplit];
 #pragma unroll
-    for (int w = 0; w < 4; ++w) M = fmaxf(M, m_s[w * 16 + r]);
-    float num = 0.f, den = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float f = exp2f(m_s[w * 16 + r] - M);
-        num += f * o_s[(w * 16 + r) * DVB + c];
-        den += f * l_s[w * 16 + r];
-      }
+    for (int rk = 0; rk < kMaxSplit; ++rk) {  // independent remote loads, issued together
+      bm[rk] = rk < p.split ? *cluster_ptr(cm + r, rk) : -INFINITY;
+      bl[rk] = rk < p.split ? *cluster_ptr(cl + r, rk) : 0.f;
     }
-    og[i] = from_float<T>(den > 0.f ? num / den : 0.f);
-  }
-  for (int r = tid; r < HG; r += blockDim.x) {
     float M = -INFINITY, den = 0.f;
-    for (int w = 0; w < 4; ++w) M = fmaxf(M, m_s[w * 16 + r]);
-    if (M != -INFINITY)
-      for (int w = 0; w < 4; ++w) den += exp2f(m_s[w * 16 + r] - M) * l_s[w * 16 + r];
-    p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
+#pragma unroll
+    for (int rk = 0; rk < kMaxSplit; ++rk) M = fmaxf(M, bm[rk]);
+#pragma unroll
+    for (int rk = 0; rk < kMaxSplit; ++rk) {
+      bm[rk] = M == -INFINITY ? 0.f : exp2f(bm[rk] - M);
+      den += bm[rk] * bl[rk];
+    }
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+#pragma unroll
+    for (int rk = 0; rk < kMaxSplit; ++rk) g_s[rk * 16 + r] = bm[rk] * inv;
+    if (rank == 0) p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
   }
+  __syncthreads();
+  for (int i = rank * blockDim.x + tid; i < HG * p.Dv; i += p.split * blockDim.x) {
+    const int r = i / p.Dv, c = i % p.Dv;
+    float x[kMaxSplit];
+#pragma unroll
+    for (int rk = 0; rk < kMaxSplit; ++rk) x[rk] = rk < p.split ? *cluster_ptr(co + r * DVB + c, rk) : 0.f;
+    float num = 0.f;
+#pragma unroll
+    for (int rk = 0; rk < kMaxSplit; ++rk) num += g_s[rk * 16 + r] * x[rk];
+    og[i] = from_float<T>(num);
+  }
+  cluster_sync();  // keep this block's shared memory alive until the cluster has read it
 }
 
 // ---------------------------------------------------------------- CUDA-core kernel
@@ -431,11 +572,10 @@ __global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) 
     m_run[i] = -INFINITY;
     l_run[i] = 0.f;
   }
-  setup_ranges(p, row, row / p.G, smem);
-  const int64_t L = *reinterpret_cast<const int64_t*>(smem + p.off_L);
-
-  const T* kg = static_cast<const T*>(p.k) + row * p.S_kv * p.Dk;
-  const T* vg = static_cast<const T*>(p.v) + row * p.S_kv * p.Dv;
+  const RowView<T> rv = begin_row<T>(p, row, smem);
+  const int64_t L = rv.L;
+  const T* kg = rv.kg;
+  const T* vg = rv.vg;
   const int64_t ntiles = (L + TL - 1) / TL;
   KeyCursor cursor;
   for (int s = 0; s < p.stages - 1; ++s) {
@@ -563,54 +703,145 @@ __global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) 
 // ---------------------------------------------------------------- host side
 int align16(int64_t x) { return static_cast<int>((x + 15) & ~int64_t(15)); }
 
-// Ring depth: as many stages as fit the ring budget, at least 3 (double buffering plus the
-// tile being computed), at most 6.
+// simt ring depth: as many stages as fit the ring budget, at least 3, at most 6.
 int ring_stages(int64_t stage_bytes) {
   return static_cast<int>(std::clamp<int64_t>(kRingBudget / stage_bytes, kMinStages, kMaxStages));
 }
 
+struct Device {
+  int id, cc_major, sms, max_smem;
+};
+Device current_device() {
+  Device d{};
+  C10_CUDA_CHECK(cudaGetDevice(&d.id));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.id));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, d.id));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.id));
+  return d;
+}
+
+// Resident blocks per SM of `kernel` at this launch shape; cached per device, kernel and shape
+// (the occupancy query costs host time on every decode step otherwise).
 template <typename Kernel>
-void launch(Kernel kernel, const Params& p, int64_t blocks, int threads, int smem_bytes, cudaStream_t stream) {
-  int dev = 0, max_smem = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  TORCH_CHECK(smem_bytes <= max_smem, "sel_decode: needs ", smem_bytes, " bytes of shared memory per block, device allows ",
-              max_smem);
-  TORCH_CHECK(blocks <= 0x7fffffff, "sel_decode: ", blocks, " blocks exceed the grid limit");
+int blocks_per_sm(Kernel kernel, int device, int threads, int smem_bytes) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, int>, int> cache;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, smem_bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(p);
+  int nb = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, threads, smem_bytes));
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = nb;
+  return nb;
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan& plan, cudaStream_t stream) {
+  TORCH_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: needs ", plan.smem_bytes,
+              " bytes of shared memory per block, device allows ", dev.max_smem);
+  TORCH_CHECK(plan.blocks <= 0x7fffffff, "sel_decode: ", plan.blocks, " blocks exceed the grid limit");
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(plan.blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(plan.threads));
+  cfg.dynamicSmemBytes = plan.smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int na = 0;
+  if (plan.split > 1) {
+    attrs[na].id = cudaLaunchAttributeClusterDimension;
+    attrs[na].val.clusterDim.x = plan.split;
+    attrs[na].val.clusterDim.y = 1;
+    attrs[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  if (plan.pdl) {
+    attrs[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = na;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T>
-void launch_mma(Params p, int64_t B, cudaStream_t stream) {
+template <typename T, int DVB>
+void run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream, bool launch_it) {
   const int k16 = (p.Dk + 15) & ~15, v16 = (p.Dv + 15) & ~15;
-  const int dvb = p.Dv <= 64 ? 64 : p.Dv <= 128 ? 128 : 256;
   p.hpb = static_cast<int>(std::min<int64_t>(p.h, kMmaHeads));
   p.head_groups = static_cast<int>((p.h + p.hpb - 1) / p.hpb);
-  p.tile = kMmaTile;
-  p.k_stride = k16 + 8;  // +16 bytes: ldmatrix rows land in distinct banks
-  p.v_stride = v16 + 8;
-  p.stage_elems = kMmaTile * (p.k_stride + p.v_stride);
+  const int64_t units = a.B * p.G * p.head_groups;  // (row, head group) pairs
+  // Rows of whole 128-byte groups are XOR-swizzled (no padding); others padded by 16 bytes
+  // so ldmatrix rows land in distinct banks.
+  const bool swz_k = p.Dk % 64 == 0, swz_v = p.Dv % 64 == 0;
+  p.k_stride = swz_k ? p.Dk : k16 + 8;
+  p.v_stride = swz_v ? p.Dv : v16 + 8;
+  p.k_xor = swz_k ? 7 : 0;
+  p.v_xor = swz_v ? 7 : 0;
+  p.q_stride = k16 + 8;
+  p.stage_elems = kSlab * (p.k_stride + p.v_stride);
+  const int64_t slab_bytes = int64_t(p.stage_elems) * sizeof(T);
   p.off_L = 16 * p.n;
   p.off_q = align16(p.off_L + 8);
-  p.off_kv = align16(p.off_q + kMmaHeads * p.k_stride * int64_t(sizeof(T)));
-  p.stages = ring_stages(int64_t(p.stage_elems) * sizeof(T));
-  const int64_t ring = int64_t(p.stages) * p.stage_elems * sizeof(T);
-  const int64_t merge = (8 * kMmaHeads + 4 * kMmaHeads * int64_t(dvb)) * 4;
-  const int smem_bytes = align16(p.off_kv + std::max(ring, merge));
-  const int64_t blocks = B * p.G * p.head_groups;
-  if (dvb == 64) launch(sel_decode_mma<T, 64>, p, blocks, kMmaThreads, smem_bytes, stream);
-  else if (dvb == 128) launch(sel_decode_mma<T, 128>, p, blocks, kMmaThreads, smem_bytes, stream);
-  else launch(sel_decode_mma<T, 256>, p, blocks, kMmaThreads, smem_bytes, stream);
+  p.off_kv = align16(p.off_q + kMmaHeads * p.q_stride * int64_t(sizeof(T)));
+  auto smem_for = [&](int nw, int stages, int split) {
+    const int64_t ring = int64_t(nw) * stages * slab_bytes;
+    const int64_t merge = (3 * int64_t(nw) * kMmaHeads + (2 + kMaxSplit) * kMmaHeads +
+                           int64_t(nw + (split > 1)) * kMmaHeads * DVB) * 4;
+    return p.off_kv + std::max(ring, merge);
+  };
+  // Automatic launch (measured on the H100, bench/results/h100/cuda_decode_dev.md): with many
+  // rows per SM, small blocks (2 warps, 3-deep rings) so many rows stream at once; with few,
+  // more warps per row (8 when a key row is at most 256 bytes of K+V, else 4), 2-deep rings.
+  const bool many_rows = units >= 4 * int64_t(dev.sms);
+  int nw = a.tune.warps > 0 ? a.tune.warps : many_rows ? 2 : (p.Dk + p.Dv <= 128 ? 8 : 4);
+  int stages = a.tune.stages > 0 ? a.tune.stages : many_rows ? 3 : 2;
+  TORCH_CHECK(nw >= 1 && nw <= kMmaMaxWarps, "sel_decode: warps must be in [1, ", kMmaMaxWarps, "], got ", nw);
+  TORCH_CHECK(stages >= 2 && stages <= kMaxStages, "sel_decode: stages must be in [2, ", kMaxStages, "], got ", stages);
+  while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.stages <= 0 && stages > 2) --stages;
+  while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.warps <= 0 && nw > 1) nw /= 2;
+  p.stages = stages;
+  const int max_split = dev.cc_major >= 9 ? kMaxSplit : 1;
+  auto kernel = sel_decode_mma<T, DVB>;
+  plan.threads = nw * 32;
+  int split = a.tune.split;
+  if (split <= 0) {  // auto: more blocks per row while the grid fills under half the SMs' block slots
+    split = 1;
+    const int64_t smem1 = smem_for(nw, stages, 1);
+    if (kMmaAutoMaxSplit > 1 && smem1 <= dev.max_smem) {
+      const int64_t slots = int64_t(dev.sms) * std::max(1, blocks_per_sm(kernel, dev.id, plan.threads, align16(smem1)));
+      while (split * 2 <= std::min(max_split, kMmaAutoMaxSplit) && units * split * 2 <= slots) split *= 2;
+    }
+  }
+  TORCH_CHECK(split >= 1 && split <= max_split, "sel_decode: split must be in [1, ", max_split, "] on this device, got ",
+              split);
+  p.split = split;
+  plan.kernel = 1;
+  plan.stages = stages;
+  plan.warps = nw;
+  plan.split = split;
+  plan.pdl = a.tune.pdl > 0 && dev.cc_major >= 9;
+  plan.smem_bytes = align16(smem_for(nw, stages, split));
+  plan.blocks = units * split;
+  TORCH_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
+              plan.smem_bytes, " bytes of shared memory per block, the device allows ", dev.max_smem);
+  if (launch_it) launch(kernel, p, dev, plan, stream);
+  else plan.blocks_per_sm = blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes);
 }
 
 template <typename T>
-void launch_simt(Params p, int64_t B, cudaStream_t stream) {
+void run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream, bool launch_it) {
   constexpr int VEC = 16 / sizeof(T);
   const int ckv = p.Dv / VEC;
   p.hpb = static_cast<int>(std::min<int64_t>({p.h, int64_t(kSimtThreads / ckv), 32, int64_t(std::max(1, 2048 / p.Dk))}));
   p.head_groups = static_cast<int>((p.h + p.hpb - 1) / p.hpb);
+  p.split = 1;
   p.k_stride = p.Dk + VEC;  // +16 bytes per row: conflict-free 16-byte reads across rows
   p.v_stride = p.Dv + VEC;
   const int64_t row_bytes = int64_t(p.k_stride + p.v_stride) * sizeof(T);
@@ -624,18 +855,37 @@ void launch_simt(Params p, int64_t B, cudaStream_t stream) {
   p.off_kv = align16(p.off_stats + 3 * int64_t(p.hpb) * 4);
   const int64_t ring = int64_t(p.stages) * p.tile * row_bytes;
   const int64_t red = int64_t(kSimtThreads) * VEC * 4;
-  const int smem_bytes = align16(p.off_kv + std::max(ring, red));
-  launch(sel_decode_simt<T>, p, B * p.G * p.head_groups, kSimtThreads, smem_bytes, stream);
+  plan.kernel = 0;
+  plan.stages = p.stages;
+  plan.warps = kSimtThreads / 32;
+  plan.split = 1;
+  plan.pdl = false;
+  plan.threads = kSimtThreads;
+  plan.smem_bytes = align16(p.off_kv + std::max(ring, red));
+  plan.blocks = a.B * p.G * p.head_groups;
+  if (launch_it) launch(sel_decode_simt<T>, p, dev, plan, stream);
+  else plan.blocks_per_sm = blocks_per_sm(sel_decode_simt<T>, dev.id, plan.threads, plan.smem_bytes);
 }
 
-}  // namespace
+template <typename T>
+void run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+               bool launch_it) {
+  if (!a.use_mma) return run_simt<T>(p, a, plan, dev, stream, launch_it);
+  if constexpr (sizeof(T) == 2) {
+    if (p.Dv <= 64) run_mma<T, 64>(p, a, plan, dev, stream, launch_it);
+    else if (p.Dv <= 128) run_mma<T, 128>(p, a, plan, dev, stream, launch_it);
+    else run_mma<T, 256>(p, a, plan, dev, stream, launch_it);
+  }
+}
 
-void sel_decode_launch(const DecodeArgs& a, cudaStream_t stream) {
+DecodePlan plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it) {
   TORCH_CHECK(a.Dk > 0 && a.Dk <= 256 && a.Dk % 8 == 0, "sel_decode: Dk must be a multiple of 8 in [8, 256], got ", a.Dk);
   TORCH_CHECK(a.Dv > 0 && a.Dv <= 256 && a.Dv % 8 == 0, "sel_decode: Dv must be a multiple of 8 in [8, 256], got ", a.Dv);
   TORCH_CHECK(a.n >= 0 && a.n <= 4096, "sel_decode: n (ranges per row) must be in [0, 4096], got ", a.n);
   TORCH_CHECK(!(a.use_mma && a.dtype == Dtype::kFloat), "sel_decode: the tensor-core kernel takes fp16/bf16 only");
-  if (a.B * a.G * a.h == 0) return;
+  DecodePlan plan{};
+  if (a.B * a.G * a.h == 0) return plan;
+  const Device dev = current_device();
   Params p{};
   p.q = a.q;
   p.k = a.k;
@@ -654,16 +904,17 @@ void sel_decode_launch(const DecodeArgs& a, cudaStream_t stream) {
   p.n = a.n;
   p.scale_log2 = a.scale * kLog2e;
   switch (a.dtype) {
-    case Dtype::kHalf:
-      if (a.use_mma) launch_mma<__half>(p, a.B, stream); else launch_simt<__half>(p, a.B, stream);
-      break;
-    case Dtype::kBFloat16:
-      if (a.use_mma) launch_mma<__nv_bfloat16>(p, a.B, stream); else launch_simt<__nv_bfloat16>(p, a.B, stream);
-      break;
-    case Dtype::kFloat:
-      launch_simt<float>(p, a.B, stream);
-      break;
+    case Dtype::kHalf: run_typed<__half>(p, a, plan, dev, stream, launch_it); break;
+    case Dtype::kBFloat16: run_typed<__nv_bfloat16>(p, a, plan, dev, stream, launch_it); break;
+    case Dtype::kFloat: run_typed<float>(p, a, plan, dev, stream, launch_it); break;
   }
+  return plan;
 }
+
+}  // namespace
+
+void sel_decode_launch(const DecodeArgs& args, cudaStream_t stream) { plan_or_launch(args, stream, true); }
+
+DecodePlan sel_decode_plan(const DecodeArgs& args) { return plan_or_launch(args, nullptr, false); }
 
 }  // namespace selgate

@@ -7,6 +7,14 @@ namespace selgate {
 
 enum class Dtype : int { kHalf = 0, kBFloat16 = 1, kFloat = 2 };
 
+// Launch overrides of the tensor-core kernel (benchmarks sweep them); 0 = the automatic choice.
+struct Tune {
+  int stages = 0;  // depth of each warp's cp.async ring, 2..6
+  int split = 0;   // blocks (one thread-block cluster, SM >= 9.0) sharing a row, 1..8
+  int warps = 0;   // warps per block, 1..8
+  int pdl = 0;     // 1: programmatic dependent launch (SM >= 9.0)
+};
+
 // One decode call. Tensors are contiguous: q [B,1,G,h,Dk], k [B,G,S_kv,Dk],
 // v [B,G,S_kv,Dv], ranges int32/int64 [B,1,G,n,2], positions int32/int64 [B,1] or null,
 // o [B,1,G,h,Dv] (dtype of v), lse fp32 [B,1,G,h].
@@ -24,9 +32,21 @@ struct DecodeArgs {
   int64_t B, G, h, S_kv;
   int Dk, Dv, n;
   float scale;
+  Tune tune;
+};
+
+// What a call launches (reported by benchmarks).
+struct DecodePlan {
+  int kernel = 0;  // 0 simt, 1 mma
+  int stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0;
+  bool pdl = false;
+  int64_t blocks = 0;
 };
 
 // Launches on `stream`; throws c10::Error on an unsupported configuration or launch error.
 void sel_decode_launch(const DecodeArgs& args, cudaStream_t stream);
+
+// The launch `sel_decode_launch` would make for `args` (pointers unused), without launching.
+DecodePlan sel_decode_plan(const DecodeArgs& args);
 
 }  // namespace selgate

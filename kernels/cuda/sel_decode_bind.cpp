@@ -22,10 +22,20 @@ void check_operand(const char* name, const at::Tensor& t, const at::Tensor& q, i
   TORCH_CHECK(t.dim() == rank, "sel_decode: ", name, " must be ", rank, "-D, got ", t.sizes());
 }
 
+selgate::Tune tune_of(const std::vector<int64_t>& tune) {
+  TORCH_CHECK(tune.size() <= 4, "sel_decode: tune is [stages, split, warps, pdl], got ", tune.size(), " values");
+  selgate::Tune t;
+  int* fields[] = {&t.stages, &t.split, &t.warps, &t.pdl};
+  for (size_t i = 0; i < tune.size(); ++i) *fields[i] = static_cast<int>(tune[i]);
+  return t;
+}
+
 // q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] and positions [B,1] int32/int64.
+// `tune`: optional [stages, split, warps, pdl] overrides of the tensor-core kernel (0 = automatic).
 // Returns {o [B,1,G,h,Dv], lse fp32 [B,1,G,h]}.
 std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& ranges,
-                            const c10::optional<at::Tensor>& positions, double scale, bool use_mma) {
+                            const c10::optional<at::Tensor>& positions, double scale, bool use_mma,
+                            const std::vector<int64_t>& tune) {
   check_operand("q", q, q, 5);
   check_operand("k", k, q, 4);
   check_operand("v", v, q, 4);
@@ -55,13 +65,27 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
                            pos_ptr, ranges.scalar_type() == at::kLong, pos_i64, o.data_ptr(), lse.data_ptr<float>(),
                            B, G, h, S_kv,
                            static_cast<int>(Dk), static_cast<int>(Dv), static_cast<int>(ranges.size(3)),
-                           static_cast<float>(scale)};
+                           static_cast<float>(scale), tune_of(tune)};
   selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream());
   return {o, lse};
+}
+
+// The launch fwd would make for these shapes: {kernel (0 simt, 1 mma), stages, split, warps,
+// threads, smem bytes, blocks per SM, pdl, blocks}. Needs a current CUDA device.
+std::vector<int64_t> plan(int64_t dtype, int64_t B, int64_t G, int64_t h, int64_t S_kv, int64_t Dk, int64_t Dv,
+                          int64_t n, bool use_mma, const std::vector<int64_t>& tune) {
+  selgate::DecodeArgs args{static_cast<selgate::Dtype>(dtype), use_mma, nullptr, nullptr, nullptr, nullptr, nullptr,
+                           false, false, nullptr, nullptr, B, G, h, S_kv, static_cast<int>(Dk), static_cast<int>(Dv),
+                           static_cast<int>(n), 1.f, tune_of(tune)};
+  const auto pl = selgate::sel_decode_plan(args);
+  return {pl.kernel, pl.stages, pl.split, pl.warps, pl.threads, pl.smem_bytes, pl.blocks_per_sm, pl.pdl, pl.blocks};
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("fwd", &fwd, "NSA selection attention decode forward: returns (o, lse)");
+  m.def("fwd", &fwd, "NSA selection attention decode forward: returns (o, lse)", pybind11::arg("q"),
+        pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("ranges"), pybind11::arg("positions"),
+        pybind11::arg("scale"), pybind11::arg("use_mma"), pybind11::arg("tune") = std::vector<int64_t>{});
+  m.def("plan", &plan, "the launch fwd would make (benchmarks report it)");
 }
