@@ -68,9 +68,12 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     if len(tune) > 4 or any(x < 0 for x in tune):
         raise ValueError(f"tune: expected up to 4 non-negative ints (stages, split, warps, pdl), got {tune}")
     if len(tune) > 1 and tune[1] > MAX_SPLIT:
-        # A split of 8 (8 warps, D=256) crashed its test worker on the H100 (sm90 lane at
-        # 035f21d) while splits of 2 to 4 kept parity; capped until the cause is found.
+        # Splits (2,8,8,0) and (2,4,8,0) at D=256 crashed their test worker on the H100 (sm90
+        # lane at 035f21d and 6a80a1b); splits of 2 to 4 with 2-4 warps kept parity.
         raise ValueError(f"tune: split={tune[1]} exceeds {MAX_SPLIT}, the largest cluster split verified on a GPU")
+    if len(tune) > 2 and tune[1] > 1 and tune[2] > 4:
+        raise ValueError(f"tune: split={tune[1]} with warps={tune[2]} crashed on the H100; a cluster split takes "
+                         "at most 4 warps")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     reason = unsupported_reason(q, d)
     if reason is not None:
