@@ -156,8 +156,8 @@ def test_launch_overrides_reach_the_extension(runnable):
     ext = runnable(FakeExtension())
     q, k, v, r = decode_inputs()
     selection_attention_cuda(q, k, v, r)
-    selection_attention_cuda(q, k, v, r, tune=(3, 2, 8, 1))
-    assert ext.calls[0]["tune"] == [] and ext.calls[1]["tune"] == [3, 2, 8, 1]
+    selection_attention_cuda(q, k, v, r, tune=(3, 2, 4, 1))
+    assert ext.calls[0]["tune"] == [] and ext.calls[1]["tune"] == [3, 2, 4, 1]
 
 
 @pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5), (-1,)])
