@@ -7,8 +7,6 @@ problems are recorded as skipped, so a sweep always ends with a complete table.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import math
 import sys
 import time
@@ -47,9 +45,12 @@ def progress(items, desc: str):
 
 @functools.lru_cache(maxsize=None)
 def software() -> str:
-    """Versions a result depends on: 'torch 2.11.0 triton 3.6.0' (triton when installed)."""
-    found = importlib.util.find_spec("triton") is not None
-    return f"torch {torch.__version__}" + (f" triton {importlib.import_module('triton').__version__}" if found else "")
+    """What a result depends on, from the lanes' environment stamp: 'torch 2.11.0 triton 3.6.0
+    driver 580.159.04 commit 1a2b3c' (driver 'none' without a GPU)."""
+    from selgate.reports.environment import collect_environment
+
+    env = collect_environment()
+    return f"torch {env['torch']} triton {env['triton']} driver {env['driver']} commit {env['commit']}"
 
 
 def _work(p: Problem, ranges: torch.Tensor, item: int) -> dict:

@@ -70,7 +70,8 @@ def markdown(rows: list[dict], title: str) -> str:
     lines = [
         f"# {title}", "",
         f"Device: {head.get('device', '?')}; measured in this run: copy {_fmt(head.get('copy_gbps'), '.0f')} GB/s, "
-        f"matmul {_fmt(head.get('matmul_tflops'), '.1f')} TFLOP/s. Median of the timed calls with its 95% interval; "
+        f"matmul {_fmt(head.get('matmul_tflops'), '.1f')} TFLOP/s; {head.get('software', '?')}. "
+        "Median of the timed calls with its 95% interval; "
         "rates count the selected keys only; speedup = other method's ms / this method's ms.", "",
         "| config | method | ms | 95% interval | speedup | GB/s | TFLOP/s | % copy | % matmul | parity | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

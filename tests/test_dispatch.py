@@ -131,41 +131,41 @@ def test_debug_log_lines(monkeypatch, caplog):
     assert any(m.startswith("sel.sdpa.call rows=12 tokens=") for m in caplog.messages), caplog.messages
 
 
-def test_config_precedence_base_profile_env(monkeypatch, tmp_path):
-    """base.yaml < configs/profiles/<device>.yaml < env, and each layer is really read."""
+@pytest.fixture
+def config_dir(monkeypatch, tmp_path):
+    """A config folder whose base.yaml is the real one with one line replaced: `edit(old, new)`."""
     (tmp_path / "profiles").mkdir()
-    base = (config_mod.CONFIG_DIR / "base.yaml").read_text().replace("sel_triton_min_L: 64", "sel_triton_min_L: 11")
-    (tmp_path / "base.yaml").write_text(base)
-    monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
+
+    def edit(old: str, new: str):
+        (tmp_path / "base.yaml").write_text((config_mod.CONFIG_DIR / "base.yaml").read_text().replace(old, new))
+        monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
+        config_mod.load_config.cache_clear()
+        return tmp_path
+    yield edit
     config_mod.load_config.cache_clear()
-    try:
-        assert settings("cpu").min_L == 11
-        (tmp_path / "profiles" / "cpu.yaml").write_text("runtime:\n  sel_triton_min_L: 22\n")
-        config_mod.load_config.cache_clear()
-        assert settings("cpu").min_L == 22
-        monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "33")
-        assert settings("cpu").min_L == 33
-    finally:
-        config_mod.load_config.cache_clear()
 
 
-def test_sdpa_budget_from_config_reaches_the_sdpa_and_reference_paths(monkeypatch, tmp_path):
+def test_config_precedence_base_profile_env(monkeypatch, config_dir):
+    """base.yaml < configs/profiles/<device>.yaml < env, and each layer is really read."""
+    folder = config_dir("sel_triton_min_L: 64", "sel_triton_min_L: 11")
+    assert settings("cpu").min_L == 11
+    (folder / "profiles" / "cpu.yaml").write_text("runtime:\n  sel_triton_min_L: 22\n")
+    config_mod.load_config.cache_clear()
+    assert settings("cpu").min_L == 22
+    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "33")
+    assert settings("cpu").min_L == 33
+
+
+def test_sdpa_budget_from_config_reaches_the_sdpa_and_reference_paths(monkeypatch, config_dir):
     """runtime.sdpa_budget_mb is read: the dispatcher hands it to both torch paths."""
     from selgate.kernels import dispatch
-    (tmp_path / "profiles").mkdir()
-    base = (config_mod.CONFIG_DIR / "base.yaml").read_text().replace("sdpa_budget_mb: 1024", "sdpa_budget_mb: 3")
-    (tmp_path / "base.yaml").write_text(base)
-    monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
-    config_mod.load_config.cache_clear()
+    config_dir("sdpa_budget_mb: 1024", "sdpa_budget_mb: 3")
     seen = []
     for name in ("selection_attention_sdpa", "selection_attention_ref"):
         real = getattr(dispatch, name)
         monkeypatch.setattr(dispatch, name, lambda *a, _real=real, **kw: seen.append(kw["budget_bytes"]) or _real(*a, **kw))
-    try:
-        for backend in ("sdpa", "reference"):
-            selection_attention(*inputs(), backend=backend)
-    finally:
-        config_mod.load_config.cache_clear()
+    for backend in ("sdpa", "reference"):
+        selection_attention(*inputs(), backend=backend)
     assert seen == [3 << 20, 3 << 20]
 
 
