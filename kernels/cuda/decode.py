@@ -15,7 +15,6 @@ MAX_HEAD_DIM = 256
 MAX_RANGES = 1024  # per row; the row's prefix sums live in shared memory
 MIN_CAPABILITY = (8, 0)  # cp.async and bf16 tensor cores
 KERNELS = ("auto", "mma", "simt")
-MAX_SPLIT = 4  # thread blocks per row in a cluster (launch override `tune`)
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -67,13 +66,6 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     tune = [int(x) for x in (tune or ())]
     if len(tune) > 4 or any(x < 0 for x in tune):
         raise ValueError(f"tune: expected up to 4 non-negative ints (stages, split, warps, pdl), got {tune}")
-    if len(tune) > 1 and tune[1] > MAX_SPLIT:
-        # Splits (2,8,8,0) and (2,4,8,0) at D=256 crashed their test worker on the H100 (sm90
-        # lane at 035f21d and 6a80a1b); splits of 2 to 4 with 2-4 warps kept parity.
-        raise ValueError(f"tune: split={tune[1]} exceeds {MAX_SPLIT}, the largest cluster split verified on a GPU")
-    if len(tune) > 2 and tune[1] > 1 and tune[2] > 4:
-        raise ValueError(f"tune: split={tune[1]} with warps={tune[2]} crashed on the H100; a cluster split takes "
-                         "at most 4 warps")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     reason = unsupported_reason(q, d)
     if reason is not None:

@@ -10,7 +10,7 @@ enum class Dtype : int { kHalf = 0, kBFloat16 = 1, kFloat = 2 };
 // Launch overrides of the tensor-core kernel (benchmarks sweep them); 0 = the automatic choice.
 struct Tune {
   int stages = 0;  // depth of each warp's cp.async ring, 2..6
-  int split = 0;   // blocks (one thread-block cluster, SM >= 9.0) sharing a row, 1..8
+  int split = 0;   // blocks (one thread-block cluster, SM >= 9.0) sharing a row, 1..4 (verified; see run_mma)
   int warps = 0;   // warps per block, 1..8
   int pdl = 0;     // 1: programmatic dependent launch (SM >= 9.0)
 };
