@@ -127,11 +127,12 @@ def _build_fla(p, x):
 
 def triton_config(p: Problem, device: torch.device) -> dict:
     """The launch parameters the Triton forward picks for `p` on `device` (env, tuned file or configs/)."""
+    from selgate.kernels.triton import tuning
     from selgate.kernels.triton.fwd import launch_config
 
     from .tune import range_slots
 
-    kind = "interpreter" if device.type == "cpu" else "decode" if p.S == 1 else "prefill"
+    kind = tuning.kind_of(device, p.S)
     dtype = getattr(torch, p.dtype)
     return launch_config(p.D, p.Dv, dtype.itemsize, kind, dtype=dtype, S_kv=p.S_kv, n=range_slots(p))
 

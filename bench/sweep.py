@@ -64,7 +64,8 @@ def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) ->
     base = asdict(p)
     del base["l_sel"], base["n_blocks"]
     row = {"config": p.key, **base, "L_max": None, "method": method, "ours": get_method(method).ours,
-           "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None, "kv_bytes": None,
+           "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None,
+           "host_ms": None, "kv_bytes": None,
            "io_bytes": None, "gbps": None, "tflops": None, "frac_copy": None, "frac_matmul": None, "speedups": "",
            "parity": "", "max_err": None, "kernel_config": "", "note": "", "device": device_name,
            "copy_gbps": limits.copy_gbps, "matmul_tflops": limits.matmul_tflops, "software": software()}
@@ -102,7 +103,7 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
         fields.update(parity=par.label(), max_err=par.max_err)
     calls = [m.build(p, x) for x in sets]
     t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
-    fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n)
+    fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n, host_ms=t.host_ms)
     if method.startswith("triton"):
         fields["kernel_config"] = _launch_name(method, p, device)
     return fields

@@ -19,7 +19,7 @@ RESULTS_DIR = Path(os.environ.get("SELGATE_BENCH_RESULTS", Path(__file__).resolv
 
 COLUMNS = [
     "config", "kind", "dtype", "B", "S", "G", "h", "D", "Dv", "S_kv", "L", "dist", "L_max", "method", "ours",
-    "status", "ms", "ms_lo", "ms_hi", "iters", "kv_bytes", "io_bytes", "gbps", "tflops", "frac_copy",
+    "status", "ms", "ms_lo", "ms_hi", "iters", "host_ms", "kv_bytes", "io_bytes", "gbps", "tflops", "frac_copy",
     "frac_matmul", "speedups", "parity", "max_err", "kernel_config", "note", "device", "copy_gbps",
     "matmul_tflops", "software",
 ]
@@ -41,7 +41,7 @@ def write_csv(rows: list[dict], path: Path) -> Path:
 def read_csv(path: Path) -> list[dict]:
     """Rows of a results CSV with numeric columns parsed (empty cells become None)."""
     numeric = {"B", "S", "G", "h", "D", "Dv", "S_kv", "L", "L_max", "iters", "kv_bytes", "io_bytes"}
-    real = {"ms", "ms_lo", "ms_hi", "gbps", "tflops", "frac_copy", "frac_matmul", "max_err", "copy_gbps",
+    real = {"ms", "ms_lo", "ms_hi", "host_ms", "gbps", "tflops", "frac_copy", "frac_matmul", "max_err", "copy_gbps",
             "matmul_tflops"}
     with Path(path).open(newline="") as f:
         rows = list(csv.DictReader(f))

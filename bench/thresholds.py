@@ -62,18 +62,14 @@ def _name(cfg: dict) -> str:
     return f"BLOCK_L={cfg['block_l']} num_warps={cfg['num_warps']} num_stages={cfg['num_stages']}"
 
 
-def bucket(L: int) -> int:
-    """L bucket: the next power of two, at least 16 (the packed-SDPA buckets)."""
-    return max(16, 1 << max(int(L) - 1, 0).bit_length())
-
-
 def launch_bucket(r: dict) -> int:
     """The L bucket under which the launch path looks a row's configuration up: the bucket of
     its host-known bound min(S_kv, n * range_len) (kernels/triton/tuning.py), n the row's range
     slots; a row without shape columns (S_kv, dist) is bucketed by its measured L_max."""
+    from selgate.kernels.triton.tuning import l_bucket, range_len
+
     if r.get("S_kv") in (None, "") or (r.get("kind") == "decode" and not r.get("dist")):
-        return bucket(r["L_max"])
-    from selgate.kernels.triton.tuning import range_len
+        return l_bucket(r["L_max"])
 
     from .tune import launch_bucket as shape_bucket
 

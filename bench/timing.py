@@ -20,6 +20,7 @@ class Timing:
     lo_ms: float
     hi_ms: float
     n: int
+    host_ms: float | None = None  # median host time to issue one call (CUDA): >= median_ms means host-bound
 
 
 def median_interval(samples: list[float], z: float = 1.96) -> Timing:
@@ -48,7 +49,9 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
     CUDA one sample is one pair of events around a batch of back-to-back calls (sized to
     last about `batch_ms`) divided by its length: the time per call a loop of calls (a
     decode loop) sees, the host's issue time included where it exceeds the device's,
-    without one call's launch latency added to every short sample. The number of samples
+    without one call's launch latency added to every short sample. `host_ms` is the
+    median host time to issue one call: where it reaches the timed median the GPU waited
+    on Python, and the sample measures the host rather than the kernel. The number of samples
     is cut (to no fewer than 3) when they would take over `max_seconds`."""
     if not calls:
         raise ValueError("calls: expected at least one callable")
@@ -68,15 +71,19 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
     samples = []
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        i = 0
+        issue, i = [], 0
         for a, b in events:
             a.record()
+            t0 = time.perf_counter()
             for _ in range(batch):
                 calls[i % len(calls)]()
                 i += 1
+            issue.append((time.perf_counter() - t0) * 1e3 / batch)
             b.record()
         torch.cuda.synchronize(device)
         samples = [a.elapsed_time(b) / batch for a, b in events]
+        t = median_interval(samples)
+        return Timing(t.median_ms, t.lo_ms, t.hi_ms, t.n, host_ms=median_interval(issue).median_ms)
     else:
         for i in range(iters):
             t0 = time.perf_counter()

@@ -101,3 +101,15 @@ def test_compare_and_baseline_commands(results, capsys):
     assert "2 blocking" in capsys.readouterr().out
     assert main(["baseline", str(results / "2026-11-22" / "sweep.csv"), "--device", DEVICE]) == 0
     assert main(["compare", "--device", DEVICE]) == 0
+
+
+def test_a_host_bound_slowdown_is_reported_but_does_not_block():
+    """A sample whose host issue time reached the timed median measured Python, not the
+    kernel: shown as host-bound; the same slowdown with the GPU busy blocks."""
+    base = [{"config": "c", "method": "triton", "ours": True, "status": "ok", "ms": 0.10}]
+    host = [{**base[0], "ms": 0.30, "host_ms": 0.29}]
+    device = [{**base[0], "ms": 0.30, "host_ms": 0.05}]
+    rows, blocking = regression.compare_rows(base, host)
+    assert blocking == [] and rows[0]["verdict"].startswith("slower, host-bound (host 0.2900")
+    rows, blocking = regression.compare_rows(base, device)
+    assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1

@@ -327,7 +327,7 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
         if dim % 8 or dim > 256:
             raise ValueError(f"{name}={dim}: the Triton backward needs a head dim that is a multiple of 8, at most 256")
-    kind = "interpreter" if q.device.type == "cpu" else "decode" if d.S == 1 else "prefill"
+    kind = "interpreter" if q.device.type == "cpu" else "prefill"  # decode backward is tuned as prefill
     cfg = launch_config(d.Dk, d.Dv, q.dtype, S_kv=d.S_kv, n=d.n, kind=kind, tune=None if config else (
         lambda default: tuning.tune_bwd(
             lambda c: triton_backward(q, k, v, o, lse, do, norm_ranges, scale=scale, positions=positions, dlse=dlse,

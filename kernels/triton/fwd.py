@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from selgate.kernels.config import load_config
-from selgate.kernels.policy import env_flag, interpreting
+from selgate.kernels.policy import interpreting
 from selgate.kernels.stats import record_launch
 
 from . import tuning
@@ -221,8 +221,10 @@ def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
 
 
 def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None, n=None, tune=None) -> dict:
-    """BLOCK_L, num_warps and num_stages for one call of `kind` ("decode", "prefill" or
-    "interpreter", whose small tiles make tiny test rows span several tiles).
+    """BLOCK_L, num_warps, num_stages, TMA and TAIL_L for one call of `kind` ("decode",
+    "prefill" or "interpreter", whose small tiles make tiny test rows span several tiles).
+    TMA comes from `triton_fwd.<kind>.tma` (env NSA_SEL_TRITON_TMA); such a kind skips tuned
+    entries, which time the gather path.
 
     Chosen by `tuning.fwd_config`, cached per (kind, Dk, Dv, L bucket of (S_kv, n), dtype):
     env `NSA_SEL_TRITON_FWD_CONFIG` > persisted tuned config (`configs/tuned/`) > the
@@ -233,19 +235,9 @@ def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=No
     return tuning.fwd_config(Dk, Dv, item, kind, dtype=dtype, S_kv=S_kv, n=n, tune=tune)
 
 
-def tma_setting(kind: str, k, v, cfg: dict) -> dict:
-    """`{TMA, TAIL_L}` of a launch: whole tiles through tensor descriptors where the kind's
-    config asks for it (`triton_fwd.<kind>.tma`, env NSA_SEL_TRITON_TMA overrides; a config
-    passed in wins) and the device and K/V allow it: SM >= 9.0 (or the interpreter), K/V
-    rows on 16-byte boundaries. TAIL_L (`tail_l`, at least the MMA minimum 16) tiles the
-    ranges' remainders."""
-    raw = load_config()["triton_fwd"].get(kind, {})
-    want = cfg.get("TMA", env_flag("NSA_SEL_TRITON_TMA", bool(raw.get("tma", False))))
-    tail = max(MIN_DOT, int(cfg.get("TAIL_L", raw.get("tail_l", cfg["BLOCK_L"]))))
-    return {"TMA": bool(want) and tma_supported(k, v), "TAIL_L": tail}
-
-
 def tma_supported(k, v) -> bool:
+    """Whether K and V can be read through tensor descriptors: SM >= 9.0 (or the
+    interpreter) and every row on a 16-byte boundary."""
     if k.device.type == "cuda":
         if torch.cuda.get_device_capability(k.device)[0] < 9:
             return False
@@ -285,15 +277,16 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
     if rows == 0:
         return o, lse
     q, k, v, norm_ranges = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, norm_ranges))
-    kind = "interpreter" if q.device.type == "cpu" else "decode" if S == 1 else "prefill"
+    kind = tuning.kind_of(q.device, S)
     if _tuner is None:
         cfg = config or launch_config(
             Dk, Dv, q.element_size(), kind, dtype=q.dtype, S_kv=S_kv, n=n,
             tune=lambda default: tuning.tune_fwd(
                 lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
+        tma = bool(cfg.get("TMA")) and tma_supported(k, v)
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-                **tma_setting(kind, k, v, cfg)}
+                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}
     else:
         meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
     pos = positions.to(torch.int64).contiguous() if positions is not None else q

@@ -47,6 +47,7 @@ import torch
 
 from selgate.kernels import config as _config
 from selgate.kernels.config import current_device_name, device_slug, load_config
+from selgate.kernels.policy import env_flag
 
 log = logging.getLogger("selgate.kernels")
 
@@ -57,6 +58,7 @@ ENV_AUTOTUNE = "NSA_SEL_TRITON_AUTOTUNE"
 ENV_TUNED = "NSA_SEL_TUNED"
 ENV_TUNED_DIR = "NSA_SEL_TUNED_DIR"
 ENV_RANGE_LEN = "NSA_SEL_RANGE_LEN"
+ENV_TMA = "NSA_SEL_TRITON_TMA"
 DEFAULT_RANGE_LEN = 64
 FWD_KEYS = ("BLOCK_L", "num_warps", "num_stages")
 BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "block_n", "block_m", "warps", "stages", "chunk")
@@ -138,9 +140,9 @@ def entry_key(e: dict) -> tuple:
     return (e["op"], e["kind"], int(e["Dk"]), int(e["Dv"]), e["dtype"])
 
 
-def read_tuned(path: Path, *, device_name: str, version: str) -> tuple[dict, str | None]:
+def read_tuned(path: Path, *, device_name: str, version: str, rl: int | None = None) -> tuple[dict, str | None]:
     """Table {(op, kind, Dk, Dv, dtype): {bucket: config}} of a tuned file, and why it is
-    ignored (None when used)."""
+    ignored (None when used). Its buckets depend on range_len: a file of another is ignored."""
     if not path.exists():
         return {}, f"no tuned file {path}"
     try:
@@ -154,6 +156,9 @@ def read_tuned(path: Path, *, device_name: str, version: str) -> tuple[dict, str
                     "ignored (re-run `python -m selgate.bench tune`)")
     if device_slug(str(data.get("device", ""))) != device_slug(device_name):
         return {}, f"{path}: tuned on {data.get('device')!r}, running on {device_name!r}; ignored"
+    rl = range_len() if rl is None else rl
+    if data.get("range_len") != rl:
+        return {}, f"{path}: buckets of range_len {data.get('range_len')}, running with range_len {rl}; ignored"
     table: dict = {}
     for e in data.get("entries", []):
         table.setdefault(entry_key(e), {})[int(e["L_bucket"])] = dict(e["config"])
@@ -199,6 +204,8 @@ class _State:
         self.last: dict = {}
         self.env_fwd = os.environ.get(ENV_FWD)  # read once per state: no environ access per call
         self.env_bwd = os.environ.get(ENV_BWD)
+        self.tma = {kind: env_flag(ENV_TMA, bool(raw.get("tma", False)))  # per kind, read once
+                    for kind, raw in owner["triton_fwd"].items() if isinstance(raw, dict) and "block_l" in raw}
 
 
 _state: _State | None = None
@@ -226,7 +233,7 @@ def _tuned(st: _State) -> dict:
         else:
             name = current_device_name()
             st.path = tuned_path(name)
-            st.table, st.reason = read_tuned(st.path, device_name=name, version=triton_version())
+            st.table, st.reason = read_tuned(st.path, device_name=name, version=triton_version(), rl=st.range_len)
             if st.reason and st.path.exists():
                 log.warning("sel.triton.tuned_ignored reason=%s", st.reason)
     return st.table
@@ -312,7 +319,15 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
         return dict(hit[0])
 
     def resolve(st):
-        return _lookup(st, "fwd", kind, Dk, Dv, dtype, b) or profile_fwd_config(st.owner, Dk, Dv, item, kind, b)
+        from .fwd import MIN_DOT
+
+        # Tuned entries time the gather path: a kind the profile runs through tensor
+        # descriptors (TMA) keeps the profile's parameters, measured on that path.
+        tma = st.tma.get(kind, False)
+        cfg, source = (None if tma else _lookup(st, "fwd", kind, Dk, Dv, dtype, b)) or \
+            profile_fwd_config(st.owner, Dk, Dv, item, kind, b)
+        tail = int(st.owner["triton_fwd"][kind].get("tail_l", cfg["BLOCK_L"]))
+        return {**cfg, "TMA": tma, "TAIL_L": max(MIN_DOT, tail)}, source
 
     return _select("fwd", key, resolve, tune, FWD_KEYS, ENV_FWD, env)
 
