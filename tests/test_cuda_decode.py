@@ -249,9 +249,12 @@ def test_gpu_dispatchable_errors_stay_reasons():
 
 
 @gpu
-@pytest.mark.parametrize("tune", [(2, 8, 2, 0), (2, 2, 8, 0)])
-def test_unverified_cluster_splits_are_refused_by_the_launch(tune):
-    """Splits above 4 blocks, or with more than 4 warps, crashed on the H100: the launch refuses them."""
-    q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=64, Dv=64))
-    with pytest.raises(BackendUnavailable, match="a cluster split is verified only up to 4 blocks of at most 4 warps"):
+@pytest.mark.parametrize("tune, D, message", [
+    ((2, 8, 2, 0), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
+    ((2, 2, 8, 0), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
+    ((4, 1, 8, 1), 128, "more than 4 warps are verified only for Dk \\+ Dv <= 128")])
+def test_unverified_launches_are_refused(tune, D, message):
+    """Launches that crashed on the H100, or were never verified, are refused with the reason."""
+    q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=D, Dv=D))
+    with pytest.raises(BackendUnavailable, match=message):
         selection_attention_cuda(q, k, v, r, kernel="mma", tune=tune)

@@ -804,6 +804,10 @@ void run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   if (a.tune.warps <= 0 && a.tune.split > 1) nw = std::min(nw, kMaxVerifiedSplitWarps);  // see the split check
   int stages = a.tune.stages > 0 ? a.tune.stages : many_rows ? 3 : 2;
   TORCH_CHECK(nw >= 1 && nw <= kMmaMaxWarps, "sel_decode: warps must be in [1, ", kMmaMaxWarps, "], got ", nw);
+  // 8 warps crashed the host process on the H100 at Dk = Dv = 128 and 256 ((4,1,8,1), (2,4,8,0),
+  // (2,8,8,0); cause not found) and kept parity at Dk + Dv <= 128, where the automatic launch uses them.
+  TORCH_CHECK(nw <= 4 || p.Dk + p.Dv <= 128, "sel_decode: more than 4 warps are verified only for Dk + Dv <= 128, "
+              "got ", nw, " warps at Dk=", p.Dk, ", Dv=", p.Dv);
   TORCH_CHECK(stages >= 2 && stages <= kMaxStages, "sel_decode: stages must be in [2, ", kMaxStages, "], got ", stages);
   while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.stages <= 0 && stages > 2) --stages;
   while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.warps <= 0 && nw > 1) nw /= 2;
@@ -815,9 +819,7 @@ void run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   const int split = a.tune.split > 0 ? a.tune.split : 1;
   TORCH_CHECK(split >= 1 && split <= max_split, "sel_decode: split must be in [1, ", max_split, "] on this device, got ",
               split);
-  // Cluster splits with 8 warps ((2,8,8,0) and (2,4,8,0) at D=256) crashed their test worker
-  // on the H100 (sm90 lane at 035f21d and 6a80a1b), cause not found; splits of 2 to 4 with 2 to
-  // 4 warps kept parity. Refused until the cause is known.
+  // Splits of 2 to 4 blocks of 2 to 4 warps kept parity on the H100; others are not verified.
   TORCH_CHECK(split <= kMaxVerifiedSplit && (split == 1 || nw <= kMaxVerifiedSplitWarps), "sel_decode: a cluster split "
               "is verified only up to ", kMaxVerifiedSplit, " blocks of at most ", kMaxVerifiedSplitWarps,
               " warps, got split=", split, " with ", nw, " warps");
