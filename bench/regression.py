@@ -11,6 +11,8 @@ latest sample was host-bound: its host issue time per call (`host_ms`) reached
 host, whose speed varies between machines (on the H100 hosts of this project the pure-torch
 gather-then-SDPA baseline ran 1.1-2.3x slower from one session to the next). Such rows are
 reported as host-bound, never blocking; a kernel regression shows in the device-bound rows.
+A slowdown whose 95% interval overlaps the baseline's (latest `ms_lo` <= baseline `ms_hi`)
+is within the run-to-run noise and is reported as such, never blocking.
 Torch baselines are shown for context (a slower torch explains a slower ratio) but never block.
 Configurations the latest run did not measure are listed, not blocking.
 """
@@ -89,10 +91,14 @@ def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = 
         ratio = r["ms"] / b["ms"]
         slower = ratio > 1 + max_slowdown
         host_bound = r.get("host_ms") is not None and r["host_ms"] >= HOST_BOUND * r["ms"]
+        noise = None not in (r.get("ms_lo"), b.get("ms_hi")) and r["ms_lo"] <= b["ms_hi"]
         if not slower:
             verdict = "ok"
         elif not b["ours"]:
             verdict = "slower (torch baseline)"
+        elif noise:
+            verdict = (f"slower, within noise (interval from {r['ms_lo']:.4f} ms overlaps the baseline's "
+                       f"to {b['ms_hi']:.4f})")
         elif host_bound:
             verdict = f"slower, host-bound (host {r['host_ms']:.4f} ms/call)"
         else:

@@ -1,7 +1,8 @@
 """The release gate's regression rule on recorded CSVs.
 
 `baseline_cpu.csv` is a real CPU run; `latest_cpu.csv` is that run with four recorded
-changes: sdpa on `L=16 few` 1.25x slower (blocks), sdpa on `L=16 many` 1.05x (passes),
+changes (median and interval scaled together): sdpa on `L=16 few` 1.25x slower (blocks),
+sdpa on `L=16 many` 1.05x (passes),
 masked_sdpa on `L=64 few` 1.5x (a torch baseline: shown, never blocks), sdpa on
 `L=64 many` failed (blocks), and gather_sdpa on `L=64 few` not measured (listed only)."""
 from __future__ import annotations
@@ -62,8 +63,8 @@ def test_identical_results_do_not_block():
 
 def test_threshold_is_exclusive_at_ten_percent():
     base = tables.read_csv(DATA / "baseline_cpu.csv")[:1]
-    for factor, blocks in ((1.10, False), (1.1001, True)):
-        latest = [{**base[0], "ms": base[0]["ms"] * factor}]
+    for factor, blocks in ((1.10, False), (1.1001, True)):  # the whole distribution shifted, beyond noise
+        latest = [{**base[0], "ms": base[0]["ms"] * factor, "ms_lo": base[0]["ms_hi"] * 1.001}]
         assert bool(regression.compare_rows(base, latest)[1]) is blocks, factor
 
 
@@ -112,4 +113,14 @@ def test_a_host_bound_slowdown_is_reported_but_does_not_block():
     rows, blocking = regression.compare_rows(base, host)
     assert blocking == [] and rows[0]["verdict"].startswith("slower, host-bound (host 0.2900")
     rows, blocking = regression.compare_rows(base, device)
+    assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
+
+
+def test_a_slowdown_within_the_intervals_overlap_does_not_block():
+    base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43}]
+    noisy = [{**base[0], "ms": 2.45, "ms_lo": 2.18, "ms_hi": 3.10, "host_ms": 0.5}]
+    clear = [{**noisy[0], "ms_lo": 2.44}]
+    rows, blocking = regression.compare_rows(base, noisy)
+    assert blocking == [] and rows[0]["verdict"].startswith("slower, within noise")
+    rows, blocking = regression.compare_rows(base, clear)
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
