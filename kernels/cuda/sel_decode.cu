@@ -33,6 +33,25 @@
 #include <mutex>
 #include <tuple>
 
+// Host-side errors travel back as a message (empty: success) and the binding raises them:
+// a C++ exception thrown in this nvcc-compiled file segfaulted the process on the H100
+// (every TORCH_CHECK reached here did, in isolated calls), while one thrown by the g++-
+// compiled binding is raised to Python as it should be.
+#define SEL_CHECK(cond, ...) \
+  do {                        \
+    if (!(cond)) return ::c10::str(__VA_ARGS__); \
+  } while (0)
+#define SEL_CUDA(call)                                                                     \
+  do {                                                                                     \
+    const cudaError_t sel_err_ = (call);                                                   \
+    if (sel_err_ != cudaSuccess) return ::c10::str("sel_decode: ", #call, ": ", cudaGetErrorString(sel_err_)); \
+  } while (0)
+#define SEL_TRY(expr)                           \
+  do {                                          \
+    std::string sel_msg_ = (expr);              \
+    if (!sel_msg_.empty()) return sel_msg_;     \
+  } while (0)
+
 namespace selgate {
 namespace {
 
@@ -711,41 +730,42 @@ int ring_stages(int64_t stage_bytes) {
 struct Device {
   int id, cc_major, sms, max_smem;
 };
-Device current_device() {
-  Device d{};
-  C10_CUDA_CHECK(cudaGetDevice(&d.id));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.id));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, d.id));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.id));
-  return d;
+std::string current_device(Device& d) {
+  SEL_CUDA(cudaGetDevice(&d.id));
+  SEL_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.id));
+  SEL_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, d.id));
+  SEL_CUDA(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.id));
+  return {};
 }
 
 // Resident blocks per SM of `kernel` at this launch shape; cached per device, kernel and shape
 // (the occupancy query costs host time on every decode step otherwise).
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, int device, int threads, int smem_bytes) {
+std::string blocks_per_sm(Kernel kernel, int device, int threads, int smem_bytes, int& nb) {
   static std::mutex mu;
   static std::map<std::tuple<int, const void*, int, int>, int> cache;
   const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, smem_bytes);
   {
     std::lock_guard<std::mutex> lock(mu);
     const auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
+    if (it != cache.end()) {
+      nb = it->second;
+      return {};
+    }
   }
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  int nb = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, threads, smem_bytes));
+  SEL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  SEL_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, threads, smem_bytes));
   std::lock_guard<std::mutex> lock(mu);
   cache[key] = nb;
-  return nb;
+  return {};
 }
 
 template <typename Kernel>
-void launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan& plan, cudaStream_t stream) {
-  TORCH_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: needs ", plan.smem_bytes,
+std::string launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan& plan, cudaStream_t stream) {
+  SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: needs ", plan.smem_bytes,
               " bytes of shared memory per block, device allows ", dev.max_smem);
-  TORCH_CHECK(plan.blocks <= 0x7fffffff, "sel_decode: ", plan.blocks, " blocks exceed the grid limit");
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes));
+  SEL_CHECK(plan.blocks <= 0x7fffffff, "sel_decode: ", plan.blocks, " blocks exceed the grid limit");
+  SEL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(plan.blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(plan.threads));
@@ -767,12 +787,14 @@ void launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan&
   }
   cfg.attrs = attrs;
   cfg.numAttrs = na;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SEL_CUDA(cudaLaunchKernelEx(&cfg, kernel, p));
+  SEL_CUDA(cudaGetLastError());
+  return {};
 }
 
 template <typename T, int DVB>
-void run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream, bool launch_it) {
+std::string run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+                    bool launch_it) {
   const int k16 = (p.Dk + 15) & ~15, v16 = (p.Dv + 15) & ~15;
   p.hpb = static_cast<int>(std::min<int64_t>(p.h, kMmaHeads));
   p.head_groups = static_cast<int>((p.h + p.hpb - 1) / p.hpb);
@@ -803,12 +825,12 @@ void run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   int nw = a.tune.warps > 0 ? a.tune.warps : many_rows ? 2 : (p.Dk + p.Dv <= 128 ? 8 : 4);
   if (a.tune.warps <= 0 && a.tune.split > 1) nw = std::min(nw, kMaxVerifiedSplitWarps);  // see the split check
   int stages = a.tune.stages > 0 ? a.tune.stages : many_rows ? 3 : 2;
-  TORCH_CHECK(nw >= 1 && nw <= kMmaMaxWarps, "sel_decode: warps must be in [1, ", kMmaMaxWarps, "], got ", nw);
+  SEL_CHECK(nw >= 1 && nw <= kMmaMaxWarps, "sel_decode: warps must be in [1, ", kMmaMaxWarps, "], got ", nw);
   // 8 warps crashed the host process on the H100 at Dk = Dv = 128 and 256 ((4,1,8,1), (2,4,8,0),
   // (2,8,8,0); cause not found) and kept parity at Dk + Dv <= 128, where the automatic launch uses them.
-  TORCH_CHECK(nw <= 4 || p.Dk + p.Dv <= 128, "sel_decode: more than 4 warps are verified only for Dk + Dv <= 128, "
+  SEL_CHECK(nw <= 4 || p.Dk + p.Dv <= 128, "sel_decode: more than 4 warps are verified only for Dk + Dv <= 128, "
               "got ", nw, " warps at Dk=", p.Dk, ", Dv=", p.Dv);
-  TORCH_CHECK(stages >= 2 && stages <= kMaxStages, "sel_decode: stages must be in [2, ", kMaxStages, "], got ", stages);
+  SEL_CHECK(stages >= 2 && stages <= kMaxStages, "sel_decode: stages must be in [2, ", kMaxStages, "], got ", stages);
   while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.stages <= 0 && stages > 2) --stages;
   while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.warps <= 0 && nw > 1) nw /= 2;
   p.stages = stages;
@@ -817,10 +839,10 @@ void run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.threads = nw * 32;
   // Automatic launches use no cluster: splits were not measured faster (bench/results/h100/cuda_decode_dev.md).
   const int split = a.tune.split > 0 ? a.tune.split : 1;
-  TORCH_CHECK(split >= 1 && split <= max_split, "sel_decode: split must be in [1, ", max_split, "] on this device, got ",
+  SEL_CHECK(split >= 1 && split <= max_split, "sel_decode: split must be in [1, ", max_split, "] on this device, got ",
               split);
   // Splits of 2 to 4 blocks of 2 to 4 warps kept parity on the H100; others are not verified.
-  TORCH_CHECK(split <= kMaxVerifiedSplit && (split == 1 || nw <= kMaxVerifiedSplitWarps), "sel_decode: a cluster split "
+  SEL_CHECK(split <= kMaxVerifiedSplit && (split == 1 || nw <= kMaxVerifiedSplitWarps), "sel_decode: a cluster split "
               "is verified only up to ", kMaxVerifiedSplit, " blocks of at most ", kMaxVerifiedSplitWarps,
               " warps, got split=", split, " with ", nw, " warps");
   p.split = split;
@@ -831,14 +853,15 @@ void run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.pdl = a.tune.pdl > 0 && dev.cc_major >= 9;
   plan.smem_bytes = align16(smem_for(nw, stages, split));
   plan.blocks = units * split;
-  TORCH_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
+  SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
               plan.smem_bytes, " bytes of shared memory per block, the device allows ", dev.max_smem);
-  if (launch_it) launch(kernel, p, dev, plan, stream);
-  else plan.blocks_per_sm = blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes);
+  if (launch_it) return launch(kernel, p, dev, plan, stream);
+  return blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm);
 }
 
 template <typename T>
-void run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream, bool launch_it) {
+std::string run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+                     bool launch_it) {
   constexpr int VEC = 16 / sizeof(T);
   const int ckv = p.Dv / VEC;
   p.hpb = static_cast<int>(std::min<int64_t>({p.h, int64_t(kSimtThreads / ckv), 32, int64_t(std::max(1, 2048 / p.Dk))}));
@@ -865,29 +888,31 @@ void run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev
   plan.threads = kSimtThreads;
   plan.smem_bytes = align16(p.off_kv + std::max(ring, red));
   plan.blocks = a.B * p.G * p.head_groups;
-  if (launch_it) launch(sel_decode_simt<T>, p, dev, plan, stream);
-  else plan.blocks_per_sm = blocks_per_sm(sel_decode_simt<T>, dev.id, plan.threads, plan.smem_bytes);
+  if (launch_it) return launch(sel_decode_simt<T>, p, dev, plan, stream);
+  return blocks_per_sm(sel_decode_simt<T>, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm);
 }
 
 template <typename T>
-void run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
-               bool launch_it) {
+std::string run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+                      bool launch_it) {
   if (!a.use_mma) return run_simt<T>(p, a, plan, dev, stream, launch_it);
   if constexpr (sizeof(T) == 2) {
-    if (p.Dv <= 64) run_mma<T, 64>(p, a, plan, dev, stream, launch_it);
-    else if (p.Dv <= 128) run_mma<T, 128>(p, a, plan, dev, stream, launch_it);
-    else run_mma<T, 256>(p, a, plan, dev, stream, launch_it);
+    if (p.Dv <= 64) return run_mma<T, 64>(p, a, plan, dev, stream, launch_it);
+    if (p.Dv <= 128) return run_mma<T, 128>(p, a, plan, dev, stream, launch_it);
+    return run_mma<T, 256>(p, a, plan, dev, stream, launch_it);
   }
+  return "sel_decode: the tensor-core kernel takes fp16/bf16 only";
 }
 
-DecodePlan plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it) {
-  TORCH_CHECK(a.Dk > 0 && a.Dk <= 256 && a.Dk % 8 == 0, "sel_decode: Dk must be a multiple of 8 in [8, 256], got ", a.Dk);
-  TORCH_CHECK(a.Dv > 0 && a.Dv <= 256 && a.Dv % 8 == 0, "sel_decode: Dv must be a multiple of 8 in [8, 256], got ", a.Dv);
-  TORCH_CHECK(a.n >= 0 && a.n <= 4096, "sel_decode: n (ranges per row) must be in [0, 4096], got ", a.n);
-  TORCH_CHECK(!(a.use_mma && a.dtype == Dtype::kFloat), "sel_decode: the tensor-core kernel takes fp16/bf16 only");
-  DecodePlan plan{};
-  if (a.B * a.G * a.h == 0) return plan;
-  const Device dev = current_device();
+std::string plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it, DecodePlan& plan) {
+  SEL_CHECK(a.Dk > 0 && a.Dk <= 256 && a.Dk % 8 == 0, "sel_decode: Dk must be a multiple of 8 in [8, 256], got ", a.Dk);
+  SEL_CHECK(a.Dv > 0 && a.Dv <= 256 && a.Dv % 8 == 0, "sel_decode: Dv must be a multiple of 8 in [8, 256], got ", a.Dv);
+  SEL_CHECK(a.n >= 0 && a.n <= 4096, "sel_decode: n (ranges per row) must be in [0, 4096], got ", a.n);
+  SEL_CHECK(!(a.use_mma && a.dtype == Dtype::kFloat), "sel_decode: the tensor-core kernel takes fp16/bf16 only");
+  plan = DecodePlan{};
+  if (a.B * a.G * a.h == 0) return {};
+  Device dev{};
+  SEL_TRY(current_device(dev));
   Params p{};
   p.q = a.q;
   p.k = a.k;
@@ -906,17 +931,20 @@ DecodePlan plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_
   p.n = a.n;
   p.scale_log2 = a.scale * kLog2e;
   switch (a.dtype) {
-    case Dtype::kHalf: run_typed<__half>(p, a, plan, dev, stream, launch_it); break;
-    case Dtype::kBFloat16: run_typed<__nv_bfloat16>(p, a, plan, dev, stream, launch_it); break;
-    case Dtype::kFloat: run_typed<float>(p, a, plan, dev, stream, launch_it); break;
+    case Dtype::kHalf: return run_typed<__half>(p, a, plan, dev, stream, launch_it);
+    case Dtype::kBFloat16: return run_typed<__nv_bfloat16>(p, a, plan, dev, stream, launch_it);
+    case Dtype::kFloat: return run_typed<float>(p, a, plan, dev, stream, launch_it);
   }
-  return plan;
+  return "sel_decode: unknown dtype";
 }
 
 }  // namespace
 
-void sel_decode_launch(const DecodeArgs& args, cudaStream_t stream) { plan_or_launch(args, stream, true); }
+std::string sel_decode_launch(const DecodeArgs& args, cudaStream_t stream) {
+  DecodePlan plan{};
+  return plan_or_launch(args, stream, true, plan);
+}
 
-DecodePlan sel_decode_plan(const DecodeArgs& args) { return plan_or_launch(args, nullptr, false); }
+std::string sel_decode_plan(const DecodeArgs& args, DecodePlan& plan) { return plan_or_launch(args, nullptr, false, plan); }
 
 }  // namespace selgate

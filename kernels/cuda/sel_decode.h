@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include <string>
+
 namespace selgate {
 
 enum class Dtype : int { kHalf = 0, kBFloat16 = 1, kFloat = 2 };
@@ -43,10 +45,12 @@ struct DecodePlan {
   int64_t blocks = 0;
 };
 
-// Launches on `stream`; throws c10::Error on an unsupported configuration or launch error.
-void sel_decode_launch(const DecodeArgs& args, cudaStream_t stream);
+// Launches on `stream`. Returns why it could not (an unsupported configuration or a CUDA
+// error), or an empty string; the caller raises it (nothing here throws: see sel_decode.cu).
+std::string sel_decode_launch(const DecodeArgs& args, cudaStream_t stream);
 
-// The launch `sel_decode_launch` would make for `args` (pointers unused), without launching.
-DecodePlan sel_decode_plan(const DecodeArgs& args);
+// The launch `sel_decode_launch` would make for `args` (pointers unused), in `plan`, without
+// launching; returns why not, or an empty string.
+std::string sel_decode_plan(const DecodeArgs& args, DecodePlan& plan);
 
 }  // namespace selgate

@@ -66,7 +66,8 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
                            B, G, h, S_kv,
                            static_cast<int>(Dk), static_cast<int>(Dv), static_cast<int>(ranges.size(3)),
                            static_cast<float>(scale), tune_of(tune)};
-  selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream());
+  const std::string err = selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err.empty(), err);
   return {o, lse};
 }
 
@@ -77,7 +78,9 @@ std::vector<int64_t> plan(int64_t dtype, int64_t B, int64_t G, int64_t h, int64_
   selgate::DecodeArgs args{static_cast<selgate::Dtype>(dtype), use_mma, nullptr, nullptr, nullptr, nullptr, nullptr,
                            false, false, nullptr, nullptr, B, G, h, S_kv, static_cast<int>(Dk), static_cast<int>(Dv),
                            static_cast<int>(n), 1.f, tune_of(tune)};
-  const auto pl = selgate::sel_decode_plan(args);
+  selgate::DecodePlan pl{};
+  const std::string err = selgate::sel_decode_plan(args, pl);
+  TORCH_CHECK(err.empty(), err);
   return {pl.kernel, pl.stages, pl.split, pl.warps, pl.threads, pl.smem_bytes, pl.blocks_per_sm, pl.pdl, pl.blocks};
 }
 
