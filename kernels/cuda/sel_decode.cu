@@ -24,33 +24,55 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/util/Exception.h>
-
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <tuple>
 
-// Host-side errors travel back as a message (empty: success) and the binding raises them:
-// a C++ exception thrown in this nvcc-compiled file segfaulted the process on the H100
-// (every TORCH_CHECK reached here did, in isolated calls), while one thrown by the g++-
-// compiled binding is raised to Python as it should be.
+// Host-side checks fail by returning false with the reason in a thread-local buffer, which
+// the entry points copy into the caller's: no exception and no std::string leave this
+// nvcc-compiled file, and messages are formatted without iostreams. On the H100 every
+// failure reported the old way (TORCH_CHECK, c10::str) segfaulted the process, while a check
+// thrown by the g++-compiled binding was raised to Python normally.
 #define SEL_CHECK(cond, ...) \
   do {                        \
-    if (!(cond)) return ::c10::str(__VA_ARGS__); \
+    if (!(cond)) return ::selgate::fail(__VA_ARGS__); \
   } while (0)
 #define SEL_CUDA(call)                                                                     \
   do {                                                                                     \
     const cudaError_t sel_err_ = (call);                                                   \
-    if (sel_err_ != cudaSuccess) return ::c10::str("sel_decode: ", #call, ": ", cudaGetErrorString(sel_err_)); \
+    if (sel_err_ != cudaSuccess) return ::selgate::fail("sel_decode: ", #call, ": ", cudaGetErrorString(sel_err_)); \
   } while (0)
-#define SEL_TRY(expr)                           \
-  do {                                          \
-    std::string sel_msg_ = (expr);              \
-    if (!sel_msg_.empty()) return sel_msg_;     \
+#define SEL_TRY(expr)   \
+  do {                  \
+    if (!(expr)) return false; \
   } while (0)
+
+namespace selgate {
+thread_local char t_err[512];
+thread_local int t_len = 0;
+
+inline void put(const char* x) {
+  if (t_len < int(sizeof(t_err)) - 1) t_len += std::snprintf(t_err + t_len, sizeof(t_err) - t_len, "%s", x);
+}
+inline void put(long long x) {
+  if (t_len < int(sizeof(t_err)) - 1) t_len += std::snprintf(t_err + t_len, sizeof(t_err) - t_len, "%lld", x);
+}
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+inline void put(T x) { put(static_cast<long long>(x)); }
+
+template <typename... A>
+bool fail(const A&... parts) {
+  t_len = 0;
+  t_err[0] = 0;
+  (put(parts), ...);
+  t_len = std::min(t_len, int(sizeof(t_err)) - 1);
+  return false;
+}
+}  // namespace selgate
 
 namespace selgate {
 namespace {
@@ -730,18 +752,18 @@ int ring_stages(int64_t stage_bytes) {
 struct Device {
   int id, cc_major, sms, max_smem;
 };
-std::string current_device(Device& d) {
+bool current_device(Device& d) {
   SEL_CUDA(cudaGetDevice(&d.id));
   SEL_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.id));
   SEL_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, d.id));
   SEL_CUDA(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.id));
-  return {};
+  return true;
 }
 
 // Resident blocks per SM of `kernel` at this launch shape; cached per device, kernel and shape
 // (the occupancy query costs host time on every decode step otherwise).
 template <typename Kernel>
-std::string blocks_per_sm(Kernel kernel, int device, int threads, int smem_bytes, int& nb) {
+bool blocks_per_sm(Kernel kernel, int device, int threads, int smem_bytes, int& nb) {
   static std::mutex mu;
   static std::map<std::tuple<int, const void*, int, int>, int> cache;
   const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, smem_bytes);
@@ -750,18 +772,18 @@ std::string blocks_per_sm(Kernel kernel, int device, int threads, int smem_bytes
     const auto it = cache.find(key);
     if (it != cache.end()) {
       nb = it->second;
-      return {};
+      return true;
     }
   }
   SEL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   SEL_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, threads, smem_bytes));
   std::lock_guard<std::mutex> lock(mu);
   cache[key] = nb;
-  return {};
+  return true;
 }
 
 template <typename Kernel>
-std::string launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan& plan, cudaStream_t stream) {
+bool launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan& plan, cudaStream_t stream) {
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: needs ", plan.smem_bytes,
               " bytes of shared memory per block, device allows ", dev.max_smem);
   SEL_CHECK(plan.blocks <= 0x7fffffff, "sel_decode: ", plan.blocks, " blocks exceed the grid limit");
@@ -789,11 +811,11 @@ std::string launch(Kernel kernel, const Params& p, const Device& dev, const Deco
   cfg.numAttrs = na;
   SEL_CUDA(cudaLaunchKernelEx(&cfg, kernel, p));
   SEL_CUDA(cudaGetLastError());
-  return {};
+  return true;
 }
 
 template <typename T, int DVB>
-std::string run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
                     bool launch_it) {
   const int k16 = (p.Dk + 15) & ~15, v16 = (p.Dv + 15) & ~15;
   p.hpb = static_cast<int>(std::min<int64_t>(p.h, kMmaHeads));
@@ -860,7 +882,7 @@ std::string run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Devic
 }
 
 template <typename T>
-std::string run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+bool run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
                      bool launch_it) {
   constexpr int VEC = 16 / sizeof(T);
   const int ckv = p.Dv / VEC;
@@ -893,7 +915,7 @@ std::string run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Devi
 }
 
 template <typename T>
-std::string run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+bool run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
                       bool launch_it) {
   if (!a.use_mma) return run_simt<T>(p, a, plan, dev, stream, launch_it);
   if constexpr (sizeof(T) == 2) {
@@ -901,16 +923,16 @@ std::string run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, co
     if (p.Dv <= 128) return run_mma<T, 128>(p, a, plan, dev, stream, launch_it);
     return run_mma<T, 256>(p, a, plan, dev, stream, launch_it);
   }
-  return "sel_decode: the tensor-core kernel takes fp16/bf16 only";
+  return fail("sel_decode: the tensor-core kernel takes fp16/bf16 only");
 }
 
-std::string plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it, DecodePlan& plan) {
+bool plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it, DecodePlan& plan) {
   SEL_CHECK(a.Dk > 0 && a.Dk <= 256 && a.Dk % 8 == 0, "sel_decode: Dk must be a multiple of 8 in [8, 256], got ", a.Dk);
   SEL_CHECK(a.Dv > 0 && a.Dv <= 256 && a.Dv % 8 == 0, "sel_decode: Dv must be a multiple of 8 in [8, 256], got ", a.Dv);
   SEL_CHECK(a.n >= 0 && a.n <= 4096, "sel_decode: n (ranges per row) must be in [0, 4096], got ", a.n);
   SEL_CHECK(!(a.use_mma && a.dtype == Dtype::kFloat), "sel_decode: the tensor-core kernel takes fp16/bf16 only");
   plan = DecodePlan{};
-  if (a.B * a.G * a.h == 0) return {};
+  if (a.B * a.G * a.h == 0) return true;
   Device dev{};
   SEL_TRY(current_device(dev));
   Params p{};
@@ -935,16 +957,22 @@ std::string plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch
     case Dtype::kBFloat16: return run_typed<__nv_bfloat16>(p, a, plan, dev, stream, launch_it);
     case Dtype::kFloat: return run_typed<float>(p, a, plan, dev, stream, launch_it);
   }
-  return "sel_decode: unknown dtype";
+  return fail("sel_decode: unknown dtype");
 }
 
 }  // namespace
 
-std::string sel_decode_launch(const DecodeArgs& args, cudaStream_t stream) {
+bool sel_decode_launch(const DecodeArgs& args, cudaStream_t stream, char* err, int cap) {
   DecodePlan plan{};
-  return plan_or_launch(args, stream, true, plan);
+  const bool ok = plan_or_launch(args, stream, true, plan);
+  if (!ok && cap > 0) std::snprintf(err, static_cast<size_t>(cap), "%s", t_err);
+  return ok;
 }
 
-std::string sel_decode_plan(const DecodeArgs& args, DecodePlan& plan) { return plan_or_launch(args, nullptr, false, plan); }
+bool sel_decode_plan(const DecodeArgs& args, DecodePlan& plan, char* err, int cap) {
+  const bool ok = plan_or_launch(args, nullptr, false, plan);
+  if (!ok && cap > 0) std::snprintf(err, static_cast<size_t>(cap), "%s", t_err);
+  return ok;
+}
 
 }  // namespace selgate

@@ -3,8 +3,6 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include <string>
-
 namespace selgate {
 
 enum class Dtype : int { kHalf = 0, kBFloat16 = 1, kFloat = 2 };
@@ -45,12 +43,13 @@ struct DecodePlan {
   int64_t blocks = 0;
 };
 
-// Launches on `stream`. Returns why it could not (an unsupported configuration or a CUDA
-// error), or an empty string; the caller raises it (nothing here throws: see sel_decode.cu).
-std::string sel_decode_launch(const DecodeArgs& args, cudaStream_t stream);
+// Launches on `stream`; false when it could not (an unsupported configuration or a CUDA error),
+// with the reason in `err` (`cap` bytes). The caller raises it: nothing here throws, and no
+// std::string crosses this boundary (see sel_decode.cu).
+bool sel_decode_launch(const DecodeArgs& args, cudaStream_t stream, char* err, int cap);
 
 // The launch `sel_decode_launch` would make for `args` (pointers unused), in `plan`, without
-// launching; returns why not, or an empty string.
-std::string sel_decode_plan(const DecodeArgs& args, DecodePlan& plan);
+// launching; false, with the reason in `err`, when it would refuse.
+bool sel_decode_plan(const DecodeArgs& args, DecodePlan& plan, char* err, int cap);
 
 }  // namespace selgate

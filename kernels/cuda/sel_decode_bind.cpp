@@ -66,8 +66,8 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
                            B, G, h, S_kv,
                            static_cast<int>(Dk), static_cast<int>(Dv), static_cast<int>(ranges.size(3)),
                            static_cast<float>(scale), tune_of(tune)};
-  const std::string err = selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err.empty(), err);
+  char err[512];
+  TORCH_CHECK(selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream(), err, sizeof(err)), err);
   return {o, lse};
 }
 
@@ -79,8 +79,8 @@ std::vector<int64_t> plan(int64_t dtype, int64_t B, int64_t G, int64_t h, int64_
                            false, false, nullptr, nullptr, B, G, h, S_kv, static_cast<int>(Dk), static_cast<int>(Dv),
                            static_cast<int>(n), 1.f, tune_of(tune)};
   selgate::DecodePlan pl{};
-  const std::string err = selgate::sel_decode_plan(args, pl);
-  TORCH_CHECK(err.empty(), err);
+  char err[512];
+  TORCH_CHECK(selgate::sel_decode_plan(args, pl, err, sizeof(err)), err);
   return {pl.kernel, pl.stages, pl.split, pl.warps, pl.threads, pl.smem_bytes, pl.blocks_per_sm, pl.pdl, pl.blocks};
 }
 
