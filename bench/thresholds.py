@@ -165,9 +165,13 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
     profile.setdefault("runtime", {})["sel_triton_min_L"] = decision.min_L
     if decision.launch:
         fwd = profile.setdefault("triton_fwd", {})
-        for kind, launch in decision.launch.items():  # merged, so a kind's other keys (tma, tail_l) stay
-            fwd[kind] = {**(fwd.get(kind) or {}), **launch}
-        fwd["by_L_bucket"] = decision.launch_by_bucket
+        # The `triton@` variants time the gather path: a kind this device reads through
+        # tensor descriptors (`tma: true`) keeps the launch parameters measured on that path.
+        tma_kinds = {kind for kind, raw in fwd.items() if isinstance(raw, dict) and raw.get("tma")}
+        for kind, launch in decision.launch.items():
+            if kind not in tma_kinds:
+                fwd[kind] = {**(fwd.get(kind) or {}), **launch}
+        fwd["by_L_bucket"] = {kind: by for kind, by in decision.launch_by_bucket.items() if kind not in tma_kinds}
     profile["measured"] = {"source": str(source), "software": software,
                            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
                            "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity; <= {MAX_LOSS:.0%} loss below"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import yaml
 
 from selgate.bench import tables, thresholds
 from selgate.bench.__main__ import main
@@ -90,6 +91,18 @@ def test_profile_is_written_and_read_back_by_the_dispatcher(config_dir):
     assert cfg["triton_fwd"]["prefill"] == config.load_config("cpu")["triton_fwd"]["prefill"]  # not measured: base
     assert policy.settings(DEVICE).min_L == 64
     assert policy.settings("cpu").min_L == config.load_config("cpu")["runtime"]["sel_triton_min_L"]
+
+
+def test_a_tma_kind_keeps_its_launch_parameters(config_dir):
+    """Variants time the gather path; the TMA path's parameters were measured on TMA."""
+    tma = {"block_l": 64, "num_warps": 2, "num_stages": 3, "tma": True, "tail_l": 32}
+    (config_dir / "profiles" / "nvidia-h100-80gb-hbm3.yaml").write_text(yaml.safe_dump({"triton_fwd": {"prefill": tma}}))
+    rows = [r for kind in ("decode", "prefill") for r in sweep({16: 2.0}, kind=kind) + [row(16, "triton@32x4x2", 0.5, kind=kind)]]
+    thresholds.write_profile(thresholds.derive(rows), DEVICE, source="sweep.csv")
+    fwd = config.load_config(DEVICE)["triton_fwd"]
+    assert fwd["prefill"] == tma
+    assert fwd["decode"] == {"block_l": 32, "num_warps": 4, "num_stages": 2}
+    assert set(fwd["by_L_bucket"]) == {"decode"}
 
 
 def test_env_still_overrides_the_measured_profile(config_dir, monkeypatch):
