@@ -31,6 +31,7 @@
 #include <mutex>
 #include <type_traits>
 #include <tuple>
+#include <utility>
 
 // Host-side checks fail by returning false with the reason in a thread-local buffer, which
 // the entry points copy into the caller's: no exception and no std::string leave this
@@ -752,11 +753,39 @@ int ring_stages(int64_t stage_bytes) {
 struct Device {
   int id, cc_major, sms, max_smem;
 };
+// The current device's attributes, queried once per device: a decode step pays host time
+// for every driver call it makes.
 bool current_device(Device& d) {
-  SEL_CUDA(cudaGetDevice(&d.id));
-  SEL_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.id));
-  SEL_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, d.id));
-  SEL_CUDA(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.id));
+  static std::mutex mu;
+  static std::map<int, Device> cache;
+  int id = 0;
+  SEL_CUDA(cudaGetDevice(&id));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = cache.find(id);
+  if (it != cache.end()) {
+    d = it->second;
+    return true;
+  }
+  d.id = id;
+  SEL_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, id));
+  SEL_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, id));
+  SEL_CUDA(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, id));
+  cache[id] = d;
+  return true;
+}
+
+// Raises `kernel`'s dynamic shared memory limit on `device` to at least `smem_bytes`; the
+// limits already set are remembered, so a repeated launch makes no attribute call.
+template <typename Kernel>
+bool allow_smem(Kernel kernel, int device, int smem_bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> set;
+  const auto key = std::make_pair(device, reinterpret_cast<const void*>(kernel));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = set.find(key);
+  if (it != set.end() && it->second >= smem_bytes) return true;
+  SEL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  set[key] = smem_bytes;
   return true;
 }
 
@@ -775,7 +804,7 @@ bool blocks_per_sm(Kernel kernel, int device, int threads, int smem_bytes, int& 
       return true;
     }
   }
-  SEL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  SEL_TRY(allow_smem(kernel, device, smem_bytes));
   SEL_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, threads, smem_bytes));
   std::lock_guard<std::mutex> lock(mu);
   cache[key] = nb;
@@ -787,7 +816,7 @@ bool launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan&
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: needs ", plan.smem_bytes,
               " bytes of shared memory per block, device allows ", dev.max_smem);
   SEL_CHECK(plan.blocks <= 0x7fffffff, "sel_decode: ", plan.blocks, " blocks exceed the grid limit");
-  SEL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes));
+  SEL_TRY(allow_smem(kernel, dev.id, plan.smem_bytes));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(plan.blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(plan.threads));
