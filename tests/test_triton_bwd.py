@@ -14,6 +14,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 from selgate.kernels.triton.autograd import selection_attention_triton_autograd  # noqa: E402
 from selgate.kernels.triton.bwd import InverseIndex, triton_backward  # noqa: E402
+from selgate.kernels.triton.fwd import tma_supported  # noqa: E402
 from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selection_attention_ref  # noqa: E402
 from selgate.reference.golden import gather_attention  # noqa: E402
 from selgate.reference.ranges import key_limit  # noqa: E402
@@ -44,6 +45,12 @@ def make_case(name, dtype, seed=0):
     elif name == "h1_dk8":
         q, k, v, r = random_inputs(B=1, S=4, G=3, h=1, Dk=8, Dv=8, S_kv=33, n=3, seed=seed)
         pos = None
+    elif name == "long_ranges":  # 3 ranges of 1..40 keys a row (some merged), cut by the rows' positions
+        q, k, v, _ = random_inputs(B=2, S=3, G=2, h=3, Dk=24, Dv=40, S_kv=70, n=3, seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        start = torch.arange(3) * 23 + torch.randint(0, 4, (2, 3, 2, 3), generator=g)
+        r = torch.stack([start, start + torch.randint(1, 41, start.shape, generator=g)], -1)
+        pos = torch.tensor([[69, 40, 25], [33, 69, 50]])
     elif name == "decode_positions":
         q, k, v, r = random_inputs(B=3, S=1, G=2, h=4, Dk=24, Dv=40, S_kv=50, n=3, seed=seed)  # padded head dims
         pos = torch.tensor([[49], [17], [3]])
@@ -71,6 +78,12 @@ def poisoned_like(*ts):
     return tuple(torch.full_like(t, float("nan")) for t in ts)
 
 
+def selected_keys(norm, S_kv):
+    """[B, G, S_kv]: whether some row of (b, g) selects the key."""
+    key = torch.arange(S_kv, device=norm.device)
+    return ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).any(1)
+
+
 def assert_within_spec(got, ref, base, dtype, what):
     err = (got.double() - ref).abs()
     assert not torch.isnan(got).any(), f"{what}: NaN where the reference is finite"
@@ -82,9 +95,9 @@ def assert_within_spec(got, ref, base, dtype, what):
             f"{what}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g} > 1e-3"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["overlap_empty", "heavy_reuse", "h1_dk8", "decode_positions"])
-def test_backward_matches_fp64_reference(case, dtype):
+def assert_backward_matches_reference(case, dtype, config):
+    """Every gradient within SPEC.md tolerances of the fp64 reference; the kernels see
+    NaN-poisoned outputs and NaN in every key no row of the group selects."""
     q, k, v, r, pos = make_case(case, dtype)
     g = torch.Generator().manual_seed(1)
     do = torch.randn(*q.shape[:4], v.shape[-1], generator=g).to(DEVICE, dtype).double()  # as the kernel sees them
@@ -92,13 +105,35 @@ def test_backward_matches_fp64_reference(case, dtype):
     ref, o, lse = reference_grads(q, k, v, r, pos, do, w, torch.float64)
     base = ref if dtype == torch.float32 else reference_grads(q, k, v, r, pos, do, w, dtype)[0]
     norm = normalize_ranges(r, k.shape[2], pos)
-    # small tiles and chunks: several KV tiles, and tiles split into partials, even at tiny sizes
-    got = triton_backward(q, k, v, o.to(dtype), lse.float(), do.to(dtype), norm,
+    unused = ~selected_keys(norm, k.shape[2])[..., None]
+    k_nan, v_nan = (t.masked_fill(unused, float("nan")) for t in (k, v))
+    got = triton_backward(q, k_nan, v_nan, o.to(dtype), lse.float(), do.to(dtype), norm,
                           scale=resolve_scale(None, q.shape[-1]), positions=pos, dlse=w.float(),
-                          out=poisoned_like(q, k, v), config=dict(block_n=16, chunk=5))
+                          out=poisoned_like(q, k, v), config=config)
     for name, a, b, c in zip(("dq", "dk", "dv"), got, ref, base):
         assert a.dtype == dtype
         assert_within_spec(a, b, c, dtype, f"{case} {dtype} {name}")
+    return norm
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["overlap_empty", "heavy_reuse", "h1_dk8", "decode_positions"])
+def test_backward_matches_fp64_reference(case, dtype):
+    # small tiles and chunks: several KV tiles, and tiles split into partials, even at tiny sizes
+    assert_backward_matches_reference(case, dtype, dict(block_n=16, chunk=5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dq_through_tensor_descriptors(dtype):
+    """dq_tma: each range's whole 16-key tiles through tensor descriptors (padded head dims
+    read as zeros), its remainder in masked 16-key gathers; most ranges have both."""
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need SM >= 9.0")
+    assert tma_supported(*make_case("long_ranges", dtype)[1:3]), "the gather path would run instead"
+    norm = assert_backward_matches_reference("long_ranges", dtype, dict(
+        block_n=16, chunk=5, dq_block_n=16, dq_tail_n=16, dq_tma=True))
+    length = norm[..., 1] - norm[..., 0]
+    assert bool(((length > 16) & (length % 16 > 0)).any()) and bool(((length > 0) & (length < 16)).any())
 
 
 def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero():
@@ -109,8 +144,7 @@ def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero(
     o, lse = selection_attention_ref(q, k, v, norm, return_lse=True)
     do = torch.randn_like(o).float()
     sc = resolve_scale(None, 16)
-    key = torch.arange(45, device=DEVICE)
-    used = ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).any(1)  # [B, G, S_kv]
+    used = selected_keys(norm, 45)
     assert bool((~used).any()) and bool(used.any())
     run = lambda k, v: triton_backward(q, k, v, o.float(), lse.float(), do, norm, scale=sc,  # noqa: E731
                                        out=poisoned_like(q, k, v), config=dict(block_n=16, chunk=3))

@@ -1,9 +1,11 @@
 """Triton backward of selection attention: deterministic dq, dk, dv without atomics.
 
 - `delta = rowsum(do * o) - dlse` per (b, s, g, head): a small preprocess kernel.
-- dq: one program per (b, s, g) for all `h` heads; it walks the row's ranges tile by
-  tile, recomputes `p = exp(scale * q.k - lse)` from the saved LSE and accumulates in fp32.
-  Only keys inside `[start, min(end, t + 1))` are ever loaded.
+- dq: one program per (b, s, g) for all `h` heads; it walks the row's selected keys in one
+  flat tile loop across range boundaries (tiles.py, as the forward), recomputes
+  `p = exp(scale * q.k - lse)` from the saved LSE and accumulates in fp32. Only keys inside
+  `[start, min(end, t + 1))` are ever loaded. With `dq_tma` (SM >= 9.0) each range's whole
+  tiles come through tensor descriptors and only the remainders are gathered, as in fwd.py.
 - dk, dv: an inverse index built with torch ops on the device lists, for every
   `(b, g, KV tile of BLOCK_N keys)`, the (query row, key interval) pairs that touch the
   tile, in a fixed order (stable sort of pairs generated row-major). One program per chunk
@@ -14,12 +16,16 @@
   results are bitwise reproducible; keys no row selected keep exact zeros.
 
 Host syncs: two small reads while building the index (the number of (row, tile) pairs,
-then the number of work items and partial slots) size the index and the grid.
+then the number of work items and partial slots) size the index and the grid. On CUDA the
+index is built on a side stream while the dq kernel runs, so those reads wait for the
+index work only and its small kernels overlap dq (the order of every sum is unchanged).
 Extra memory: the index, O(B*S*G*(n + L/BLOCK_N)) integers, plus fp32 partials for split
 tiles only.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
 import torch
@@ -30,6 +36,8 @@ from selgate.reference.ranges import key_limit
 from selgate.reference.validation import check_inputs
 
 from . import tuning
+from .fwd import tma_descriptors, tma_supported
+from .tiles import block_key, gather_keys
 
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -53,47 +61,89 @@ def _delta_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, n_rows, Dv,
 
 
 @triton.jit
-def _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm, Dk, Dv,
-             qk_scale_log2, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    keys = n0 + tl.arange(0, BLOCK_N)
-    km = keys < end
-    kt = tl.load(k_ptr + (kv_row0 + keys)[:, None] * Dk + dks[None, :], mask=km[:, None] & dkm[None, :], other=0.0)
-    vt = tl.load(v_ptr + (kv_row0 + keys)[:, None] * Dv + dvs[None, :], mask=km[:, None] & dvm[None, :], other=0.0)
+def _dq_step(acc, q, do, lse, delta, hm, kt, vt, ok, qk_scale_log2, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """dq += ds . k for one tile kt [keys, DK], vt [keys, DV]; `ok` masks keys when MASKED
+    (a tile through the tensor descriptors holds only selected keys)."""
     sc = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
-    p = tl.where(hm[:, None] & km[None, :], tl.exp2(sc * qk_scale_log2 - lse[:, None]), 0.0)
+    pm = hm[:, None] & ok[None, :] if MASKED else hm[:, None]
+    p = tl.where(pm, tl.exp2(sc * qk_scale_log2 - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(vt), input_precision=PRECISION)
     ds = p * (dp - delta[:, None])
     return tl.dot(ds.to(kt.dtype), kt, acc, input_precision=PRECISION)
 
 
 @triton.jit
-def _dq_range(acc, j, q, do, lse, delta, hm, r_ptr, row, n_r, lim, k_ptr, v_ptr, kv_row0, dks, dkm, dvs, dvm,
-              Dk, Dv, qk_scale_log2, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """Accumulate the row's range j, tile by tile, into acc."""
-    start = tl.load(r_ptr + (row * n_r + j) * 2).to(tl.int64)
-    end = tl.minimum(tl.load(r_ptr + (row * n_r + j) * 2 + 1).to(tl.int64), lim)
+def _dq_gather(acc, q, do, lse, delta, hm, k_grp, v_grp, p0, start, first, stop, L, lim, dks, dkm, dvs, dvm, Dk, Dv,
+               qk_scale_log2, PRECISION: tl.constexpr, TILE: tl.constexpr):
+    """Tile positions [p0, p0 + TILE) of the row's selection, gathered with masked loads."""
+    key, ok = gather_keys(p0, start, first, stop, L, lim, TILE)
+    kt = tl.load(k_grp + key[:, None] * Dk + dks[None, :], mask=ok[:, None] & dkm[None, :], other=0.0)
+    vt = tl.load(v_grp + key[:, None] * Dv + dvs[None, :], mask=ok[:, None] & dvm[None, :], other=0.0)
+    return _dq_step(acc, q, do, lse, delta, hm, kt, vt, ok, qk_scale_log2, PRECISION, True)
+
+
+@triton.jit
+def _dq_gathers(acc, q, do, lse, delta, hm, k_grp, v_grp, start, length, lim, dks, dkm, dvs, dvm, Dk, Dv,
+                qk_scale_log2, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, TILE: tl.constexpr):
+    """Every key of the ranges `[start, start + length)`, in TILE-position gather tiles (tiles.py)."""
+    stop = tl.cumsum(length, 0)
+    first = stop - length
+    L = tl.sum(length, 0)
     if INTERPRET:  # see _dq_kernel
-        n0 = start
-        while n0 < end:
-            acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
-                           Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
-            n0 += BLOCK_N
+        p0 = 0
+        while p0 < L:
+            acc = _dq_gather(acc, q, do, lse, delta, hm, k_grp, v_grp, p0, start, first, stop, L, lim, dks, dkm,
+                             dvs, dvm, Dk, Dv, qk_scale_log2, PRECISION, TILE)
+            p0 += TILE
     else:
-        for n0 in range(start, end, BLOCK_N):
-            acc = _dq_tile(acc, q, do, lse, delta, hm, k_ptr, v_ptr, kv_row0, n0, end, dks, dkm, dvs, dvm,
-                           Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION)
+        for p0 in tl.range(0, L, TILE):
+            acc = _dq_gather(acc, q, do, lse, delta, hm, k_grp, v_grp, p0, start, first, stop, L, lim, dks, dkm,
+                             dvs, dvm, Dk, Dv, qk_scale_log2, PRECISION, TILE)
     return acc
 
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, dq_ptr,
+def _dq_block(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, i, j, start, nfull, cum, qk_scale_log2,
+              PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Whole tile `i` of the row: BLOCK_N selected keys through the tensor descriptors (columns
+    past Dk, Dv read as zeros)."""
+    key0 = block_key(i, j, start, nfull, cum, BLOCK_N)
+    kt = tl.reshape(k_desc.load([b, g, key0, 0]), (BLOCK_N, BLOCK_DK))
+    vt = tl.reshape(v_desc.load([b, g, key0, 0]), (BLOCK_N, BLOCK_DV))
+    return _dq_step(acc, q, do, lse, delta, hm, kt, vt, 0, qk_scale_log2, PRECISION, False)
+
+
+@triton.jit
+def _dq_blocks(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, j, start, nfull, qk_scale_log2,
+               PRECISION: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
+               BLOCK_DV: tl.constexpr):
+    """The `nfull` whole BLOCK_N-key tiles of every range, one tensor-descriptor load each."""
+    cum = tl.cumsum(nfull, 0)
+    F = tl.sum(nfull, 0)
+    if INTERPRET:
+        i = 0
+        while i < F:
+            acc = _dq_block(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, i, j, start, nfull, cum, qk_scale_log2,
+                            PRECISION, BLOCK_N, BLOCK_DK, BLOCK_DV)
+            i += 1
+    else:
+        for i in tl.range(0, F):
+            acc = _dq_block(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, i, j, start, nfull, cum, qk_scale_log2,
+                            PRECISION, BLOCK_N, BLOCK_DK, BLOCK_DV)
+    return acc
+
+
+@triton.jit
+def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, dq_ptr,
                S, G, S_kv, n_r, h, Dk, Dv, scale, qk_scale_log2,
                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
-               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+               BLOCK_DV: tl.constexpr, N_PAD: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+               TMA: tl.constexpr, TAIL_N: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     bg = tl.program_id(1).to(tl.int64)
     b = bg // G
-    row = (b * S + s) * G + bg % G
+    g = bg % G
+    row = (b * S + s) * G + g
     heads = tl.arange(0, BLOCK_H)
     dks = tl.arange(0, BLOCK_DK)
     dvs = tl.arange(0, BLOCK_DV)
@@ -105,19 +155,27 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, 
     do = tl.load(do_ptr + qrow[:, None] * Dv + dvs[None, :], mask=hm[:, None] & dvm[None, :], other=0.0)
     lse = tl.load(lse_ptr + qrow, mask=hm, other=0.0) * 1.4426950408889634
     delta = tl.load(delta_ptr + qrow, mask=hm, other=0.0)
-    lim = tl.load(lim_ptr + b * S + s)
-    kv_row0 = bg * S_kv
+    # The row's ranges, clamped to [0, lim) (lim: keys >= t + 1 are never read).
+    lim = tl.load(lim_ptr + b * S + s).to(tl.int32)
+    j = tl.arange(0, N_PAD)
+    r_row = r_ptr + (row * n_r + j) * 2
+    start = tl.minimum(tl.maximum(tl.load(r_row, mask=j < n_r, other=0).to(tl.int32), 0), lim)
+    end = tl.minimum(tl.maximum(tl.load(r_row + 1, mask=j < n_r, other=0).to(tl.int32), 0), lim)
+    length = tl.maximum(end - start, 0)
+    k_grp = k_ptr + bg * S_kv * Dk
+    v_grp = v_ptr + bg * S_kv * Dv
     acc = tl.zeros([BLOCK_H, BLOCK_DK], dtype=tl.float32)
-    if INTERPRET:  # the interpreter cannot take runtime loop bounds in range() (numpy 2.4, triton #9171)
-        j = 0
-        while j < n_r:
-            acc = _dq_range(acc, j, q, do, lse, delta, hm, r_ptr, row, n_r, lim, k_ptr, v_ptr, kv_row0, dks, dkm,
-                            dvs, dvm, Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION, INTERPRET)
-            j += 1
+    # The interpreter cannot take runtime loop bounds in range() (numpy 2.4, triton #9171):
+    # the loops take a while-loop branch there.
+    if TMA:  # whole tiles through the tensor descriptors, remainders gathered (as in fwd.py)
+        nfull = length // BLOCK_N
+        acc = _dq_blocks(acc, q, do, lse, delta, hm, k_desc, v_desc, b.to(tl.int32), g.to(tl.int32), j, start, nfull,
+                         qk_scale_log2, PRECISION, INTERPRET, BLOCK_N, BLOCK_DK, BLOCK_DV)
+        acc = _dq_gathers(acc, q, do, lse, delta, hm, k_grp, v_grp, start + nfull * BLOCK_N, length - nfull * BLOCK_N,
+                          lim, dks, dkm, dvs, dvm, Dk, Dv, qk_scale_log2, PRECISION, INTERPRET, TAIL_N)
     else:
-        for j in range(n_r):
-            acc = _dq_range(acc, j, q, do, lse, delta, hm, r_ptr, row, n_r, lim, k_ptr, v_ptr, kv_row0, dks, dkm,
-                            dvs, dvm, Dk, Dv, qk_scale_log2, BLOCK_N, PRECISION, INTERPRET)
+        acc = _dq_gathers(acc, q, do, lse, delta, hm, k_grp, v_grp, start, length, lim, dks, dkm, dvs, dvm, Dk, Dv,
+                          qk_scale_log2, PRECISION, INTERPRET, BLOCK_N)
     tl.store(dq_ptr + qrow[:, None] * Dk + dks[None, :], (acc * scale).to(dq_ptr.dtype.element_ty),
              mask=hm[:, None] & dkm[None, :])
 
@@ -273,6 +331,26 @@ class InverseIndex:
         self.multi_count = n_parts[self.multi_seg]
         self.n_items, self.n_slots, self.n_multi = n_items, n_slots, n_multi
 
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        """Mark the index's tensors as used on `stream` (built on another one), so the
+        allocator does not reuse them before that stream's kernels are done."""
+        for t in vars(self).values():
+            if isinstance(t, torch.Tensor):
+                t.record_stream(stream)
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device_index)
+
+
+def _index_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream the inverse index is built on while the dq kernel runs on the current one
+    (its two host reads then wait for the index work only); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return _side_stream(device.index if device.index is not None else torch.cuda.current_device())
+
 
 def _check_like(name: str, t: torch.Tensor, shape: tuple, dtype=None) -> None:
     if tuple(t.shape) != tuple(shape):
@@ -296,7 +374,9 @@ def launch_config(Dk: int, Dv: int, dtype: torch.dtype, *, S_kv=None, n=None, ki
 
 
 def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
-    """Built-in launch parameters: `dq_*` for the dq kernel; `block_n` (KV tile), `block_m`
+    """Built-in launch parameters: `dq_*` for the dq kernel (`dq_tma`: whole `dq_block_n`-key
+    tiles of each range through tensor descriptors, the remainders in `dq_tail_n`-key
+    gathers, SM >= 9.0 only; off until measured on the H100); `block_n` (KV tile), `block_m`
     ((query row x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per
     program) for dk/dv. Head dims above 128 and fp32 (IEEE dots, no tensor cores) take
     smaller tiles to stay within 255 registers (sm90 compiles). dk/dv with 4 warps: two
@@ -304,9 +384,9 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     backward at the T=65536 benchmark (bench/results/h100/triton_bwd_dev.md)."""
     small = max(_pow2(Dk), _pow2(Dv)) <= 128
     if dtype == torch.float32:
-        return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2,
+        return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2, dq_tma=False, dq_tail_n=16,
                     block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK)
-    return dict(dq_block_n=64 if small else 32, dq_warps=4, dq_stages=2,
+    return dict(dq_block_n=64 if small else 32, dq_warps=4, dq_stages=2, dq_tma=False, dq_tail_n=32 if small else 16,
                 block_n=64 if small else 32, block_m=64 if small else 32, warps=4 if small else 8, stages=2,
                 chunk=DEFAULT_CHUNK)
 
@@ -337,8 +417,9 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     if unknown:
         raise ValueError(f"config: unknown keys {sorted(unknown)}; expected some of {sorted(cfg)}")
     cfg.update(config or {})
-    if cfg["block_m"] < 16 or cfg["block_m"] & (cfg["block_m"] - 1):
-        raise ValueError(f"config['block_m']={cfg['block_m']}: expected a power of two >= 16")
+    for key in ("block_m", "dq_tail_n"):
+        if cfg[key] < 16 or cfg[key] & (cfg[key] - 1):
+            raise ValueError(f"config[{key!r}]={cfg[key]}: expected a power of two >= 16")
     _check_like("o", o, (d.B, d.S, d.G, d.h, d.Dv))
     _check_like("do", do, (d.B, d.S, d.G, d.h, d.Dv))
     _check_like("lse", lse, (d.B, d.S, d.G, d.h), torch.float32)
@@ -352,6 +433,9 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     BLOCK_H = _pow2(d.h)  # dq: the h heads of one row are the MMA's M side (at least 16)
     heads_kv = triton.next_power_of_2(d.h)  # dk/dv: block_m // heads_kv rows share one MMA
 
+    side = _index_stream(q.device)
+    if side is not None:  # the index reads norm_ranges and lim
+        side.wait_stream(torch.cuda.current_stream(q.device))
     n_rows = d.B * d.S * d.G * d.h
     delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
     _delta_kernel[(triton.cdiv(n_rows, 32),)](
@@ -364,14 +448,21 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
         _check_like(name, got, like.shape, like.dtype)
         if not got.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {got.stride()}")
+    tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
+    descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
     _dq_kernel[(d.S, d.B * d.G)](
-        q, k, v, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
+        q, k, v, *descs, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
         scale, qk_scale_log2, BLOCK_H=BLOCK_H, BLOCK_N=cfg["dq_block_n"], BLOCK_DK=BLOCK_DK,
-        BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=cfg["dq_warps"],
-        num_stages=cfg["dq_stages"])
+        BLOCK_DV=BLOCK_DV, N_PAD=_pow2(d.n), PRECISION=precision, INTERPRET=INTERPRET, TMA=tma, TAIL_N=cfg["dq_tail_n"],
+        num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
 
     bn = cfg["block_n"]
-    idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
+    if side is not None:
+        main = torch.cuda.current_stream(q.device)
+        main.wait_stream(side)
+        idx.record_stream(main)
     dk.zero_()
     dv.zero_()
     pdk = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DK, dtype=torch.float32, device=q.device)

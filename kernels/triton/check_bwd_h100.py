@@ -42,9 +42,9 @@ from .train_check import verdict as train_verdict
 
 DEV = "cuda"
 NAMES = ("o", "lse", "dq", "dk", "dv")
-SWEEP = [{"block_m": 32}, {"block_m": 128}, {"stages": 1}, {"stages": 3}, {"warps": 4}, {"chunk": 512},
-         {"chunk": 8192}, {"block_n": 32}, {"block_n": 128, "block_m": 32}, {"dq_warps": 8}, {"dq_stages": 1},
-         {"dq_stages": 3}, {"dq_block_n": 32}]
+SWEEP = [{"dq_tma": True}, {"dq_tma": True, "dq_warps": 2}, {"dq_tma": True, "dq_stages": 3},
+         {"dq_tma": True, "dq_tail_n": 16}, {"dq_tma": True, "dq_tail_n": 64}, {"dq_warps": 2}, {"dq_stages": 3},
+         {"dq_block_n": 32}, {"block_m": 64}, {"stages": 3}, {"chunk": 512}, {"block_n": 32}]
 
 
 def golden_grads(q, k, v, norm, do, w, sc, dtype):

@@ -30,6 +30,7 @@ from selgate.kernels.policy import interpreting
 from selgate.kernels.stats import record_launch
 
 from . import tuning
+from .tiles import block_key, gather_keys
 
 LOG2E = 1.4426950408889634
 MIN_DOT = 16  # tl.dot needs every dimension >= 16
@@ -63,13 +64,9 @@ def _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk
     """Tile positions [p0, p0 + BLOCK_L) of the row's selection, gathered with masked loads."""
     dk = tl.arange(0, DK_PAD)
     dv = tl.arange(0, DV_PAD)
-    p = p0 + tl.arange(0, BLOCK_L)
-    in_range = (p[:, None] >= first[None, :]) & (p[:, None] < stop[None, :])
-    key = tl.sum(tl.where(in_range, start[None, :] + p[:, None] - first[None, :], 0), 1)
-    ok = (p < L) & (key < lim)
-    key64 = key.to(tl.int64)
-    kt = tl.load(k_grp + key64[None, :] * sk_n + dk[:, None], mask=ok[None, :] & (dk[:, None] < Dk), other=0.0)
-    vt = tl.load(v_grp + key64[:, None] * sv_n + dv[None, :], mask=ok[:, None] & (dv[None, :] < Dv), other=0.0)
+    key, ok = gather_keys(p0, start, first, stop, L, lim, BLOCK_L)
+    kt = tl.load(k_grp + key[None, :] * sk_n + dk[:, None], mask=ok[None, :] & (dk[:, None] < Dk), other=0.0)
+    vt = tl.load(v_grp + key[:, None] * sv_n + dv[None, :], mask=ok[:, None] & (dv[None, :] < Dv), other=0.0)
     return _softmax_step(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE, True)
 
 
@@ -99,10 +96,8 @@ def _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i,
 @triton.jit
 def _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale,
                   IEEE: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Whole tile `i` of the row: BLOCK_L keys of range `jj` (the one whose running count of
-    whole tiles passes i) through the tensor descriptors, unmasked."""
-    jj = tl.sum((cum <= i).to(tl.int32), 0)
-    key0 = tl.sum(tl.where(j == jj, start + (i - cum + nfull) * BLOCK_L, 0), 0)
+    """Whole tile `i` of the row: BLOCK_L selected keys through the tensor descriptors, unmasked."""
+    key0 = block_key(i, j, start, nfull, cum, BLOCK_L)
     kt = tl.reshape(k_desc.load([b, g, key0, 0]), (BLOCK_L, DK_PAD))
     vt = tl.reshape(v_desc.load([b, g, key0, 0]), (BLOCK_L, DV_PAD))
     return _softmax_step(q, tl.trans(kt), vt, 0, m_i, l_i, acc, qk_scale, IEEE, False)

@@ -1,0 +1,27 @@
+"""Where a row's selected keys lie, one tile at a time: shared by the forward and the dq kernel.
+
+A row's ranges, clamped and concatenated, number its selected keys by position: position
+`p` in `[first[j], stop[j])` is key `start[j] + p - first[j]`. Loops over positions instead
+of over ranges stay flat across range boundaries, so the software pipeliner can prefetch the
+next tile (NSA ranges are mostly one 64-key block: a per-range inner loop would run once).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gather_keys(p0, start, first, stop, L, lim, TILE: tl.constexpr):
+    """Keys (int64) at positions [p0, p0 + TILE) and their mask: positions past `L` and keys
+    at or past `lim` (the causal limit) are masked."""
+    p = p0 + tl.arange(0, TILE)
+    in_range = (p[:, None] >= first[None, :]) & (p[:, None] < stop[None, :])
+    key = tl.sum(tl.where(in_range, start[None, :] + p[:, None] - first[None, :], 0), 1)
+    return key.to(tl.int64), (p < L) & (key < lim)
+
+
+@triton.jit
+def block_key(i, j, start, nfull, cum, BLOCK: tl.constexpr):
+    """First key of the row's whole tile `i`, counting the `nfull` whole BLOCK-key tiles of
+    every range in order (`cum`: their running sum; `j`: range indices)."""
+    jj = tl.sum((cum <= i).to(tl.int32), 0)
+    return tl.sum(tl.where(j == jj, start + (i - cum + nfull) * BLOCK, 0), 0)
