@@ -38,6 +38,7 @@ class Method:
     skip_reason: Callable[[Problem, torch.device], str | None] = lambda p, dev: None
     reads_all_keys: bool = False
     same_function: bool = True  # False: a reference point computing other attention (no parity check)
+    graphable: bool = False  # no host synchronisation: decode rows also get CUDA-graph timing
 
 
 def _rows(t: torch.Tensor, p: Problem) -> torch.Tensor:
@@ -183,9 +184,9 @@ def _needs(kind=None, cuda=False, budget=None, triton=False, module=None, gqa16=
 
 METHODS = {m.name: m for m in (
     Method("sdpa", True, _build_sdpa),
-    Method("triton", True, _build_triton, _needs(triton=True)),
-    Method("cuda", True, _build_cuda, _needs(kind="decode", cuda=True)),
-    Method("auto", True, _build_auto),
+    Method("triton", True, _build_triton, _needs(triton=True), graphable=True),
+    Method("cuda", True, _build_cuda, _needs(kind="decode", cuda=True), graphable=True),
+    Method("auto", True, _build_auto, graphable=True),
     Method("masked_sdpa", False, _build_masked, _needs(budget=_masked_bytes), reads_all_keys=True),
     Method("gather_sdpa", False, _build_gather, _needs(budget=_gather_bytes)),
     Method("dense_causal", False, _build_dense_causal, _needs(kind="prefill"), reads_all_keys=True,
@@ -212,7 +213,8 @@ def get_method(name: str) -> Method:
     if cfg is None:
         raise ValueError(f"backend: expected one of {sorted(METHODS)} or triton@<BLOCK_L>x<warps>x<stages>, "
                          f"got {name!r}")
-    return Method(name, True, functools.partial(_build_triton_launch, config=cfg), METHODS["triton"].skip_reason)
+    return Method(name, True, functools.partial(_build_triton_launch, config=cfg), METHODS["triton"].skip_reason,
+                  graphable=True)
 
 
 def default_methods(device: torch.device) -> list[str]:

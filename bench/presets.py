@@ -77,12 +77,19 @@ def issue4_checks(rows: list[dict]) -> list[str]:
         if method not in ("triton", "cuda"):
             continue
         if config in decode:
+            # The floor bar is on device time: graph replay where measured (eager calls of a
+            # Python launcher are host-bound on slow hosts; both are shown). The gather bar
+            # compares eager calls with eager calls.
             x_floor = 1 / r["frac_copy"]
+            dev_ms = r.get("graph_ms") or r["ms"]
+            x_dev = x_floor * dev_ms / r["ms"]
             gather = by.get((config, "gather_sdpa"))
             vs = f"{gather['ms'] / r['ms']:.1f}x" if gather else "not measured"
-            verdict = "PASS" if x_floor <= 1.5 and gather and gather["ms"] / r["ms"] >= 5 else "FAIL"
-            lines.append(f"- {verdict} {config} / {method}: {r['ms']:.4f} ms = {x_floor:.2f}x the HBM floor "
-                         f"(bar 1.5x), {vs} vs gather_sdpa (bar 5x)")
+            verdict = "PASS" if x_dev <= 1.5 and gather and gather["ms"] / r["ms"] >= 5 else "FAIL"
+            graph = f"graph {dev_ms:.4f} ms = {x_dev:.2f}x" if r.get("graph_ms") else "no graph timing"
+            lines.append(f"- {verdict} {config} / {method}: {graph} the HBM floor (bar 1.5x; eager "
+                         f"{r['ms']:.4f} ms = {x_floor:.2f}x, host {r['host_ms'] or 0:.4f} ms/call), "
+                         f"{vs} vs gather_sdpa (bar 5x)")
         elif config == prefill:
             lines.append(f"- {'PASS' if r['ms'] <= 15 else 'FAIL'} {config} / {method}: {r['ms']:.2f} ms (bar 15 ms)")
     return ["", "Forward-issue bars:"] + lines if lines else []

@@ -17,7 +17,7 @@ import torch
 from .baselines import get_method, triton_config, variant_config
 from .inputs import Problem, make_inputs, selected_keys
 from .parity import check_parity, poison_free_memory, poisoned
-from .timing import Limits, rotation_count, time_calls
+from .timing import Limits, rotation_count, time_calls, time_graph
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) ->
     del base["l_sel"], base["n_blocks"]
     row = {"config": p.key, **base, "L_max": None, "method": method, "ours": get_method(method).ours,
            "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None,
-           "host_ms": None, "kv_bytes": None,
+           "host_ms": None, "graph_ms": None, "kv_bytes": None,
            "io_bytes": None, "gbps": None, "tflops": None, "frac_copy": None, "frac_matmul": None, "speedups": "",
            "parity": "", "max_err": None, "kernel_config": "", "note": "", "device": device_name,
            "copy_gbps": limits.copy_gbps, "matmul_tflops": limits.matmul_tflops, "software": software()}
@@ -104,6 +104,11 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
     calls = [m.build(p, x) for x in sets]
     t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
     fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n, host_ms=t.host_ms)
+    if m.graphable and p.kind == "decode" and device.type == "cuda":
+        try:
+            fields["graph_ms"] = time_graph(calls, device).median_ms
+        except Exception as e:  # the eager timing stands; say why the graph one is missing
+            fields["note"] = f"graph timing failed: {_error(e)}"
     if method.startswith("triton"):
         fields["kernel_config"] = _launch_name(method, p, device)
     return fields

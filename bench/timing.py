@@ -92,6 +92,36 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
     return median_interval(samples)
 
 
+def time_graph(calls, device: torch.device, *, min_calls: int = 32, replays: int = 15) -> Timing:
+    """Device time per call from CUDA-graph replays of back-to-back calls over the rotating
+    `calls`: no host issue time between calls (what a decode step captured in a graph
+    costs) and cold L2 by rotation. The calls must be capturable (no host synchronisation).
+    The median and interval are over `replays` replays of one graph."""
+    n = len(calls) * math.ceil(min_calls / len(calls))
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up off the capture (compiles, allocator pools)
+        for call in calls:
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+        for i in range(n):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    samples = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) / n)
+    del graph
+    return median_interval(samples)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What this device delivered in this run: copy bandwidth (read + write) and matmul rate."""

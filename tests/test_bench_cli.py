@@ -112,15 +112,20 @@ def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
 
 def test_issue4_bars_are_checked_from_the_rows():
     (dec, *_), (pf,) = (m.problems for m in PRESETS["issue4"]())
-    rows = [{"config": dec.key, "method": "triton", "status": "ok", "ms": 0.5, "frac_copy": 0.8},
+    rows = [{"config": dec.key, "method": "triton", "status": "ok", "ms": 0.5, "frac_copy": 0.8, "host_ms": 0.1},
             {"config": dec.key, "method": "gather_sdpa", "status": "ok", "ms": 3.0, "frac_copy": 0.1},
             {"config": pf.key, "method": "triton", "status": "ok", "ms": 20.0, "frac_copy": 0.1}]
     lines = issue4_checks(rows)
-    assert any(x.startswith(f"- PASS {dec.key} / triton: 0.5000 ms = 1.25x the HBM floor") and "6.0x vs gather" in x
-               for x in lines)
+    assert any(x.startswith(f"- PASS {dec.key} / triton: no graph timing the HBM floor (bar 1.5x; eager 0.5000 ms "
+                            "= 1.25x") and "6.0x vs gather" in x for x in lines)
     assert f"- FAIL {pf.key} / triton: 20.00 ms (bar 15 ms)" in lines
     rows[1]["ms"] = 2.0  # only 4x faster than gather-then-SDPA
     assert issue4_checks(rows)[2].startswith("- FAIL")
+    rows[1]["ms"] = 4.0
+    rows[0].update(ms=0.7, frac_copy=0.8 * 0.5 / 0.7)  # eager host-bound at 1.75x the floor ...
+    assert issue4_checks(rows)[2].startswith("- FAIL")
+    rows[0]["graph_ms"] = 0.55  # ... while the device time is 1.375x: the floor bar is on device time
+    assert issue4_checks(rows)[2].startswith(f"- PASS {dec.key} / triton: graph 0.5500 ms = 1.38x the HBM floor")
 
 
 def test_launch_preset_sweeps_triton_variants():

@@ -12,7 +12,7 @@ import time
 import torch
 
 from selgate.bench.inputs import decode_problem, make_inputs
-from selgate.bench.timing import measure_limits
+from selgate.bench.timing import measure_limits, time_graph
 from selgate.kernels import selection_attention
 from selgate.kernels.triton import selection_attention_triton, triton_forward
 from selgate.reference import resolve_scale
@@ -43,25 +43,10 @@ def loop_us(fns, n=300):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def graph_us(fns, n=100):
-    """Device time per call from CUDA-graph replay over rotating inputs (no launch overhead);
-    raises if a call cannot be captured (it synchronises with the host)."""
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-        with torch.cuda.graph(g, stream=s):
-            for i in range(10):
-                fns[i % len(fns)]()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(n // 10):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / n * 1e3
+def graph_us(fns):
+    """Device time per call from CUDA-graph replay over rotating inputs; raises if a call
+    cannot be captured (it synchronises with the host)."""
+    return time_graph(fns, torch.device("cuda")).median_ms * 1e3
 
 
 def main():

@@ -21,9 +21,9 @@ Usage on a GPU machine: python -m selgate.kernels.cuda.check_h100 [--out FILE.md
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
-import statistics
 import subprocess
 import sys
 
@@ -31,7 +31,7 @@ import torch
 
 from selgate.bench.inputs import Inputs, decode_problem, make_inputs
 from selgate.bench.parity import check_parity, poisoned
-from selgate.bench.timing import measure_limits, rotation_count
+from selgate.bench.timing import measure_limits, rotation_count, time_graph
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges, normalize_ranges, selection_attention_ref
 from selgate.reference.golden import gather_attention
@@ -202,31 +202,9 @@ def triton_method():
     return lambda x: selection_attention_triton(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
 
 
-def graph_us(fn, sets, *, min_calls=32, replays=15) -> float:
-    """Median device time per call of `fn` over the rotating `sets`, from CUDA-graph replays."""
-    calls = len(sets) * math.ceil(min_calls / len(sets))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for x in sets:
-            fn(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
-        for i in range(calls):
-            fn(sets[i % len(sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
+def graph_us(fn, sets) -> float:
+    """Median device time per call of `fn` over the rotating `sets`, in us, from CUDA-graph replays."""
+    return time_graph([functools.partial(fn, x) for x in sets], torch.device("cuda")).median_ms * 1e3
 
 
 def copy_us(moved: int, device) -> float:

@@ -1,6 +1,7 @@
 """Triton backward of selection attention: deterministic dq, dk, dv without atomics.
 
-- `delta = rowsum(do * o) - dlse` per (b, s, g, head): a small preprocess kernel.
+- `delta = rowsum(do * o) - dlse` per (b, s, g, head): computed and stored by the dq kernel,
+  which loads `do` anyway; the dk/dv kernel reads it.
 - dq: one program per (b, s, g) for all `h` heads; it walks the row's selected keys in one
   flat tile loop across range boundaries (tiles.py, as the forward), recomputes
   `p = exp(scale * q.k - lse)` from the saved LSE and accumulates in fp32. Only keys inside
@@ -42,22 +43,6 @@ from .tiles import block_key, gather_keys
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEFAULT_CHUNK = 2048  # pairs per dk/dv work item; bounds the longest program
-
-
-@triton.jit
-def _delta_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, n_rows, Dv,
-                  HAS_DLSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_DV)
-    rm = rows < n_rows
-    m = rm[:, None] & (cols[None, :] < Dv)
-    off = rows[:, None] * Dv + cols[None, :]
-    o = tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
-    do = tl.load(do_ptr + off, mask=m, other=0.0).to(tl.float32)
-    d = tl.sum(o * do, axis=1)
-    if HAS_DLSE:
-        d -= tl.load(dlse_ptr + rows, mask=rm, other=0.0).to(tl.float32)
-    tl.store(delta_ptr + rows, d, mask=rm)
 
 
 @triton.jit
@@ -134,11 +119,11 @@ def _dq_blocks(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, j, start, nfull
 
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, dq_ptr,
-               S, G, S_kv, n_r, h, Dk, Dv, scale, qk_scale_log2,
+def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, r_ptr, lim_ptr,
+               dq_ptr, S, G, S_kv, n_r, h, Dk, Dv, scale, qk_scale_log2,
                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
                BLOCK_DV: tl.constexpr, N_PAD: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-               TMA: tl.constexpr, TAIL_N: tl.constexpr):
+               TMA: tl.constexpr, TAIL_N: tl.constexpr, HAS_DLSE: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     bg = tl.program_id(1).to(tl.int64)
     b = bg // G
@@ -154,7 +139,12 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, do_ptr, lse_ptr, delta_ptr, 
     q = tl.load(q_ptr + qrow[:, None] * Dk + dks[None, :], mask=hm[:, None] & dkm[None, :], other=0.0)
     do = tl.load(do_ptr + qrow[:, None] * Dv + dvs[None, :], mask=hm[:, None] & dvm[None, :], other=0.0)
     lse = tl.load(lse_ptr + qrow, mask=hm, other=0.0) * 1.4426950408889634
-    delta = tl.load(delta_ptr + qrow, mask=hm, other=0.0)
+    # delta = rowsum(do * o) - dlse, computed here from the do already loaded; stored for dk/dv
+    o = tl.load(o_ptr + qrow[:, None] * Dv + dvs[None, :], mask=hm[:, None] & dvm[None, :], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(dlse_ptr + qrow, mask=hm, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + qrow, delta, mask=hm)
     # The row's ranges, clamped to [0, lim) (lim: keys >= t + 1 are never read).
     lim = tl.load(lim_ptr + b * S + s).to(tl.int32)
     j = tl.arange(0, N_PAD)
@@ -341,7 +331,9 @@ class InverseIndex:
 
 @functools.lru_cache(maxsize=None)
 def _side_stream(device_index: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device_index)
+    # High priority: the index's small kernels take SMs as dq's programs retire instead of
+    # queueing behind all of them.
+    return torch.cuda.Stream(device_index, priority=-1)
 
 
 def _index_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -436,11 +428,7 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     side = _index_stream(q.device)
     if side is not None:  # the index reads norm_ranges and lim
         side.wait_stream(torch.cuda.current_stream(q.device))
-    n_rows = d.B * d.S * d.G * d.h
-    delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
-    _delta_kernel[(triton.cdiv(n_rows, 32),)](
-        o, do, dlse.float().contiguous() if dlse is not None else delta, delta, n_rows, d.Dv,
-        HAS_DLSE=dlse is not None, BLOCK_R=32, BLOCK_DV=BLOCK_DV)
+    delta = torch.empty(d.B * d.S * d.G * d.h, dtype=torch.float32, device=q.device)  # written by the dq kernel
 
     qk_scale_log2 = scale * LOG2E
     dq, dk, dv = out if out is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
@@ -451,10 +439,11 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
     descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
     _dq_kernel[(d.S, d.B * d.G)](
-        q, k, v, *descs, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
+        q, k, v, *descs, o, do, lse, dlse.contiguous() if dlse is not None else lse, delta, norm_ranges, lim, dq,
+        d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
         scale, qk_scale_log2, BLOCK_H=BLOCK_H, BLOCK_N=cfg["dq_block_n"], BLOCK_DK=BLOCK_DK,
         BLOCK_DV=BLOCK_DV, N_PAD=_pow2(d.n), PRECISION=precision, INTERPRET=INTERPRET, TMA=tma, TAIL_N=cfg["dq_tail_n"],
-        num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
+        HAS_DLSE=dlse is not None, num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
 
     bn = cfg["block_n"]
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
