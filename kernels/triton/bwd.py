@@ -368,19 +368,20 @@ def launch_config(Dk: int, Dv: int, dtype: torch.dtype, *, S_kv=None, n=None, ki
 def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     """Built-in launch parameters: `dq_*` for the dq kernel (`dq_tma`: whole `dq_block_n`-key
     tiles of each range through tensor descriptors, the remainders in `dq_tail_n`-key
-    gathers, SM >= 9.0 only; off until measured on the H100); `block_n` (KV tile), `block_m`
-    ((query row x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per
-    program) for dk/dv. Head dims above 128 and fp32 (IEEE dots, no tensor cores) take
-    smaller tiles to stay within 255 registers (sm90 compiles). dk/dv with 4 warps: two
-    programs per SM beat one of 8 warps on the H100, 45.2 vs 58.2 ms for the whole
-    backward at the T=65536 benchmark (bench/results/h100/triton_bwd_dev.md)."""
+    gathers; it takes effect on SM >= 9.0 only); `block_n` (KV tile), `block_m` ((query row
+    x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per program) for dk/dv.
+    Head dims above 128 and fp32 (IEEE dots, no tensor cores) take smaller tiles to stay
+    within 255 registers (sm90 compiles). Measured on the H100 at the T=65536 benchmark
+    (bench/results/h100/triton_bwd_dev.md): dk/dv with 4 warps, two programs per SM, beat
+    one of 8 warps (45.2 vs 58.2 ms for the whole backward); dq through descriptors with 2
+    warps and 3 stages took the backward from 43.4 to 35.8 ms."""
     small = max(_pow2(Dk), _pow2(Dv)) <= 128
     if dtype == torch.float32:
-        return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2, dq_tma=False, dq_tail_n=16,
+        return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2, dq_tma=True, dq_tail_n=16,
                     block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK)
-    return dict(dq_block_n=64 if small else 32, dq_warps=4, dq_stages=2, dq_tma=False, dq_tail_n=32 if small else 16,
-                block_n=64 if small else 32, block_m=64 if small else 32, warps=4 if small else 8, stages=2,
-                chunk=DEFAULT_CHUNK)
+    return dict(dq_block_n=64 if small else 32, dq_warps=2 if small else 4, dq_stages=3 if small else 2, dq_tma=True,
+                dq_tail_n=32 if small else 16, block_n=64 if small else 32, block_m=64 if small else 32,
+                warps=4 if small else 8, stages=2, chunk=DEFAULT_CHUNK)
 
 
 def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None,
