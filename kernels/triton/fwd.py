@@ -165,14 +165,10 @@ def _split_shared(j, sA, lA, sB, lB):
 
 
 @triton.jit
-def _stack_vec(a, b):
-    """[a; b]: the values of A's rows, then B's."""
-    return tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * a.shape[0],))
-
-
-@triton.jit
-def _stack_mat(a, b):
-    """[a; b] along the first dimension: A's rows, then B's."""
+def _stack(a, b):
+    """[a; b] along the first dimension (rows of A, then rows of B)."""
+    if len(a.shape) == 1:
+        return tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * a.shape[0],))
     return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
 
 
@@ -262,7 +258,7 @@ def _sel_fwd_kernel(
         accB = tl.zeros([H_PAD, DV_PAD], tl.float32)
         mB, lsB, accB = _attend_row(qB, k_grp, v_grp, k_desc, v_desc, b32, g32, sk_n, sv_n, j, sB, lB, limB, Dk, Dv,
                                     mB, lsB, accB, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L, TMA, TAIL_L)
-        m_i, l_i, acc = _stack_vec(mA, mB), _stack_vec(lsA, lsB), _stack_mat(accA, accB)
+        m_i, l_i, acc = _stack(mA, mB), _stack(lsA, lsB), _stack(accA, accB)
         start, length = s_sh, l_sh  # shared keys are below both rows' limits
     else:
         m_i = tl.full([H_PAD], float("-inf"), tl.float32)
