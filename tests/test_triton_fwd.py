@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selection_attention_ref
+from selgate.reference import normalize_ranges, resolve_scale, selection_attention_ref
 from selgate.reference.golden import gather_attention
 from selgate.reference.ranges import expand_ranges, selected_lengths
 from selgate.reference.varlen import pack_sequences, varlen_to_batched
@@ -86,9 +86,6 @@ def _inputs(shape, dtype, seed):
 
 # Whole 32-key tiles through tensor descriptors, 16-key gather tiles for the remainders.
 TMA_CONFIG = {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1 if DEVICE == "cpu" else 2, "TMA": True, "TAIL_L": 16}
-# Two neighbouring rows a program (keys both select are read once), gather or descriptors.
-PAIR_CONFIGS = {"pair": {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1 if DEVICE == "cpu" else 2, "ROWS": 2},
-                "pair_tma": {**TMA_CONFIG, "ROWS": 2}}
 
 
 @pytest.mark.parametrize("path", ["gather", "tma"])
@@ -107,30 +104,6 @@ def test_forward_matches_reference(case, dtype, path):
         pytest.skip("tensor descriptors need SM >= 9.0")
     triton_forward(q, k_nan, v_nan, norm, scale=resolve_scale(None, q.shape[-1]), out=(o, lse), config=cfg)
     assert_matches_reference(q, k, v, norm, o, lse)  # the reference pads gathers with key 0: clean K/V
-
-
-@pytest.mark.parametrize("path", sorted(PAIR_CONFIGS))
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_two_rows_a_program_match_reference(dtype, path):
-    """ROWS=2 on NSA ranges, where neighbouring rows share block 0 and their local blocks
-    (the part read once for both) and differ elsewhere; S odd, so one program has one row."""
-    g = torch.Generator().manual_seed(11)
-    B, S, G, h, D, l_sel = 2, 75, 2, 3, 16, 8
-    q, k, v, _ = random_inputs(B=B, S=S, G=G, h=h, Dk=D, Dv=24, S_kv=S, n=1, dtype=dtype, seed=4)
-    ranges = build_ranges(torch.rand(B, S, G, -(-S // l_sel), generator=g), G=G, l_sel=l_sel, n=4, S_kv=S)
-    ranges[1, 10, 0] = 0  # an empty row beside a non-empty one
-    q, k, v, ranges = (t.to(DEVICE) for t in (q, k, v, ranges))
-    norm = normalize_ranges(ranges, S)
-    pairs = norm[:, 0:S - 1:2], norm[:, 1::2]
-    assert bool((pairs[0][..., 0, :] == pairs[1][..., 0, :]).all(-1).any()), "no shared first range"
-    cfg = PAIR_CONFIGS[path]
-    if cfg.get("TMA") and not tma_supported(k, v):
-        pytest.skip("tensor descriptors need SM >= 9.0")
-    k_nan, v_nan = poison_unselected(k, v, norm)
-    o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
-    lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
-    triton_forward(q, k_nan, v_nan, norm, scale=resolve_scale(None, D), out=(o, lse), config=cfg)
-    assert_matches_reference(q, k, v, norm, o, lse)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -155,13 +155,11 @@ def test_precedence_env_over_tuned_over_by_L_bucket_over_profile(cfg, monkeypatc
 def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkeypatch):
     """Tuned entries time the gather path; a kind the profile runs through tensor descriptors
     keeps the profile's parameters, with its tail tile, and the env flag turns TMA off."""
-    write_profile(cfg, "triton_fwd:\n  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, tail_l: 8, "
-                       "rows: 2}\n")
+    write_profile(cfg, "triton_fwd:\n  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, tail_l: 8}\n")
     tuning.write_tuned(tuning.tuned_path(device_name()), [fwd_entry("interpreter", 16, 128, "float32", 32, 2, 1)],
                        device_name=device_name())
     got = tuning.fwd_config(16, 16, 4, "interpreter", dtype=torch.float32, S_kv=70, n=4)
-    assert got == {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1, "TMA": True, "TAIL_L": 16,  # tail >= MMA minimum
-                   "ROWS": 2}
+    assert got == {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1, "TMA": True, "TAIL_L": 16}  # tail >= MMA minimum
     monkeypatch.setenv(tuning.ENV_TMA, "0")
     tuning.clear_cache()
     got = tuning.fwd_config(16, 16, 4, "interpreter", dtype=torch.float32, S_kv=70, n=4)

@@ -123,88 +123,6 @@ def _attend_blocks(q, k_desc, v_desc, b, g, j, start, nfull, m_i, l_i, acc, qk_s
     return m_i, l_i, acc
 
 
-@triton.jit
-def _row_ranges(r_ptr, pos_ptr, b, s, g, sr_b, sr_s, sr_g, sr_j, S, S_kv, n, valid,
-                HAS_POS: tl.constexpr, N_PAD: tl.constexpr):
-    """Row s's ranges clamped to [0, lim) (keys >= lim = t + 1 are never read), as start and
-    length vectors over the range slots, and lim; a row past S (`valid` false) has none."""
-    if HAS_POS:
-        t = tl.load(pos_ptr + b * S + s, mask=valid, other=0)
-    else:
-        t = s + S_kv - S
-    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv).to(tl.int32)
-    j = tl.arange(0, N_PAD)
-    r_row = r_ptr + b * sr_b + s * sr_s + g * sr_g + j * sr_j
-    m = (j < n) & valid
-    start = tl.minimum(tl.maximum(tl.load(r_row, mask=m, other=0).to(tl.int32), 0), lim)
-    end = tl.minimum(tl.maximum(tl.load(r_row + 1, mask=m, other=0).to(tl.int32), 0), lim)
-    return start, tl.maximum(end - start, 0), lim
-
-
-@triton.jit
-def _split_shared(j, sA, lA, sB, lB):
-    """Rows A = s and B = s + 1 of one group, split into keys both select and keys only one
-    selects, as (start, length) vectors: shared, A only, B only. What NSA rows share is their
-    first range (block 0, forced for every row) and their last one (the local blocks, forced,
-    ending at t + 1): the first ranges are shared when equal, the last ones from their common
-    start to the shorter end. Any other overlap stays in the per-row parts, so the split is
-    exact whatever the ranges."""
-    firstA = tl.sum(tl.where(j == 0, lA, 0), 0)
-    first = (firstA > 0) & (tl.sum(tl.where(j == 0, sA - sB, 0), 0) == 0) & \
-        (tl.sum(tl.where(j == 0, lA - lB, 0), 0) == 0)
-    lastA = tl.max(tl.where(lA > 0, j, -1), 0)
-    lastB = tl.max(tl.where(lB > 0, j, -1), 0)
-    last = (lastA > 0) & (lastB > 0) & \
-        (tl.sum(tl.where(j == lastA, sA, 0), 0) == tl.sum(tl.where(j == lastB, sB, 0), 0))
-    common = tl.minimum(tl.sum(tl.where(j == lastA, lA, 0), 0), tl.sum(tl.where(j == lastB, lB, 0), 0))
-    cut_a = tl.where((j == lastA) & last, common, 0)
-    cut_b = tl.where((j == lastB) & last, common, 0)
-    shared = tl.where((j == 0) & first, lA, 0) + cut_a
-    only_b = lB - tl.where((j == 0) & first, lB, 0) - cut_b
-    return sA, shared, sA + cut_a, lA - shared, sB + cut_b, only_b
-
-
-@triton.jit
-def _stack(a, b):
-    """[a; b] along the first dimension (rows of A, then rows of B)."""
-    if len(a.shape) == 1:
-        return tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * a.shape[0],))
-    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
-
-
-@triton.jit
-def _attend_row(q, k_grp, v_grp, k_desc, v_desc, b, g, sk_n, sv_n, j, start, length, lim, Dk, Dv, m_i, l_i, acc,
-                qk_scale, IEEE: tl.constexpr, INTERPRET: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-                BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr):
-    """Every key of the ranges (start, length) into the softmax state of the rows of q."""
-    if TMA:
-        # Whole BLOCK_L-key tiles of every range come through the tensor-memory accelerator:
-        # no per-key address arithmetic and no masks, and every key they hold is selected.
-        # Only each range's remainder (< BLOCK_L keys) takes the masked gather path below.
-        nfull = length // BLOCK_L
-        m_i, l_i, acc = _attend_blocks(q, k_desc, v_desc, b, g, j, start, nfull, m_i, l_i, acc, qk_scale, IEEE,
-                                       INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
-        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start + nfull * BLOCK_L,
-                                       length - nfull * BLOCK_L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
-                                       IEEE, INTERPRET, DK_PAD, DV_PAD, TAIL_L)
-    else:
-        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i, l_i, acc,
-                                       qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _load_q(q_ptr, b, s0, g, sq_b, sq_s, sq_g, sq_h, S, h, Dk,
-            ROWS: tl.constexpr, H_PAD: tl.constexpr, DK_PAD: tl.constexpr):
-    """q of rows s0 .. s0 + ROWS - 1, heads padded to H_PAD each, stacked: [ROWS * H_PAD, DK_PAD]."""
-    r = tl.arange(0, ROWS * H_PAD)
-    dk = tl.arange(0, DK_PAD)
-    s = s0 + r // H_PAD
-    head = r % H_PAD
-    rows = q_ptr + b * sq_b + s * sq_s + g * sq_g + head.to(tl.int64) * sq_h
-    return tl.load(rows[:, None] + dk[None, :], mask=((head < h) & (s < S))[:, None] & (dk[None, :] < Dk), other=0.0)
-
-
 # Integer arguments whose values only size loops or address q, o, lse and the ranges once
 # per program: specialising on them (value 1, divisibility by 16) would compile one kernel
 # per shape. K/V strides and head dims stay specialised: they make the K/V loads vector loads.
@@ -224,62 +142,60 @@ def _sel_fwd_kernel(
     S, G, S_kv, h, Dk, Dv, n, qk_scale,
     HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
     H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
-    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr,
 ):
-    # Programs run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
-    # A program serves ROWS consecutive rows (1, or 2: keys both rows select are read once).
+    # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
     pid = tl.program_id(0).to(tl.int64)
-    n_prog = (S + ROWS - 1) // ROWS
-    s0 = (pid % n_prog) * ROWS
-    g = (pid // n_prog) % G
-    b = pid // (n_prog * G)
+    s = pid % S
+    g = (pid // S) % G
+    b = pid // (S * G)
+    if HAS_POS:
+        t = tl.load(pos_ptr + b * S + s)
+    else:
+        t = s + S_kv - S
+    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv).to(tl.int32)  # keys >= lim are never read
+
+    # The row's ranges, clamped to [0, lim); start/stop of each range in tile positions.
     j = tl.arange(0, N_PAD)
+    r_row = r_ptr + b * sr_b + s * sr_s + g * sr_g + j * sr_j
+    start = tl.load(r_row, mask=j < n, other=0).to(tl.int32)
+    end = tl.load(r_row + 1, mask=j < n, other=0).to(tl.int32)
+    start = tl.minimum(tl.maximum(start, 0), lim)
+    end = tl.minimum(tl.maximum(end, 0), lim)
+    length = tl.maximum(end - start, 0)
+
+    hh = tl.arange(0, H_PAD)
+    dk = tl.arange(0, DK_PAD)
+    dv = tl.arange(0, DV_PAD)
+    q_rows = q_ptr + b * sq_b + s * sq_s + g * sq_g + hh[:, None].to(tl.int64) * sq_h
+    q = tl.load(q_rows + dk[None, :], mask=(hh[:, None] < h) & (dk[None, :] < Dk), other=0.0)
     k_grp = k_ptr + b * sk_b + g * sk_g
     v_grp = v_ptr + b * sv_b + g * sv_g
-    b32 = b.to(tl.int32)
-    g32 = g.to(tl.int32)
-    start, length, lim = _row_ranges(r_ptr, pos_ptr, b, s0, g, sr_b, sr_s, sr_g, sr_j, S, S_kv, n, True,
-                                     HAS_POS, N_PAD)
-    if ROWS == 2:
-        # Each row's own keys into its own softmax state, then the two states stacked
-        # (A's heads, then B's) for the keys both select: one K/V tile load serves both.
-        sB, lB, limB = _row_ranges(r_ptr, pos_ptr, b, s0 + 1, g, sr_b, sr_s, sr_g, sr_j, S, S_kv, n, s0 + 1 < S,
-                                   HAS_POS, N_PAD)
-        s_sh, l_sh, sA, lA, sB, lB = _split_shared(j, start, length, sB, lB)
-        qA = _load_q(q_ptr, b, s0, g, sq_b, sq_s, sq_g, sq_h, S, h, Dk, 1, H_PAD, DK_PAD)
-        mA = tl.full([H_PAD], float("-inf"), tl.float32)
-        lsA = tl.zeros([H_PAD], tl.float32)
-        accA = tl.zeros([H_PAD, DV_PAD], tl.float32)
-        mA, lsA, accA = _attend_row(qA, k_grp, v_grp, k_desc, v_desc, b32, g32, sk_n, sv_n, j, sA, lA, lim, Dk, Dv,
-                                    mA, lsA, accA, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L, TMA, TAIL_L)
-        qB = _load_q(q_ptr, b, s0 + 1, g, sq_b, sq_s, sq_g, sq_h, S, h, Dk, 1, H_PAD, DK_PAD)
-        mB = tl.full([H_PAD], float("-inf"), tl.float32)
-        lsB = tl.zeros([H_PAD], tl.float32)
-        accB = tl.zeros([H_PAD, DV_PAD], tl.float32)
-        mB, lsB, accB = _attend_row(qB, k_grp, v_grp, k_desc, v_desc, b32, g32, sk_n, sv_n, j, sB, lB, limB, Dk, Dv,
-                                    mB, lsB, accB, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L, TMA, TAIL_L)
-        m_i, l_i, acc = _stack(mA, mB), _stack(lsA, lsB), _stack(accA, accB)
-        start, length = s_sh, l_sh  # shared keys are below both rows' limits
+
+    m_i = tl.full([H_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([H_PAD], tl.float32)
+    acc = tl.zeros([H_PAD, DV_PAD], tl.float32)
+    if TMA:
+        # Whole BLOCK_L-key tiles of every range come through the tensor-memory accelerator:
+        # no per-key address arithmetic and no masks, and every key they hold is selected.
+        # Only each range's remainder (< BLOCK_L keys) takes the masked gather path below.
+        nfull = length // BLOCK_L
+        m_i, l_i, acc = _attend_blocks(q, k_desc, v_desc, b.to(tl.int32), g.to(tl.int32), j, start, nfull,
+                                       m_i, l_i, acc, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
+        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start + nfull * BLOCK_L,
+                                       length - nfull * BLOCK_L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
+                                       IEEE, INTERPRET, DK_PAD, DV_PAD, TAIL_L)
     else:
-        m_i = tl.full([H_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([H_PAD], tl.float32)
-        acc = tl.zeros([H_PAD, DV_PAD], tl.float32)
-    q = _load_q(q_ptr, b, s0, g, sq_b, sq_s, sq_g, sq_h, S, h, Dk, ROWS, H_PAD, DK_PAD)
-    m_i, l_i, acc = _attend_row(q, k_grp, v_grp, k_desc, v_desc, b32, g32, sk_n, sv_n, j, start, length, lim, Dk, Dv,
-                                m_i, l_i, acc, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L, TMA, TAIL_L)
+        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i, l_i, acc,
+                                       qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
 
     nonempty = l_i > 0
     l_safe = tl.where(nonempty, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    r = tl.arange(0, ROWS * H_PAD)
-    s = s0 + r // H_PAD
-    head = r % H_PAD
-    ok = (head < h) & (s < S)
-    dv = tl.arange(0, DV_PAD)
-    o_rows = o_ptr + b * so_b + s * so_s + g * so_g + head.to(tl.int64) * so_h
-    tl.store(o_rows[:, None] + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=ok[:, None] & (dv[None, :] < Dv))
-    tl.store(lse_ptr + b * sl_b + s * sl_s + g * sl_g + head * sl_h, lse, mask=ok)
+    o_rows = o_ptr + b * so_b + s * so_s + g * so_g + hh[:, None].to(tl.int64) * so_h
+    tl.store(o_rows + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=(hh[:, None] < h) & (dv[None, :] < Dv))
+    tl.store(lse_ptr + b * sl_b + s * sl_s + g * sl_g + hh * sl_h, lse, mask=hh < h)
 
 
 def smem_fits(block_l: int, stages: int, dk_pad: int, dv_pad: int, item: int, budget_kb: int) -> bool:
@@ -365,14 +281,13 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
         tma = bool(cfg.get("TMA")) and tma_supported(k, v)
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"]))),
-                "ROWS": 2 if int(cfg.get("ROWS", 1)) == 2 and S > 1 else 1}
+                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}
     else:
-        meta = {"TMA": False, "TAIL_L": 0, "ROWS": 1}  # the autotuner times the gather path, one row a program
+        meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
     descs = tma_descriptors(k, v, meta["BLOCK_L"]) if meta["TMA"] else (None, None)
-    (_tuner or _sel_fwd_kernel)[(B * G * triton.cdiv(S, meta["ROWS"]),)](
+    (_tuner or _sel_fwd_kernel)[(rows,)](
         q, k, v, *descs, norm_ranges, pos, o, lse,
         *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *norm_ranges.stride()[:4],
         *o.stride()[:4], *lse.stride(),

@@ -326,9 +326,8 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
         tma = st.tma.get(kind, False)
         cfg, source = (None if tma else _lookup(st, "fwd", kind, Dk, Dv, dtype, b)) or \
             profile_fwd_config(st.owner, Dk, Dv, item, kind, b)
-        raw = st.owner["triton_fwd"][kind]
-        tail = int(raw.get("tail_l", cfg["BLOCK_L"]))
-        return {**cfg, "TMA": tma, "TAIL_L": max(MIN_DOT, tail), "ROWS": int(raw.get("rows", 1))}, source
+        tail = int(st.owner["triton_fwd"][kind].get("tail_l", cfg["BLOCK_L"]))
+        return {**cfg, "TMA": tma, "TAIL_L": max(MIN_DOT, tail)}, source
 
     return _select("fwd", key, resolve, tune, FWD_KEYS, ENV_FWD, env)
 
