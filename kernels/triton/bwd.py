@@ -1,7 +1,6 @@
 """Triton backward of selection attention: deterministic dq, dk, dv without atomics.
 
-- `delta = rowsum(do * o) - dlse` per (b, s, g, head): computed and stored by the dq kernel,
-  which loads `do` anyway; the dk/dv kernel reads it.
+- `delta = rowsum(do * o) - dlse` per (b, s, g, head): a small preprocess kernel.
 - dq: one program per (b, s, g) for all `h` heads; it walks the row's selected keys in one
   flat tile loop across range boundaries (tiles.py, as the forward), recomputes
   `p = exp(scale * q.k - lse)` from the saved LSE and accumulates in fp32. Only keys inside
@@ -19,7 +18,9 @@
 Host syncs: two small reads while building the index (the number of (row, tile) pairs,
 then the number of work items and partial slots) size the index and the grid. On CUDA the
 index is built on a side stream while the dq kernel runs, so those reads wait for the
-index work only and its small kernels overlap dq (the order of every sum is unchanged).
+index work only and its small kernels overlap dq; with `overlap` the dk/dv kernels follow on
+that stream, beside dq. dq and dk/dv read the same inputs and write disjoint outputs, so
+running them side by side changes no sum's order: results stay bitwise reproducible.
 Extra memory: the index, O(B*S*G*(n + L/BLOCK_N)) integers, plus fp32 partials for split
 tiles only.
 """
@@ -43,6 +44,22 @@ from .tiles import block_key, gather_keys
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEFAULT_CHUNK = 2048  # pairs per dk/dv work item; bounds the longest program
+
+
+@triton.jit
+def _delta_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, n_rows, Dv,
+                  HAS_DLSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_DV)
+    rm = rows < n_rows
+    m = rm[:, None] & (cols[None, :] < Dv)
+    off = rows[:, None] * Dv + cols[None, :]
+    o = tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + off, mask=m, other=0.0).to(tl.float32)
+    d = tl.sum(o * do, axis=1)
+    if HAS_DLSE:
+        d -= tl.load(dlse_ptr + rows, mask=rm, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + rows, d, mask=rm)
 
 
 @triton.jit
@@ -119,11 +136,11 @@ def _dq_blocks(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, j, start, nfull
 
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, r_ptr, lim_ptr,
-               dq_ptr, S, G, S_kv, n_r, h, Dk, Dv, scale, qk_scale_log2,
+def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, dq_ptr,
+               S, G, S_kv, n_r, h, Dk, Dv, scale, qk_scale_log2,
                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
                BLOCK_DV: tl.constexpr, N_PAD: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-               TMA: tl.constexpr, TAIL_N: tl.constexpr, HAS_DLSE: tl.constexpr):
+               TMA: tl.constexpr, TAIL_N: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     bg = tl.program_id(1).to(tl.int64)
     b = bg // G
@@ -139,12 +156,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, do_ptr, lse_ptr, dlse
     q = tl.load(q_ptr + qrow[:, None] * Dk + dks[None, :], mask=hm[:, None] & dkm[None, :], other=0.0)
     do = tl.load(do_ptr + qrow[:, None] * Dv + dvs[None, :], mask=hm[:, None] & dvm[None, :], other=0.0)
     lse = tl.load(lse_ptr + qrow, mask=hm, other=0.0) * 1.4426950408889634
-    # delta = rowsum(do * o) - dlse, computed here from the do already loaded; stored for dk/dv
-    o = tl.load(o_ptr + qrow[:, None] * Dv + dvs[None, :], mask=hm[:, None] & dvm[None, :], other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if HAS_DLSE:
-        delta -= tl.load(dlse_ptr + qrow, mask=hm, other=0.0).to(tl.float32)
-    tl.store(delta_ptr + qrow, delta, mask=hm)
+    delta = tl.load(delta_ptr + qrow, mask=hm, other=0.0)
     # The row's ranges, clamped to [0, lim) (lim: keys >= t + 1 are never read).
     lim = tl.load(lim_ptr + b * S + s).to(tl.int32)
     j = tl.arange(0, N_PAD)
@@ -330,18 +342,19 @@ class InverseIndex:
 
 
 @functools.lru_cache(maxsize=None)
-def _side_stream(device_index: int) -> torch.cuda.Stream:
-    # High priority: the index's small kernels take SMs as dq's programs retire instead of
-    # queueing behind all of them.
+def _stream_of(device_index: int) -> torch.cuda.Stream:
+    # High priority: the index's small kernels and the dk/dv programs take SMs as dq's
+    # programs retire instead of queueing behind all of them.
     return torch.cuda.Stream(device_index, priority=-1)
 
 
-def _index_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The stream the inverse index is built on while the dq kernel runs on the current one
-    (its two host reads then wait for the index work only); None off CUDA."""
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream the inverse index is built on (its two host reads then wait for the index
+    work only), and with `overlap` the dk/dv kernels run on, beside the dq kernel on the
+    current stream; None off CUDA."""
     if device.type != "cuda":
         return None
-    return _side_stream(device.index if device.index is not None else torch.cuda.current_device())
+    return _stream_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _check_like(name: str, t: torch.Tensor, shape: tuple, dtype=None) -> None:
@@ -369,7 +382,8 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     """Built-in launch parameters: `dq_*` for the dq kernel (`dq_tma`: whole `dq_block_n`-key
     tiles of each range through tensor descriptors, the remainders in `dq_tail_n`-key
     gathers; it takes effect on SM >= 9.0 only); `block_n` (KV tile), `block_m` ((query row
-    x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per program) for dk/dv.
+    x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per program) for dk/dv;
+    `overlap`: dk/dv on a second stream beside dq (CUDA), which changes no sum's order.
     Head dims above 128 and fp32 (IEEE dots, no tensor cores) take smaller tiles to stay
     within 255 registers (sm90 compiles). Measured on the H100 at the T=65536 benchmark
     (bench/results/h100/triton_bwd_dev.md): dk/dv with 4 warps, two programs per SM, beat
@@ -378,10 +392,10 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     small = max(_pow2(Dk), _pow2(Dv)) <= 128
     if dtype == torch.float32:
         return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2, dq_tma=True, dq_tail_n=16,
-                    block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK)
+                    block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK, overlap=True)
     return dict(dq_block_n=64 if small else 32, dq_warps=2 if small else 4, dq_stages=3 if small else 2, dq_tma=True,
                 dq_tail_n=32 if small else 16, block_n=64 if small else 32, block_m=64 if small else 32,
-                warps=4 if small else 8, stages=2, chunk=DEFAULT_CHUNK)
+                warps=4 if small else 8, stages=2, chunk=DEFAULT_CHUNK, overlap=True)
 
 
 def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None,
@@ -424,12 +438,15 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused by fp16/bf16 dots
     BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     BLOCK_H = _pow2(d.h)  # dq: the h heads of one row are the MMA's M side (at least 16)
-    heads_kv = triton.next_power_of_2(d.h)  # dk/dv: block_m // heads_kv rows share one MMA
 
-    side = _index_stream(q.device)
-    if side is not None:  # the index reads norm_ranges and lim
+    n_rows = d.B * d.S * d.G * d.h
+    delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(n_rows, 32),)](
+        o, do, dlse.float().contiguous() if dlse is not None else delta, delta, n_rows, d.Dv,
+        HAS_DLSE=dlse is not None, BLOCK_R=32, BLOCK_DV=BLOCK_DV)
+    side = _side_stream(q.device)
+    if side is not None:  # the index reads norm_ranges and lim, the dk/dv kernel delta
         side.wait_stream(torch.cuda.current_stream(q.device))
-    delta = torch.empty(d.B * d.S * d.G * d.h, dtype=torch.float32, device=q.device)  # written by the dq kernel
 
     qk_scale_log2 = scale * LOG2E
     dq, dk, dv = out if out is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
@@ -440,19 +457,32 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
     descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
     _dq_kernel[(d.S, d.B * d.G)](
-        q, k, v, *descs, o, do, lse, dlse.contiguous() if dlse is not None else lse, delta, norm_ranges, lim, dq,
-        d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
+        q, k, v, *descs, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
         scale, qk_scale_log2, BLOCK_H=BLOCK_H, BLOCK_N=cfg["dq_block_n"], BLOCK_DK=BLOCK_DK,
         BLOCK_DV=BLOCK_DV, N_PAD=_pow2(d.n), PRECISION=precision, INTERPRET=INTERPRET, TMA=tma, TAIL_N=cfg["dq_tail_n"],
-        HAS_DLSE=dlse is not None, num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
+        num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
 
     bn = cfg["block_n"]
+    main = torch.cuda.current_stream(q.device) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
-    if side is not None:
-        main = torch.cuda.current_stream(q.device)
+    if side is not None and not cfg["overlap"]:  # dk/dv after dq, on the caller's stream
         main.wait_stream(side)
         idx.record_stream(main)
+    with torch.cuda.stream(side) if side is not None and cfg["overlap"] else contextlib.nullcontext():
+        _dkdv(q, k, v, do, lse, delta, idx, dk, dv, d, cfg, scale, precision)
+    if side is not None and cfg["overlap"]:
+        main.wait_stream(side)
+    return dq, dk, dv
+
+
+def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scale: float, precision: str) -> None:
+    """dk and dv from the inverse index, on the current stream: zero-filled (tiles no row
+    selected are never visited), one program per work item, then split tiles' partials summed."""
+    bn = cfg["block_n"]
+    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
+    heads_kv = triton.next_power_of_2(d.h)  # block_m // heads_kv rows share one MMA
+    qk_scale_log2 = scale * LOG2E
     dk.zero_()
     dv.zero_()
     pdk = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DK, dtype=torch.float32, device=q.device)
@@ -469,4 +499,3 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
         _reduce_partials_kernel[(idx.n_multi,)](
             pdk, pdv, idx.multi_seg, idx.multi_slot, idx.multi_count, dk, dv, idx.n_tiles, d.S_kv,
             d.Dk, d.Dv, BLOCK_N=bn, BLOCK_DK=BLOCK_DK, BLOCK_DV=BLOCK_DV)
-    return dq, dk, dv

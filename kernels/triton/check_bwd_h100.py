@@ -42,7 +42,7 @@ from .train_check import verdict as train_verdict
 
 DEV = "cuda"
 NAMES = ("o", "lse", "dq", "dk", "dv")
-SWEEP = [{"dq_tma": False}, {"dq_warps": 4}, {"dq_warps": 1}, {"dq_stages": 2}, {"dq_block_n": 32}, {"dq_tail_n": 16},
+SWEEP = [{"overlap": False}, {"dq_tma": False}, {"dq_warps": 4}, {"dq_warps": 1}, {"dq_stages": 2}, {"dq_block_n": 32}, {"dq_tail_n": 16},
          {"block_m": 64}, {"stages": 3}, {"chunk": 512}, {"block_n": 32}]
 
 
