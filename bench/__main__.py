@@ -83,6 +83,8 @@ def add_sel(sub) -> None:
     p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
     p.add_argument("--budget_s", type=float, default=330.0, help="stop measuring after this many seconds")
     p.add_argument("--no_parity", action="store_true", help="skip the parity check against fp64")
+    p.add_argument("--graph", action="store_true",
+                   help="also time decode rows of capturable methods from a CUDA graph (graph_ms column)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, help="output folder (default bench/results/<device>/<date>)")
     p.add_argument("--name", help="file name stem (default: the preset, else 'sel')")
@@ -93,7 +95,7 @@ def matrices(a) -> list[Matrix]:
     dtype = DTYPES[a.dtype]
     if a.sweep:
         return PRESETS[a.sweep](dtype)
-    s = Settings(warmup=a.warmup, iters=a.iters, max_seconds=a.max_seconds, parity=not a.no_parity)
+    s = Settings(warmup=a.warmup, iters=a.iters, max_seconds=a.max_seconds, parity=not a.no_parity, graph=a.graph)
     if a.T is not None:
         if a.decode:
             raise SystemExit("--decode and --T (prefill) exclude each other")

@@ -37,7 +37,7 @@ def issue4_prefill(dtype: str) -> Problem:
 
 
 def issue4(dtype: str = "bfloat16") -> list[Matrix]:
-    return [Matrix("issue4-decode", issue4_decode(dtype), Settings(warmup=10, iters=100)),
+    return [Matrix("issue4-decode", issue4_decode(dtype), Settings(warmup=10, iters=100, graph=True)),
             Matrix("issue4-prefill", [issue4_prefill(dtype)], Settings(warmup=2, iters=10, max_seconds=4.0))]
 
 

@@ -27,6 +27,7 @@ class Settings:
     max_seconds: float = 2.0  # per (problem, method) timing
     parity: bool = True
     seed: int = 0
+    graph: bool = False  # also CUDA-graph timing of decode rows of capturable methods
 
 
 def progress(items, desc: str):
@@ -104,7 +105,7 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
     calls = [m.build(p, x) for x in sets]
     t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
     fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n, host_ms=t.host_ms)
-    if m.graphable and p.kind == "decode" and device.type == "cuda":
+    if s.graph and m.graphable and p.kind == "decode" and device.type == "cuda":
         try:
             fields["graph_ms"] = time_graph(calls, device).median_ms
         except Exception as e:  # the eager timing stands; say why the graph one is missing
