@@ -45,7 +45,7 @@ def seed(dtype: str = "bfloat16") -> list[Matrix]:
     problems = [decode_problem(N, H, D, Dv, L, dist, dtype)
                 for N, H, D, Dv, L, dist in itertools.product((64, 256, 1024), (4, 8), (64, 128), (64, 128), SEED_L,
                                                               DISTS)]
-    return [Matrix("seed", problems, Settings(warmup=3, iters=15, max_seconds=0.5))]
+    return [Matrix("seed", problems, Settings(warmup=3, iters=15, max_seconds=0.5, graph=True))]
 
 
 def launch(dtype: str = "bfloat16") -> list[Matrix]:

@@ -124,3 +124,16 @@ def test_a_slowdown_within_the_intervals_overlap_does_not_block():
     assert blocking == [] and rows[0]["verdict"].startswith("slower, within noise")
     rows, blocking = regression.compare_rows(base, clear)
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
+
+
+def test_an_eager_slowdown_with_the_device_time_within_the_baseline_does_not_block():
+    """Eagerly 3x slower with the host at 85% of the call (below the host-bound cut): the
+    graph-replayed device time decides; within 10% of the baseline it is the host's slowdown."""
+    base = [{"config": "c", "method": "cuda", "ours": True, "status": "ok", "ms": 0.10}]
+    latest = [{**base[0], "ms": 0.30, "host_ms": 0.255, "graph_ms": 0.105}]
+    rows, blocking = regression.compare_rows(base, latest)
+    assert blocking == [] and rows[0]["verdict"] == ("slower eagerly, device time within the baseline "
+                                                      "(graph 0.1050 ms)")
+    latest[0]["graph_ms"] = 0.12  # the device itself got 20% slower
+    rows, blocking = regression.compare_rows(base, latest)
+    assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
