@@ -2,7 +2,9 @@
 
 `sel_triton_min_L` is the smallest selected length `L` (max over rows, what the
 dispatcher compares) from which every measured configuration has the Triton forward at
-least `MIN_SPEEDUP` x packed SDPA with parity holding, such that no configuration below
+least `MIN_SPEEDUP` x packed SDPA with parity holding (a configuration misses the bar only
+when it misses at the ends of the two 95% intervals that favour Triton: one stalled sample
+of the host must not switch the dispatcher's policy), such that no configuration below
 it loses more than `MAX_LOSS` by staying on packed SDPA (i.e. Triton is not more than 10%
 faster there). When that is the smallest L measured, the threshold is 0: nothing below it
 was measured to favour packed SDPA, and 0 turns the min-L rung off, which also drops the
@@ -84,12 +86,20 @@ def _by_config(rows: list[dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
+def _best_case_speedup(sdpa: dict, tri: dict) -> float:
+    """sdpa / triton at the ends of their 95% intervals that favour Triton (medians where a
+    row has no interval): below MIN_SPEEDUP the bar is missed beyond the run-to-run noise."""
+    hi, lo = sdpa.get("ms_hi"), tri.get("ms_lo")
+    return (hi if hi is not None else sdpa["ms"]) / (lo if lo is not None else tri["ms"])
+
+
 def choose_min_L(rows: list[dict]) -> Decision:
-    pairs = []  # (L, speedup, parity ok, config)
+    pairs = []  # (L, speedup of the medians, parity ok, config, best-case speedup)
     for config, methods in _by_config(rows).items():
         if "sdpa" in methods and "triton" in methods:
-            tri = methods["triton"]
-            pairs.append((tri["L_max"], methods["sdpa"]["ms"] / tri["ms"], tri["parity"] == "ok", config))
+            sdpa, tri = methods["sdpa"], methods["triton"]
+            pairs.append((tri["L_max"], sdpa["ms"] / tri["ms"], tri["parity"] == "ok", config,
+                          _best_case_speedup(sdpa, tri)))
     if not pairs:
         return Decision(NEVER, note="No configuration has both `sdpa` and `triton` measured: Triton never qualifies.")
     Ls = sorted({p[0] for p in pairs})
@@ -99,16 +109,20 @@ def choose_min_L(rows: list[dict]) -> Decision:
         per_L.append((L, len(at), min(p[1] for p in at), all(p[2] for p in at)))
 
     def qualifies(L):
-        return all(p[1] >= MIN_SPEEDUP and p[2] for p in pairs if p[0] >= L)
+        return all(p[4] >= MIN_SPEEDUP and p[2] for p in pairs if p[0] >= L)
 
     def losses(L):
-        return [f"{c}: triton {s:.2f}x faster" for l_, s, _, c in pairs if l_ < L and s > 1 + MAX_LOSS]
+        return [f"{c}: triton {s:.2f}x faster" for l_, s, _, c, _ in pairs if l_ < L and s > 1 + MAX_LOSS]
 
     candidates = [L for L in Ls if qualifies(L)]
     clean = [L for L in candidates if not losses(L)]
     rule = (f"Rule: smallest L from which triton >= {MIN_SPEEDUP}x packed SDPA with parity on every measured "
-            f"configuration, none below it more than {MAX_LOSS:.0%} slower on sdpa than on triton; "
-            f"{len(pairs)} configurations with both measured.")
+            f"configuration (a configuration misses only when the ends of the two 95% intervals that favour "
+            f"Triton miss too, as the regression check treats noise), none below it more than {MAX_LOSS:.0%} "
+            f"slower on sdpa than on triton; {len(pairs)} configurations with both measured.")
+    noisy = [f"{c}: medians {s:.2f}x, best case {b:.2f}x" for _, s, _, c, b in pairs if s < MIN_SPEEDUP <= b]
+    if noisy:
+        rule += " Within the noise of the bar: " + "; ".join(noisy) + "."
     if clean and clean[0] == Ls[0]:
         return Decision(0, per_L, note=rule + f" Triton qualifies from the smallest L measured ({Ls[0]}): "
                         "threshold 0 (rung off, no host read per call).")
