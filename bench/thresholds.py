@@ -86,11 +86,18 @@ def _by_config(rows: list[dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
+MIN_SAMPLES = 10  # below this the interval is the samples' whole range: medians decide
+
+
 def _best_case_speedup(sdpa: dict, tri: dict) -> float:
-    """sdpa / triton at the ends of their 95% intervals that favour Triton (medians where a
-    row has no interval): below MIN_SPEEDUP the bar is missed beyond the run-to-run noise."""
-    hi, lo = sdpa.get("ms_hi"), tri.get("ms_lo")
-    return (hi if hi is not None else sdpa["ms"]) / (lo if lo is not None else tri["ms"])
+    """sdpa / triton at the ends of their 95% intervals that favour Triton: below MIN_SPEEDUP
+    the bar is missed beyond the run-to-run noise. Medians where a row has no interval or
+    fewer than MIN_SAMPLES samples (its interval would be its min and max, and one fast
+    sample would excuse a miss)."""
+    if any(r.get(k) is None for r in (sdpa, tri) for k in ("ms_lo", "ms_hi")) or \
+            min(sdpa.get("iters") or 0, tri.get("iters") or 0) < MIN_SAMPLES:
+        return sdpa["ms"] / tri["ms"]
+    return sdpa["ms_hi"] / tri["ms_lo"]
 
 
 def choose_min_L(rows: list[dict]) -> Decision:
@@ -188,7 +195,8 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
         fwd["by_L_bucket"] = {kind: by for kind, by in decision.launch_by_bucket.items() if kind not in tma_kinds}
     profile["measured"] = {"source": str(source), "software": software,
                            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-                           "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity; <= {MAX_LOSS:.0%} loss below"}
+                           "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity (a miss within the 95% intervals, "
+                                   f">= {MIN_SAMPLES} samples, is noise); <= {MAX_LOSS:.0%} loss below"}
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds`.\n"
               "# Values override configs/base.yaml on this device; environment variables override both.\n")

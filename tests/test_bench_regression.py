@@ -137,3 +137,7 @@ def test_an_eager_slowdown_with_the_device_time_within_the_baseline_does_not_blo
     latest[0]["graph_ms"] = 0.12  # the device itself got 20% slower
     rows, blocking = regression.compare_rows(base, latest)
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
+    base[0]["graph_ms"] = 0.05  # a graph-timed baseline: 0.105 ms is 2.1x its device time
+    latest[0]["graph_ms"] = 0.105
+    rows, blocking = regression.compare_rows(base, latest)
+    assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1

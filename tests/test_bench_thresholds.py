@@ -59,11 +59,13 @@ def test_a_miss_within_the_noise_does_not_move_the_threshold():
     with a 0.83-1.82 ms interval (host 1.11 ms/call against ~0.17 ms for its neighbours).
     A miss whose interval reaches the bar is noise; one that misses at both ends is not."""
     rows = sweep({16: 3.0, 32: 3.0, 64: 3.0})
-    rows[2:4] = [{**row(32, "sdpa", 1.21), "ms_lo": 1.17, "ms_hi": 1.25},
-                 {**row(32, "triton", 1.23), "ms_lo": 0.83, "ms_hi": 1.82}]
+    rows[2:4] = [{**row(32, "sdpa", 1.21), "ms_lo": 1.17, "ms_hi": 1.25, "iters": 15},
+                 {**row(32, "triton", 1.23), "ms_lo": 0.83, "ms_hi": 1.82, "iters": 15}]
     d = thresholds.derive(rows)
     assert d.min_L == 0 and "within the noise of the bar" in d.note.lower() and "best case 1.51x" in d.note
-    rows[3].update(ms_lo=1.20, ms_hi=1.26)  # a tight interval: a real miss
+    rows[3]["iters"] = 3  # cut to 3 samples: the interval is their whole range, medians decide
+    assert thresholds.derive(rows).min_L == 64
+    rows[3].update(iters=15, ms_lo=1.20, ms_hi=1.26)  # a tight interval: a real miss
     assert thresholds.derive(rows).min_L == 64
 
 

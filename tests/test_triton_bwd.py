@@ -116,11 +116,13 @@ def assert_backward_matches_reference(case, dtype, config):
     return norm
 
 
+@pytest.mark.parametrize("dq_path", ["gather", "tma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["overlap_empty", "heavy_reuse", "h1_dk8", "decode_positions"])
-def test_backward_matches_fp64_reference(case, dtype):
-    # small tiles and chunks: several KV tiles, and tiles split into partials, even at tiny sizes
-    assert_backward_matches_reference(case, dtype, dict(block_n=16, chunk=5))
+def test_backward_matches_fp64_reference(case, dtype, dq_path):
+    # small tiles and chunks: several KV tiles, and tiles split into partials, even at tiny
+    # sizes; dq through the gather path (SM < 9.0, unaligned K/V) and through descriptors
+    assert_backward_matches_reference(case, dtype, dict(block_n=16, chunk=5, dq_tma=dq_path == "tma"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -219,6 +221,31 @@ def test_autograd_function_end_to_end(autocast):
     for name, leaf, b, c in zip(("dq", "dk", "dv"), leaves, ref, base):
         assert leaf.grad.dtype == torch.float32
         assert_within_spec(leaf.grad, b, c, low, f"autograd autocast={autocast} {name}")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="streams: CUDA only")
+def test_side_stream_follows_the_callers_stream():
+    """On a non-default caller stream, dk/dv beside dq (`overlap`) or after it give the same
+    bits, readable on the caller's stream without a device-wide sync; under CUDA graph capture
+    the backward refuses clearly (its index reads two sizes on the host)."""
+    q, k, v, r, pos = make_case("heavy_reuse", torch.float16)
+    norm = normalize_ranges(r, k.shape[2], pos)
+    o, lse = selection_attention_ref(q, k, v, norm, positions=pos, return_lse=True)
+    do = torch.randn_like(o)
+    args = (q, k, v, o.half(), lse.float(), do.half(), norm)
+    caller = torch.cuda.Stream()
+    caller.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(caller):
+        got = [triton_backward(*args, scale=0.25, positions=pos, config=dict(overlap=ov)) for ov in (True, False)]
+        sums = [torch.stack([t.float().sum() for t in g]) for g in got]  # queued on the caller's stream
+    torch.cuda.current_stream().wait_stream(caller)
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+    assert torch.equal(sums[0], sums[1]) and torch.isfinite(sums[0]).all()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graph capture"):
+        with torch.cuda.graph(graph):
+            triton_backward(*args, scale=0.25, positions=pos)
 
 
 def test_bad_inputs_name_the_argument():

@@ -16,10 +16,12 @@
   results are bitwise reproducible; keys no row selected keep exact zeros.
 
 Host syncs: two small reads while building the index (the number of (row, tile) pairs,
-then the number of work items and partial slots) size the index and the grid. On CUDA the
-index is built on a side stream while the dq kernel runs, so those reads wait for the
-index work only and its small kernels overlap dq; with `overlap` the dk/dv kernels follow on
-that stream, beside dq. dq and dk/dv read the same inputs and write disjoint outputs, so
+then the number of work items and partial slots) size the index and the grid, so the
+backward cannot be captured in a CUDA graph (it says so instead of failing mid-capture). On
+CUDA the index is built on a side stream that first waits for the caller's stream up to the
+delta kernel; the dq kernel is queued on the caller's stream after that point, so the host
+reads do not wait for dq, and the index's small kernels overlap it. With `overlap` the dk/dv
+kernels follow on the side stream, beside dq. dq and dk/dv read the same inputs and write disjoint outputs, so
 running them side by side changes no sum's order: results stay bitwise reproducible.
 Extra memory: the index, O(B*S*G*(n + L/BLOCK_N)) integers, plus fp32 partials for split
 tiles only.
@@ -350,8 +352,8 @@ def _stream_of(device_index: int) -> torch.cuda.Stream:
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
     """The stream the inverse index is built on (its two host reads then wait for the index
-    work only), and with `overlap` the dk/dv kernels run on, beside the dq kernel on the
-    current stream; None off CUDA."""
+    work and what the caller queued before it), and with `overlap` the dk/dv kernels run on,
+    beside the dq kernel on the current stream; None off CUDA."""
     if device.type != "cuda":
         return None
     return _stream_of(device.index if device.index is not None else torch.cuda.current_device())
@@ -414,6 +416,9 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
         if dim % 8 or dim > 256:
             raise ValueError(f"{name}={dim}: the Triton backward needs a head dim that is a multiple of 8, at most 256")
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("triton_backward: cannot run under CUDA graph capture: building the inverse index "
+                           "reads two sizes on the host")
     kind = "interpreter" if q.device.type == "cpu" else "prefill"  # decode backward is tuned as prefill
     cfg = launch_config(d.Dk, d.Dv, q.dtype, S_kv=d.S_kv, n=d.n, kind=kind, tune=None if config else (
         lambda default: tuning.tune_bwd(
@@ -436,9 +441,17 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     do = do.to(q.dtype).contiguous()
     lim = key_limit(norm_ranges, d.S_kv, positions)[:, :, 0, 0].contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused by fp16/bf16 dots
-    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     BLOCK_H = _pow2(d.h)  # dq: the h heads of one row are the MMA's M side (at least 16)
+    if q.device.type == "cuda":
+        with torch.cuda.device(q.device):  # Triton launches on the current device's stream
+            return _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg, scale, precision, BLOCK_H)
+    return _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg, scale, precision, BLOCK_H)
 
+
+def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scale: float, precision: str,
+            BLOCK_H: int):
+    """delta, dq and the inverse index, then dk/dv (on the side stream with `overlap`)."""
+    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     n_rows = d.B * d.S * d.G * d.h
     delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
     _delta_kernel[(triton.cdiv(n_rows, 32),)](
@@ -464,15 +477,17 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
 
     bn = cfg["block_n"]
     main = torch.cuda.current_stream(q.device) if side is not None else None
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
-    if side is not None and not cfg["overlap"]:  # dk/dv after dq, on the caller's stream
-        main.wait_stream(side)
-        idx.record_stream(main)
-    with torch.cuda.stream(side) if side is not None and cfg["overlap"] else contextlib.nullcontext():
-        _dkdv(q, k, v, do, lse, delta, idx, dk, dv, d, cfg, scale, precision)
-    if side is not None and cfg["overlap"]:
-        main.wait_stream(side)
+    try:
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
+        if side is not None and not cfg["overlap"]:  # dk/dv after dq, on the caller's stream
+            main.wait_stream(side)
+            idx.record_stream(main)
+        with torch.cuda.stream(side) if side is not None and cfg["overlap"] else contextlib.nullcontext():
+            _dkdv(q, k, v, do, lse, delta, idx, dk, dv, d, cfg, scale, precision)
+    finally:  # also on an error: nothing the caller frees may still be in use on the side stream
+        if side is not None:
+            main.wait_stream(side)
     return dq, dk, dv
 
 

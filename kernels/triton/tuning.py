@@ -61,7 +61,8 @@ ENV_RANGE_LEN = "NSA_SEL_RANGE_LEN"
 ENV_TMA = "NSA_SEL_TRITON_TMA"
 DEFAULT_RANGE_LEN = 64
 FWD_KEYS = ("BLOCK_L", "num_warps", "num_stages")
-BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "block_n", "block_m", "warps", "stages", "chunk")
+BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "dq_tma", "dq_tail_n", "block_n", "block_m", "warps", "stages",
+            "chunk", "overlap")
 
 # Forward search space: BLOCK_L x (warps, stages); configs over the smem budget are pruned.
 FWD_SPACE = tuple((b, w, s) for b in (16, 32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 2), (8, 3)))
