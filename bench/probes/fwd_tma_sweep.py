@@ -4,7 +4,9 @@ The bench's `triton@BxWxS` variants time the gather path only; this probe times 
 descriptor path the H100 profile uses for prefill, against the gather path (first row), so
 the profile's `triton_fwd.prefill` values come from a measurement (bench/results/h100/triton_fwd_dev.md).
 Run on a GPU: python3 bench/probes/fwd_tma_sweep.py"""
-import itertools, sys, torch
+import itertools
+
+import torch
 from triton.testing import do_bench
 from selgate.bench.inputs import prefill_problem, make_inputs
 from selgate.kernels.triton.fwd import triton_forward

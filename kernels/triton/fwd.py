@@ -25,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from selgate.kernels.config import load_config
 from selgate.kernels.policy import interpreting
 from selgate.kernels.stats import record_launch
 
