@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from selgate.kernels.config import load_config
 from selgate.reference.ranges import key_limit
 from selgate.reference.validation import check_inputs
 
@@ -387,17 +388,24 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     x head) columns of one MMA), `warps`, `stages` and `chunk` (pairs per program) for dk/dv;
     `overlap`: dk/dv on a second stream beside dq (CUDA), which changes no sum's order.
     Head dims above 128 and fp32 (IEEE dots, no tensor cores) take smaller tiles to stay
-    within 255 registers (sm90 compiles). Measured on the H100 at the T=65536 benchmark
+    within 255 registers (sm90 compiles). For fp16/bf16 with head dims <= 128, dk/dv's
+    `block_m` and `stages` come from the device profile (`triton_bwd`, configs/): the dk/dv
+    loop gathers its query rows through an index it loads in the same loop, so Triton's
+    pipeliner prefetches them `(stages - 1) // 2` steps ahead, and a deep pipeline needs the
+    shared memory of a large-smem GPU. Measured on the H100 at the T=65536 benchmark
     (bench/results/h100/triton_bwd_dev.md): dk/dv with 4 warps, two programs per SM, beat
     one of 8 warps (45.2 vs 58.2 ms for the whole backward); dq through descriptors with 2
-    warps and 3 stages took the backward from 43.4 to 35.8 ms."""
+    warps and 3 stages took the backward from 43.4 to 35.8 ms; dk/dv with 7 stages and
+    block_m 32 took the dk/dv kernel from 16.8 to 14.8 ms."""
     small = max(_pow2(Dk), _pow2(Dv)) <= 128
     if dtype == torch.float32:
         return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2, dq_tma=True, dq_tail_n=16,
                     block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK, overlap=True)
+    prof = load_config()["triton_bwd"]
     return dict(dq_block_n=64 if small else 32, dq_warps=2 if small else 4, dq_stages=3 if small else 2, dq_tma=True,
-                dq_tail_n=32 if small else 16, block_n=64 if small else 32, block_m=64 if small else 32,
-                warps=4 if small else 8, stages=2, chunk=DEFAULT_CHUNK, overlap=True)
+                dq_tail_n=32 if small else 16, block_n=64 if small else 32,
+                block_m=int(prof["block_m"]) if small else 32, warps=4 if small else 8,
+                stages=int(prof["stages"]) if small else 2, chunk=DEFAULT_CHUNK, overlap=True)
 
 
 def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None,

@@ -1,4 +1,4 @@
-"""Range normalisation in one Triton launch per call (one program per (b, s, g) row).
+"""Range normalisation in one Triton launch per call (a few (b, s, g) rows per program).
 
 The torch formulation in `selgate.reference.ranges.normalize_ranges` issues about thirty
 small ops; on a decode step that host cost (about 1 ms on the H100 host, measured in
@@ -18,6 +18,9 @@ import triton
 import triton.language as tl
 
 EMPTY = 1 << 62  # sort key of a dropped range: after every real one
+# Range slots per program (rows x padded n): one program per row left a prefill call with
+# 262144 tiny programs and as many pairs of counter atomics on one address.
+ROW_SLOTS = 256
 
 
 @triton.jit
@@ -25,46 +28,49 @@ def _max_combine(a, b):
     return tl.maximum(a, b)
 
 
-@triton.jit(do_not_specialize=("S", "G", "S_kv", "N", "srb", "srs", "srg", "srn", "src", "spb", "sps", "kv_bytes"))
-def _normalize_kernel(r_ptr, pos_ptr, out_ptr, count_ptr, S, G, S_kv, N,
+@triton.jit(do_not_specialize=("S", "G", "S_kv", "N", "R", "srb", "srs", "srg", "srn", "src", "spb", "sps", "kv_bytes"))
+def _normalize_kernel(r_ptr, pos_ptr, out_ptr, count_ptr, S, G, S_kv, N, R,
                       srb, srs, srg, srn, src, spb, sps, kv_bytes,
-                      HAS_POS: tl.constexpr, COUNT: tl.constexpr, N_PAD: tl.constexpr, EMPTY_KEY: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+                      HAS_POS: tl.constexpr, COUNT: tl.constexpr, N_PAD: tl.constexpr, ROWS: tl.constexpr,
+                      EMPTY_KEY: tl.constexpr):
+    """ROWS rows of R per program; every step works along axis 1 (a row's range slots)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = row < R
     b = row // (S * G)
     s = (row // G) % S
     g = row % G
     if HAS_POS:
-        t = tl.load(pos_ptr + b * spb + s * sps).to(tl.int64)
+        t = tl.load(pos_ptr + b * spb + s * sps, mask=live, other=0).to(tl.int64)
     else:
         t = s + S_kv - S
-    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv)
-    j = tl.arange(0, N_PAD)
-    inside = j < N
-    base = r_ptr + b * srb + s * srs + g * srg + j.to(tl.int64) * srn
+    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv)[:, None]
+    j = tl.arange(0, N_PAD)[None, :] + tl.zeros([ROWS, N_PAD], tl.int32)  # slot index, full shape for gathers
+    inside = (j < N) & live[:, None]
+    base = r_ptr + (b * srb + s * srs + g * srg)[:, None] + j.to(tl.int64) * srn
     start = tl.load(base, mask=inside, other=0).to(tl.int64)
     end = tl.load(base + src, mask=inside, other=0).to(tl.int64)
     start = tl.minimum(tl.maximum(start, 0), lim)
     end = tl.minimum(tl.maximum(end, 0), lim)
     real = inside & (end > start)
-    key = tl.sort(tl.where(real, start * 4294967296 + end, EMPTY_KEY), 0)
+    key = tl.sort(tl.where(real, start * 4294967296 + end, EMPTY_KEY), 1)
     real = key < EMPTY_KEY
     start = key // 4294967296
     end = key % 4294967296
-    n_real = tl.sum(real.to(tl.int32), 0)
-    reach = tl.associative_scan(tl.where(real, end, -1), 0, _max_combine)
-    prev_reach = tl.where(j > 0, tl.gather(reach, tl.maximum(j - 1, 0), 0), -1)
+    n_real = tl.sum(real.to(tl.int32), 1)[:, None]
+    reach = tl.associative_scan(tl.where(real, end, -1), 1, _max_combine)
+    prev_reach = tl.where(j > 0, tl.gather(reach, tl.maximum(j - 1, 0), 1), -1)
     opens = real & (start > prev_reach)
-    n_out = tl.sum(opens.to(tl.int32), 0)
-    first = tl.sort(tl.where(opens, j, N_PAD + j), 0)  # positions of the openings, in order
-    last = tl.where(j + 1 < n_out, tl.gather(first, tl.minimum(j + 1, N_PAD - 1), 0) - 1, n_real - 1)
+    n_out = tl.sum(opens.to(tl.int32), 1)[:, None]
+    first = tl.sort(tl.where(opens, j, N_PAD + j), 1)  # slots of the openings, in order
+    last = tl.where(j + 1 < n_out, tl.gather(first, tl.minimum(j + 1, N_PAD - 1), 1) - 1, n_real - 1)
     keep = j < n_out
-    out_start = tl.where(keep, tl.gather(start, tl.minimum(first, N_PAD - 1), 0), 0)
-    out_end = tl.where(keep, tl.gather(reach, tl.maximum(last, 0), 0), 0)
-    obase = out_ptr + row * N * 2 + j.to(tl.int64) * 2  # `out` is contiguous
+    out_start = tl.where(keep, tl.gather(start, tl.minimum(first, N_PAD - 1), 1), 0)
+    out_end = tl.where(keep, tl.gather(reach, tl.maximum(last, 0), 1), 0)
+    obase = out_ptr + row[:, None] * N * 2 + j.to(tl.int64) * 2  # `out` is contiguous
     tl.store(obase, out_start.to(out_ptr.dtype.element_ty), mask=inside)
     tl.store(obase + 1, out_end.to(out_ptr.dtype.element_ty), mask=inside)
-    if COUNT:
-        L = tl.sum(out_end - out_start, 0)
+    if COUNT:  # one pair of adds per program: dead rows and padding slots hold 0
+        L = tl.sum(tl.sum(out_end - out_start, 1), 0)
         tl.atomic_add(count_ptr, L)
         tl.atomic_add(count_ptr + 1, L * kv_bytes)
 
@@ -84,9 +90,12 @@ def normalize_ranges_triton(ranges: torch.Tensor, S_kv: int, positions=None, out
         return out
     pos = positions if positions is not None else ranges
     sp = positions.stride() if positions is not None else (0, 0)
-    _normalize_kernel[(B * S * G,)](
-        ranges, pos, out, counter if counter is not None else ranges, S, G, S_kv, n,
+    n_pad = max(2, triton.next_power_of_2(n))
+    rows_per = max(1, ROW_SLOTS // n_pad)
+    R = B * S * G
+    _normalize_kernel[(triton.cdiv(R, rows_per),)](
+        ranges, pos, out, counter if counter is not None else ranges, S, G, S_kv, n, R,
         *ranges.stride(), *sp, int(kv_bytes_per_key),
         HAS_POS=positions is not None, COUNT=counter is not None,
-        N_PAD=max(2, triton.next_power_of_2(n)), EMPTY_KEY=EMPTY)
+        N_PAD=n_pad, ROWS=rows_per, EMPTY_KEY=EMPTY)
     return out

@@ -68,7 +68,8 @@ BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "dq_tma", "dq_tail_n", "block
 FWD_SPACE = tuple((b, w, s) for b in (16, 32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 2), (8, 3)))
 # Backward: one factor at a time around the defaults, then the per-axis winners combined.
 BWD_AXES = {"dq_block_n": (16, 32, 64, 128), "dq_warps": (4, 8), "block_n": (16, 32, 64, 128),
-            "block_m": (16, 32, 64, 128), "warps": (4, 8), "stages": (1, 2, 3), "chunk": (512, 2048, 8192)}
+            "block_m": (16, 32, 64, 128), "warps": (4, 8), "stages": (1, 2, 3, 5, 7),
+            "chunk": (512, 2048, 8192)}
 
 
 def l_bucket(L: int) -> int:
