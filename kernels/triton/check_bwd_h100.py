@@ -130,7 +130,7 @@ def parity(out: dict, deadline: float, dtypes=(torch.float32, torch.float16, tor
                 print(f"PARITY FAIL {name} D={D} h={h} {pattern} {mode} zero_unselected={zero}: {r}", flush=True)
         rows.append(f"| {name} | {D} | {n_ok}/{n_all} | "
                     + " | ".join(f"{worst[k][0]:.2e} / {worst[k][1]:.2e} ({worst[k][2]:.1e})" for k in NAMES) + " |")
-        print(f"parity {name} D={D}: {n_ok}/{n_all} ok", flush=True)
+        print(f"parity {name} D={D}: {n_ok}/{n_all} ok\n{rows[-1]}", flush=True)  # the row survives a cut-off call
     out["parity"] = rows
     return ["| dtype | D=Dk=Dv | cases ok | " + " | ".join(f"worst {k}: max err / bound (mean)" for k in NAMES) + " |",
             "| --- | --- | --- | " + " | ".join("---" for _ in NAMES) + " |", *rows,
@@ -333,14 +333,19 @@ def main():
     steps = (("bench", lambda: bench(out, t0 + args.budget_s * 0.5)), ("determinism", lambda: determinism(out)),
              ("training", lambda: training(out)),
              ("parity", lambda: parity(out, t0 + args.budget_s, dtypes=dtypes, dims=tuple(args.dims))))
-    sections.update(run_sections([s for s in steps if s[0] in args.sections], out, args.out))
-    md = ["# Triton selection backward on the device (issue 6)", "", "| | |", "| --- | --- |",
-          *(f"| {k} | {v} |" for k, v in out["stamp"].items()),
-          "", "## Benchmark", "", *sections["bench"], "", "## Determinism", "", *sections["determinism"],
-          "", "## Training", "", *sections["training"], "", "## Gradient parity (SPEC.md, strict)", "",
-          *sections["parity"]]
-    (args.out / "triton_bwd_dev.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+
+    def report(done: dict) -> str:
+        got = {**sections, **done}
+        md = ["# Triton selection backward on the device (issue 6)", "", "| | |", "| --- | --- |",
+              *(f"| {k} | {v} |" for k, v in out["stamp"].items()),
+              "", "## Benchmark", "", *got["bench"], "", "## Determinism", "", *got["determinism"],
+              "", "## Training", "", *got["training"], "", "## Gradient parity (SPEC.md, strict)", "",
+              *got["parity"]]
+        (args.out / "triton_bwd_dev.md").write_text("\n".join(md) + "\n")
+        return "\n".join(md)
+
+    sections.update(run_sections([s for s in steps if s[0] in args.sections], out, args.out, after=report))
+    print(report(sections))
 
 
 if __name__ == "__main__":

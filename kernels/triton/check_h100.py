@@ -312,9 +312,10 @@ def parity_table(rows) -> list:
     return t
 
 
-def run_sections(steps, out: dict, out_dir: Path) -> dict:
+def run_sections(steps, out: dict, out_dir: Path, after=None) -> dict:
     """Run named steps in order; a step that raises records its traceback and the rest go
-    on; results.json is rewritten after each, so a call cut off by its limit keeps them."""
+    on; results.json is rewritten after each, and `after(sections)` called (a report writer),
+    so a call cut off by its limit keeps them."""
     sections, t0 = {}, time.time()
     for name, fn in steps:
         try:
@@ -325,6 +326,8 @@ def run_sections(steps, out: dict, out_dir: Path) -> dict:
         print(f"[{name} done at {time.time() - t0:.0f} s]", flush=True)
         torch.cuda.empty_cache()
         (out_dir / "results.json").write_text(json.dumps(out, indent=1, default=str))
+        if after is not None:
+            after(sections)
     return sections
 
 
