@@ -265,7 +265,7 @@ def bench(out: dict, deadline: float) -> list:
         try:
             got = bwd(s0, cfg)
             same = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, grads))
-            sweep.append((cfg, ms(lambda s: bwd(s, cfg), rep=100), f"max |diff| vs default {same:.2e}"))
+            sweep.append((cfg, ms(lambda s: bwd(s, cfg), rep=400), f"max |diff| vs default {same:.2e}"))
         except Exception as e:  # e.g. out of resources: record and go on
             sweep.append((cfg, None, f"{type(e).__name__}: {str(e)[:80]}"))
         print(f"  sweep {sweep[-1]}", flush=True)
