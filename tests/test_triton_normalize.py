@@ -65,3 +65,17 @@ def test_counts_selected_tokens_and_bytes_on_the_device():
     L = int((got[..., 1] - got[..., 0]).sum())
     assert L == int((normalize_ranges(r, 40, pos)[..., 1] - normalize_ranges(r, 40, pos)[..., 0]).sum()) > 0
     assert counter.tolist() == [7 + L, 70 + 12 * L]
+
+
+def test_rows_spread_over_programs_with_a_partial_last_one():
+    """222 rows at 16 rows a program (n=16): 14 programs, the last with 14 live rows; every row
+    written, the count exact."""
+    g = torch.Generator().manual_seed(5)
+    r = torch.randint(-4, 90, (3, 37, 2, 16, 2), generator=g)
+    counter = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    out = torch.full(r.shape, -7, dtype=r.dtype, device=DEVICE)
+    got = normalize_ranges_triton(r.to(DEVICE), 80, out=out, counter=counter, kv_bytes_per_key=3).cpu()
+    want = normalize_ranges(r, 80)
+    assert torch.equal(got, want)
+    L = int((want[..., 1] - want[..., 0]).sum())
+    assert counter.tolist() == [L, 3 * L]

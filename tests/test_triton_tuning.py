@@ -166,6 +166,19 @@ def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkey
     assert got["TMA"] is False and got["BLOCK_L"] == 32  # gather path: the tuned entry applies
 
 
+def test_backward_default_takes_dkdv_depth_from_the_profile(cfg):
+    """fp16/bf16 dk/dv with head dims <= 128 read block_m and stages from `triton_bwd`; fp32
+    and large head dims keep their register-bound tiles whatever the profile says."""
+    base = bwd_mod.default_config(128, 128, torch.bfloat16)
+    assert (base["block_m"], base["stages"]) == (64, 2)  # configs/base.yaml
+    write_profile(cfg, "triton_bwd: {block_m: 32, stages: 7}\n")
+    got = bwd_mod.default_config(128, 128, torch.bfloat16)
+    assert got == {**base, "block_m": 32, "stages": 7}
+    assert bwd_mod.default_config(64, 64, torch.float16)["stages"] == 7
+    assert bwd_mod.default_config(192, 192, torch.bfloat16)["stages"] == 2
+    assert bwd_mod.default_config(64, 64, torch.float32)["stages"] == 2
+
+
 def test_backward_precedence(cfg, monkeypatch):
     default = bwd_mod.default_config(16, 16, torch.float32)
 
