@@ -160,10 +160,10 @@ def test_launch_overrides_reach_the_extension(runnable):
     assert ext.calls[0]["tune"] == [] and ext.calls[1]["tune"] == [3, 2, 4, 1]
 
 
-@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5), (-1,)])
+@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5, 6), (-1,)])
 def test_bad_launch_overrides_are_input_errors(runnable, tune):
     runnable(FakeExtension())
-    with pytest.raises(ValueError, match="^tune: expected up to 4 non-negative ints"):
+    with pytest.raises(ValueError, match="^tune: expected up to 5 non-negative ints"):
         selection_attention_cuda(*decode_inputs(), tune=tune)
 
 
@@ -227,11 +227,12 @@ def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, 
 
 
 @gpu
-@pytest.mark.parametrize("tune", [(2, 1, 1, 0), (3, 2, 4, 1), (2, 4, 2, 0), (6, 3, 2, 0), (0, 2, 0, 0), (0, 4, 0, 0)])
+@pytest.mark.parametrize("tune", [(2, 1, 1, 0), (3, 2, 4, 1), (2, 4, 2, 0), (6, 3, 2, 0), (0, 2, 0, 0), (0, 4, 0, 0),
+                                  (2, 1, 2, 0, 16), (3, 2, 4, 1, 16), (0, 0, 0, 0, 16)])
 @pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"),
                                                 (2, 256, 256, 333, "many")])
 def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
-    """Warps, ring depth, cluster split and PDL change the schedule, never the function."""
+    """Warps, ring depth, cluster split, PDL and keys per warp step change the schedule, never the function."""
     from selgate.kernels.cuda.check_h100 import run_case
 
     if (tune[1] > 1 or tune[3]) and torch.cuda.get_device_capability() < (9, 0):
@@ -252,7 +253,8 @@ def test_gpu_dispatchable_errors_stay_reasons():
 @pytest.mark.parametrize("tune, D, message", [
     ((2, 8, 2, 0), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
     ((2, 2, 8, 0), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
-    ((4, 1, 8, 1), 128, "more than 4 warps are verified only for Dk \\+ Dv <= 128")])
+    ((4, 1, 8, 1), 128, "more than 4 warps are verified only for Dk \\+ Dv <= 128"),
+    ((0, 0, 0, 0, 8), 64, "slab \\(keys per warp step\\) must be 16 or 32, got 8")])
 def test_unverified_launches_are_refused(tune, D, message):
     """Launches that crashed on the H100, or were never verified, are refused with the reason."""
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=D, Dv=D))

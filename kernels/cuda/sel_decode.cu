@@ -83,7 +83,6 @@ constexpr int kMinStages = 3, kMaxStages = 6;
 constexpr int kRingBudget = 104 * 1024;  // simt: bytes of K/V ring per block (2 blocks per SM)
 constexpr int kMmaMaxWarps = 8;
 constexpr int kMmaHeads = 16;
-constexpr int kSlab = 16;  // keys per warp step of the mma kernel
 constexpr int kMaxSplit = 8;  // portable cluster size
 constexpr int kSimtThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -213,7 +212,8 @@ __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned c
       }
       carry += __shfl_sync(0xffffffffu, x, 31);
     }
-    if (lane == 0) *reinterpret_cast<int64_t*>(smem + p.off_L) = carry;
+    // L <= lim for normalised ranges; the clamp keeps positions in int32 whatever the input.
+    if (lane == 0) *reinterpret_cast<int64_t*>(smem + p.off_L) = min(carry, lim);
   }
 }
 
@@ -346,33 +346,52 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// One warp issues the copies of the 16 keys at positions [pos0, pos0 + 16) of the row into
-// its slab (K rows then V rows): 8 lanes per key row, 4 rows per pass, so each instruction
-// moves whole 128-byte lines. 16-byte chunk c of slab row r lands at chunk c ^ (r & xor).
-template <typename T>
-__device__ __forceinline__ void load_slab(const Params& p, const RowView<T>& rv, int64_t pos0, T* ks, T* vs,
+// One warp issues the copies of the KS keys at positions [pos0, pos0 + KS) of the row into
+// its slab (K rows then V rows). Lane l finds the key of slab row l % KS (one cursor step per
+// slab, not per copy) and hands it out by shuffle; then 8 lanes copy each key row, 4 rows per
+// pass, so each instruction moves whole 128-byte lines. 16-byte chunk c of slab row r lands
+// at chunk c ^ (r & xor). The chunk loops run to the compile-time widths DKB/DVB, guarded by
+// the real ones unless FULL (Dk == DKB and Dv == DVB).
+template <typename T, int DKB, int DVB, int KS, bool FULL>
+__device__ __forceinline__ void load_slab(const Params& p, const RowView<T>& rv, int pos0, int L, T* ks, T* vs,
                                           const unsigned char* smem, KeyCursor& cursor, int lane) {
-  const int ckk = p.Dk >> 3, ckv = p.Dv >> 3;
-#pragma unroll 1
-  for (int it = 0; it < kSlab / 4; ++it) {
+  const int ckk = p.Dk >> 3, ckv = p.Dv >> 3, c0 = lane & 7;
+  const int mine = pos0 + lane % KS;
+  const int my_key = mine < L ? static_cast<int>(cursor.key(mine, smem, p.n)) : -1;  // keys < S_kv < 2^31
+#pragma unroll
+  for (int it = 0; it < KS / 4; ++it) {
     const int r = (lane >> 3) + 4 * it;
-    const int64_t pos = pos0 + r;
-    const bool valid = pos < rv.L;
-    const int64_t key = valid ? cursor.key(pos, smem, p.n) : 0;
-    const T* krow = rv.kg + key * p.Dk;
-    const T* vrow = rv.vg + key * p.Dv;
-    for (int c = lane & 7; c < ckk; c += 8)
-      cp_async16(ks + r * p.k_stride + ((c ^ (r & p.k_xor)) << 3), krow + (c << 3), valid);
-    for (int c = lane & 7; c < ckv; c += 8)
-      cp_async16(vs + r * p.v_stride + ((c ^ (r & p.v_xor)) << 3), vrow + (c << 3), valid);
+    const int key = __shfl_sync(0xffffffffu, my_key, r);
+    const bool valid = key >= 0;
+    const T* krow = rv.kg + static_cast<int64_t>(valid ? key : 0) * p.Dk;
+    const T* vrow = rv.vg + static_cast<int64_t>(valid ? key : 0) * p.Dv;
+    T* kd = ks + r * p.k_stride;
+    T* vd = vs + r * p.v_stride;
+    const int kx = r & p.k_xor, vx = r & p.v_xor;
+#pragma unroll
+    for (int cc = 0; cc < DKB / 64; ++cc) {
+      const int c = c0 + 8 * cc;
+      if (FULL || c < ckk) cp_async16(kd + ((c ^ kx) << 3), krow + (c << 3), valid);
+    }
+#pragma unroll
+    for (int cc = 0; cc < DVB / 64; ++cc) {
+      const int c = c0 + 8 * cc;
+      if (FULL || c < ckv) cp_async16(vd + ((c ^ vx) << 3), vrow + (c << 3), valid);
+    }
   }
 }
 
-// DVB: Dv rounded up to 64, 128 or 256 (sizes the register accumulators).
-template <typename T, int DVB>
+// DKB, DVB: Dk and Dv rounded up to 64, 128 or 256 (they size the unrolled loops and the
+// register accumulators); FULL: Dk == DKB and Dv == DVB, so no loop needs a guard; KS: keys
+// per warp step (16 or 32). q stays in registers as MMA A fragments for DKB <= 128 unless
+// DVB <= 64, whose launch bound caps registers at 128 (it spilled there); for DKB = 256 they
+// would crowd out the p*V accumulators.
+template <typename T, int DKB, int DVB, int KS, bool FULL>
 __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_decode_mma(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int NV = DVB / 8;  // n8 output tiles
+  constexpr int NK = KS / 8;   // n8 score tiles per slab
+  constexpr bool kQReg = DKB <= 128 && DVB > 64;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
   const int g = lane >> 2, tg = lane & 3, mi = lane >> 3, rr = lane & 7;
   const int rank = static_cast<int>(blockIdx.x % p.split);  // rank in the cluster (clusters run along x)
@@ -386,9 +405,9 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
 
   // Padded rows only (Dk not a multiple of 16): K columns [Dk, k16) meet zero q columns in
   // the last k-step, so they hold zeros, not garbage.
-  for (int i = lane; i < p.stages * kSlab * (k16 - p.Dk); i += 32) {
+  for (int i = lane; i < p.stages * KS * (k16 - p.Dk); i += 32) {
     const int w = k16 - p.Dk, r = i / w;
-    ring[(r / kSlab) * p.stage_elems + (r % kSlab) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
+    ring[(r / KS) * p.stage_elems + (r % KS) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
   }
   wait_prior_grids();
   allow_next_grid();
@@ -401,17 +420,18 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   }
   cp_async_commit();
   const RowView<T> rv = begin_row<T>(p, row, smem);
+  const int L = static_cast<int>(rv.L);  // <= S_kv < 2^31 (setup_ranges clamps, the host checks S_kv)
 
   // This warp's slabs: u, u + U, u + 2U, ... with u its index among the U warps of the row.
-  const int64_t nslabs = (rv.L + kSlab - 1) / kSlab;
+  const int nslabs = (L + KS - 1) / KS;
   const int U = p.split * NW, u = rank * NW + warp;
-  const int64_t count = u < nslabs ? (nslabs - 1 - u) / U + 1 : 0;
-  const int kv_off = kSlab * p.k_stride;  // V rows follow the slab's K rows
+  const int count = u < nslabs ? (nslabs - 1 - u) / U + 1 : 0;
+  const int kv_off = KS * p.k_stride;  // V rows follow the slab's K rows
   KeyCursor cursor;
   for (int s = 0; s < p.stages - 1; ++s) {
     if (s < count) {
       T* ks = ring + s * p.stage_elems;
-      load_slab<T>(p, rv, (u + int64_t(s) * U) * kSlab, ks, ks + kv_off, smem, cursor, lane);
+      load_slab<T, DKB, DVB, KS, FULL>(p, rv, (u + s * U) * KS, L, ks, ks + kv_off, smem, cursor, lane);
     }
     cp_async_commit();
   }
@@ -421,52 +441,87 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   for (int nv = 0; nv < NV; ++nv) o[nv][0] = o[nv][1] = o[nv][2] = o[nv][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
   const uint32_t q_addr = smem_u32(qs + ((mi & 1) * 8 + rr) * p.q_stride + (mi >> 1) * 8);
+  uint32_t qa[kQReg ? DKB / 16 : 1][4];
+  if constexpr (kQReg) {
+#pragma unroll
+    for (int kk = 0; kk < DKB / 16; ++kk)
+      if (FULL || kk * 16 < k16) ldmatrix_x4(qa[kk], q_addr + kk * 32);
+  }
   const int krow = (mi >> 1) * 8 + rr, vrow = (mi & 1) * 8 + rr;  // ldmatrix rows of this lane
   const int kx = rr & p.k_xor, vx = rr & p.v_xor;                 // their swizzles (krow, vrow = rr mod 8)
+  const int k_rows16 = 16 * p.k_stride * int(sizeof(T)), v_rows16 = 16 * p.v_stride * int(sizeof(T));
   int slot = 0, next = p.stages - 1;
 
-  for (int64_t i = 0; i < count; ++i) {
+  for (int i = 0; i < count; ++i) {
     cp_async_wait_pending(p.stages - 2);
     __syncwarp();  // every lane's copies of slab i landed; every lane is done with slab i - 1
     if (next == p.stages) next = 0;
     if (i + p.stages - 1 < count) {
       T* ks = ring + next * p.stage_elems;
-      load_slab<T>(p, rv, (u + (i + p.stages - 1) * U) * kSlab, ks, ks + kv_off, smem, cursor, lane);
+      load_slab<T, DKB, DVB, KS, FULL>(p, rv, (u + (i + p.stages - 1) * U) * KS, L, ks, ks + kv_off, smem, cursor, lane);
     }
     cp_async_commit();
     ++next;
-    const int64_t pos0 = (u + i * U) * kSlab;
+    const int pos0 = (u + i * U) * KS;
     const T* ks = ring + slot * p.stage_elems;
     slot = slot + 1 == p.stages ? 0 : slot + 1;
     const uint32_t k_base = smem_u32(ks + krow * p.k_stride), v_base = smem_u32(ks + kv_off + vrow * p.v_stride);
 
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    for (int kk = 0; kk < k16 / 16; ++kk) {
-      uint32_t a[4], bk[4];
-      ldmatrix_x4(a, q_addr + kk * 32);
-      ldmatrix_x4(bk, k_base + (((2 * kk + (mi & 1)) ^ kx) << 4));
-      mma16816<T>(s[0], a, bk[0], bk[1]);
-      mma16816<T>(s[1], a, bk[2], bk[3]);
+    float s[NK][4];
+#pragma unroll
+    for (int j = 0; j < NK; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DKB / 16; ++kk) {
+      if (FULL || kk * 16 < k16) {
+        uint32_t a[4];
+        if constexpr (kQReg) {
+          a[0] = qa[kk][0], a[1] = qa[kk][1], a[2] = qa[kk][2], a[3] = qa[kk][3];
+        } else {
+          ldmatrix_x4(a, q_addr + kk * 32);
+        }
+        const uint32_t col = ((2 * kk + (mi & 1)) ^ kx) << 4;
+#pragma unroll
+        for (int kc = 0; kc < KS / 16; ++kc) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, k_base + kc * k_rows16 + col);
+          mma16816<T>(s[2 * kc], a, bk[0], bk[1]);
+          mma16816<T>(s[2 * kc + 1], a, bk[2], bk[3]);
+        }
+      }
     }
+    if (pos0 + KS > L) {  // the row's last slab: keys past L score -inf
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < NK; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[j][e] = pos0 + j * 8 + 2 * tg + (e & 1) < rv.L ? s[j][e] * p.scale_log2 : -INFINITY;
-    const float mn0 = fmaxf(m0, quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]))));
-    const float mn1 = fmaxf(m1, quad_max(fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]))));
+        for (int e = 0; e < 4; ++e) s[j][e] = pos0 + j * 8 + 2 * tg + (e & 1) < L ? s[j][e] * p.scale_log2 : -INFINITY;
+    } else {
+#pragma unroll
+      for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= p.scale_log2;
+    }
+    float x0 = fmaxf(s[0][0], s[0][1]), x1 = fmaxf(s[0][2], s[0][3]);
+#pragma unroll
+    for (int j = 1; j < NK; ++j) {
+      x0 = fmaxf(x0, fmaxf(s[j][0], s[j][1]));
+      x1 = fmaxf(x1, fmaxf(s[j][2], s[j][3]));
+    }
+    const float mn0 = fmaxf(m0, quad_max(x0)), mn1 = fmaxf(m1, quad_max(x1));  // finite: slab holds a key
     const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
     m0 = mn0;
     m1 = mn1;
+    float r0 = 0.f, r1 = 0.f;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < NK; ++j) {
       s[j][0] = exp2f(s[j][0] - mn0);
       s[j][1] = exp2f(s[j][1] - mn0);
       s[j][2] = exp2f(s[j][2] - mn1);
       s[j][3] = exp2f(s[j][3] - mn1);
+      r0 += s[j][0] + s[j][1];
+      r1 += s[j][2] + s[j][3];
     }
-    l0 = l0 * a0 + (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
-    l1 = l1 * a1 + (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
+    l0 = l0 * a0 + r0;
+    l1 = l1 * a1 + r1;
 #pragma unroll
     for (int nv = 0; nv < NV; ++nv) {
       o[nv][0] *= a0;
@@ -474,16 +529,21 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
       o[nv][2] *= a1;
       o[nv][3] *= a1;
     }
-    // The score accumulator layout is the A-operand layout of the p*V product.
-    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
-                            pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+    // The score accumulator layout is the A-operand layout of the p*V product: n8 tiles
+    // 2kc and 2kc + 1 are the 16 keys of k-step kc.
 #pragma unroll
-    for (int n2 = 0; n2 < NV / 2; ++n2) {
-      if (n2 * 16 < p.Dv) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_base + (((2 * n2 + (mi >> 1)) ^ vx) << 4));
-        mma16816<T>(o[2 * n2], pa, bv[0], bv[1]);
-        mma16816<T>(o[2 * n2 + 1], pa, bv[2], bv[3]);
+    for (int kc = 0; kc < KS / 16; ++kc) {
+      const uint32_t pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]), pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                              pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+      for (int n2 = 0; n2 < NV / 2; ++n2) {
+        if (FULL || n2 * 16 < p.Dv) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, v_base + kc * v_rows16 + (((2 * n2 + (mi >> 1)) ^ vx) << 4));
+          mma16816<T>(o[2 * n2], pa, bv[0], bv[1]);
+          mma16816<T>(o[2 * n2 + 1], pa, bv[2], bv[3]);
+        }
       }
     }
   }
@@ -843,7 +903,7 @@ bool launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan&
   return true;
 }
 
-template <typename T, int DVB>
+template <typename T, int DKB, int DVB>
 bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
                     bool launch_it) {
   const int k16 = (p.Dk + 15) & ~15, v16 = (p.Dv + 15) & ~15;
@@ -858,7 +918,11 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.k_xor = swz_k ? 7 : 0;
   p.v_xor = swz_v ? 7 : 0;
   p.q_stride = k16 + 8;
-  p.stage_elems = kSlab * (p.k_stride + p.v_stride);
+  // Keys per warp step: 32 halves the per-step softmax and rescaling work against 16, at
+  // twice the shared memory per ring stage.
+  const int slab = a.tune.slab > 0 ? a.tune.slab : 32;
+  SEL_CHECK(slab == 16 || slab == 32, "sel_decode: slab (keys per warp step) must be 16 or 32, got ", slab);
+  p.stage_elems = slab * (p.k_stride + p.v_stride);
   const int64_t slab_bytes = int64_t(p.stage_elems) * sizeof(T);
   p.off_L = 16 * p.n;
   p.off_q = align16(p.off_L + 8);
@@ -886,7 +950,9 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.warps <= 0 && nw > 1) nw /= 2;
   p.stages = stages;
   const int max_split = dev.cc_major >= 9 ? kMaxSplit : 1;
-  auto kernel = sel_decode_mma<T, DVB>;
+  const bool full = p.Dk == DKB && p.Dv == DVB;
+  auto kernel = slab == 32 ? (full ? sel_decode_mma<T, DKB, DVB, 32, true> : sel_decode_mma<T, DKB, DVB, 32, false>)
+                           : (full ? sel_decode_mma<T, DKB, DVB, 16, true> : sel_decode_mma<T, DKB, DVB, 16, false>);
   plan.threads = nw * 32;
   // Automatic launches use no cluster: splits were not measured faster (bench/results/h100/cuda_decode_dev.md).
   const int split = a.tune.split > 0 ? a.tune.split : 1;
@@ -898,6 +964,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
               " warps, got split=", split, " with ", nw, " warps");
   p.split = split;
   plan.kernel = 1;
+  plan.slab = slab;
   plan.stages = stages;
   plan.warps = nw;
   plan.split = split;
@@ -943,14 +1010,23 @@ bool run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev
   return blocks_per_sm(sel_decode_simt<T>, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm);
 }
 
+// Dv's compile-time width for the tensor-core kernel (Dk's is DKB).
+template <typename T, int DKB>
+bool run_mma_dv(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
+                bool launch_it) {
+  if (p.Dv <= 64) return run_mma<T, DKB, 64>(p, a, plan, dev, stream, launch_it);
+  if (p.Dv <= 128) return run_mma<T, DKB, 128>(p, a, plan, dev, stream, launch_it);
+  return run_mma<T, DKB, 256>(p, a, plan, dev, stream, launch_it);
+}
+
 template <typename T>
 bool run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Device& dev, cudaStream_t stream,
                       bool launch_it) {
   if (!a.use_mma) return run_simt<T>(p, a, plan, dev, stream, launch_it);
   if constexpr (sizeof(T) == 2) {
-    if (p.Dv <= 64) return run_mma<T, 64>(p, a, plan, dev, stream, launch_it);
-    if (p.Dv <= 128) return run_mma<T, 128>(p, a, plan, dev, stream, launch_it);
-    return run_mma<T, 256>(p, a, plan, dev, stream, launch_it);
+    if (p.Dk <= 64) return run_mma_dv<T, 64>(p, a, plan, dev, stream, launch_it);
+    if (p.Dk <= 128) return run_mma_dv<T, 128>(p, a, plan, dev, stream, launch_it);
+    return run_mma_dv<T, 256>(p, a, plan, dev, stream, launch_it);
   }
   return fail("sel_decode: the tensor-core kernel takes fp16/bf16 only");
 }
@@ -958,6 +1034,7 @@ bool run_typed(const Params& p, const DecodeArgs& a, DecodePlan& plan, const Dev
 bool plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it, DecodePlan& plan) {
   SEL_CHECK(a.Dk > 0 && a.Dk <= 256 && a.Dk % 8 == 0, "sel_decode: Dk must be a multiple of 8 in [8, 256], got ", a.Dk);
   SEL_CHECK(a.Dv > 0 && a.Dv <= 256 && a.Dv % 8 == 0, "sel_decode: Dv must be a multiple of 8 in [8, 256], got ", a.Dv);
+  SEL_CHECK(a.S_kv >= 0 && a.S_kv <= 0x7fffffff, "sel_decode: S_kv must be below 2^31 keys, got ", a.S_kv);
   SEL_CHECK(a.n >= 0 && a.n <= 4096, "sel_decode: n (ranges per row) must be in [0, 4096], got ", a.n);
   SEL_CHECK(!(a.use_mma && a.dtype == Dtype::kFloat), "sel_decode: the tensor-core kernel takes fp16/bf16 only");
   plan = DecodePlan{};

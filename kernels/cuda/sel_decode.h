@@ -13,6 +13,7 @@ struct Tune {
   int split = 0;   // blocks (one thread-block cluster, SM >= 9.0) sharing a row, 1..4 (verified; see run_mma)
   int warps = 0;   // warps per block, 1..8
   int pdl = 0;     // 1: programmatic dependent launch (SM >= 9.0)
+  int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
 };
 
 // One decode call. Tensors are contiguous: q [B,1,G,h,Dk], k [B,G,S_kv,Dk],
@@ -38,7 +39,7 @@ struct DecodeArgs {
 // What a call launches (reported by benchmarks).
 struct DecodePlan {
   int kernel = 0;  // 0 simt, 1 mma
-  int stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0;
+  int slab = 0, stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0;
   bool pdl = false;
   int64_t blocks = 0;
 };
