@@ -9,7 +9,7 @@
 // written once.
 //
 // - sel_decode_mma (fp16/bf16): each warp is its own pipeline. A row's keys are cut into
-//   16-key slabs, dealt round-robin to the warps of the block (and, with split > 1, of the
+//   32-key slabs (16 where 32 would not fit), dealt round-robin to the warps of the block (and, with split > 1, of the
 //   thread-block cluster that shares the row); a warp streams its slabs through a private
 //   cp.async ring (`stages` deep, no block barrier in the loop), keeps its own running
 //   max/sum and p*V accumulators in registers (mma.sync m16n8k16, heads on the M side), and
@@ -918,36 +918,35 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.k_xor = swz_k ? 7 : 0;
   p.v_xor = swz_v ? 7 : 0;
   p.q_stride = k16 + 8;
-  // Keys per warp step: 32 halves the per-step softmax and rescaling work against 16, at
-  // twice the shared memory per ring stage.
-  const int slab = a.tune.slab > 0 ? a.tune.slab : 32;
-  SEL_CHECK(slab == 16 || slab == 32, "sel_decode: slab (keys per warp step) must be 16 or 32, got ", slab);
-  p.stage_elems = slab * (p.k_stride + p.v_stride);
-  const int64_t slab_bytes = int64_t(p.stage_elems) * sizeof(T);
   p.off_L = 16 * p.n;
   p.off_q = align16(p.off_L + 8);
   p.off_kv = align16(p.off_q + kMmaHeads * p.q_stride * int64_t(sizeof(T)));
-  auto smem_for = [&](int nw, int stages, int split) {
-    const int64_t ring = int64_t(nw) * stages * slab_bytes;
+  auto smem_for = [&](int nw, int stages, int split, int slab) {
+    const int64_t ring = int64_t(nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
     const int64_t merge = (3 * int64_t(nw) * kMmaHeads + (2 + kMaxSplit) * kMmaHeads +
                            int64_t(nw + (split > 1)) * kMmaHeads * DVB) * 4;
     return p.off_kv + std::max(ring, merge);
   };
-  // Automatic launch (measured on the H100, bench/results/h100/cuda_decode_dev.md): with many
-  // rows per SM, small blocks (2 warps, 3-deep rings) so many rows stream at once; with few,
-  // more warps per row (8 when a key row is at most 256 bytes of K+V, else 4), 2-deep rings.
+  // Automatic launch (measured on the H100, bench/results/h100/cuda_decode_dev.md): blocks of
+  // 2 warps, so many rows stream at once, with 3-deep rings when there are many rows per SM
+  // and 2-deep ones otherwise (more warps per row were slower at every grid point).
   const bool many_rows = units >= 4 * int64_t(dev.sms);
-  int nw = a.tune.warps > 0 ? a.tune.warps : many_rows ? 2 : (p.Dk + p.Dv <= 128 ? 8 : 4);
-  if (a.tune.warps <= 0 && a.tune.split > 1) nw = std::min(nw, kMaxVerifiedSplitWarps);  // see the split check
+  int nw = a.tune.warps > 0 ? a.tune.warps : 2;
   int stages = a.tune.stages > 0 ? a.tune.stages : many_rows ? 3 : 2;
   SEL_CHECK(nw >= 1 && nw <= kMmaMaxWarps, "sel_decode: warps must be in [1, ", kMmaMaxWarps, "], got ", nw);
   // 8 warps crashed the host process on the H100 at Dk = Dv = 128 and 256 ((4,1,8,1), (2,4,8,0),
-  // (2,8,8,0); cause not found) and kept parity at Dk + Dv <= 128, where the automatic launch uses them.
+  // (2,8,8,0); cause not found) and kept parity at Dk + Dv <= 128.
   SEL_CHECK(nw <= 4 || p.Dk + p.Dv <= 128, "sel_decode: more than 4 warps are verified only for Dk + Dv <= 128, "
               "got ", nw, " warps at Dk=", p.Dk, ", Dv=", p.Dv);
   SEL_CHECK(stages >= 2 && stages <= kMaxStages, "sel_decode: stages must be in [2, ", kMaxStages, "], got ", stages);
-  while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.stages <= 0 && stages > 2) --stages;
-  while (smem_for(nw, stages, kMaxSplit) > dev.max_smem && a.tune.warps <= 0 && nw > 1) nw /= 2;
+  // Keys per warp step: 32 halves the per-step softmax and rescaling work against 16, at twice
+  // the shared memory per ring stage; 16 where 32 would not fit the launch.
+  int slab = a.tune.slab > 0 ? a.tune.slab : 32;
+  SEL_CHECK(slab == 16 || slab == 32, "sel_decode: slab (keys per warp step) must be 16 or 32, got ", slab);
+  if (a.tune.slab <= 0 && smem_for(nw, stages, kMaxSplit, slab) > dev.max_smem) slab = 16;
+  while (smem_for(nw, stages, kMaxSplit, slab) > dev.max_smem && a.tune.stages <= 0 && stages > 2) --stages;
+  while (smem_for(nw, stages, kMaxSplit, slab) > dev.max_smem && a.tune.warps <= 0 && nw > 1) nw /= 2;
+  p.stage_elems = slab * (p.k_stride + p.v_stride);
   p.stages = stages;
   const int max_split = dev.cc_major >= 9 ? kMaxSplit : 1;
   const bool full = p.Dk == DKB && p.Dv == DVB;
@@ -969,7 +968,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.warps = nw;
   plan.split = split;
   plan.pdl = a.tune.pdl > 0 && dev.cc_major >= 9;
-  plan.smem_bytes = align16(smem_for(nw, stages, split));
+  plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
               plan.smem_bytes, " bytes of shared memory per block, the device allows ", dev.max_smem);
