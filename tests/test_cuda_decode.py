@@ -260,3 +260,10 @@ def test_unverified_launches_are_refused(tune, D, message):
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=D, Dv=D))
     with pytest.raises(BackendUnavailable, match=message):
         selection_attention_cuda(q, k, v, r, kernel="mma", tune=tune)
+
+
+@gpu
+def test_keys_beyond_int32_are_refused():
+    """The tensor-core kernel counts positions in 32 bits: S_kv >= 2^31 is refused with its reason."""
+    with pytest.raises(RuntimeError, match="S_kv must be below 2\\^31 keys, got 2147483648"):
+        build.load_extension().plan(1, 1, 1, 4, 2 ** 31, 64, 64, 8, True, [])

@@ -321,7 +321,8 @@ def sweep_markdown(rows: list[dict], copy_gbps: float) -> str:
     keys = ["/".join(map(str, t)) for t in SWEEP]
     out = ["## Launch sweep of the tensor-core kernel (graph replay, time / HBM floor)", "",
            f"Copy bandwidth {copy_gbps:.0f} GB/s. Columns: stages/split/warps/pdl[/slab] (0 = automatic); `!` = parity "
-           "failure; `refused`: the wrapper declines that launch here; `auto` = the automatic launch (stages/split/warps/pdl/slab, blocks per SM, shared memory).", "",
+           "failure; `refused`: the wrapper declines that launch here; `auto` = the automatic launch "
+           "(stages/split/warps/pdl/slab, blocks per SM, shared memory).", "",
            "| N | h | D | n | floor us | auto | " + " | ".join(keys) + " |",
            "| --- " * (6 + len(keys)) + "|"]
     for r in rows:

@@ -9,8 +9,8 @@
 // written once.
 //
 // - sel_decode_mma (fp16/bf16): each warp is its own pipeline. A row's keys are cut into
-//   32-key slabs (16 where 32 would not fit), dealt round-robin to the warps of the block (and, with split > 1, of the
-//   thread-block cluster that shares the row); a warp streams its slabs through a private
+//   32-key slabs (16 where 32 would not fit), dealt round-robin to the warps of the block
+//   (and, with split > 1, of the thread-block cluster that shares the row); a warp streams its slabs through a private
 //   cp.async ring (`stages` deep, no block barrier in the loop), keeps its own running
 //   max/sum and p*V accumulators in registers (mma.sync m16n8k16, heads on the M side), and
 //   the partial softmaxes are merged once at the end in a fixed order (across the cluster
@@ -458,7 +458,8 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     if (next == p.stages) next = 0;
     if (i + p.stages - 1 < count) {
       T* ks = ring + next * p.stage_elems;
-      load_slab<T, DKB, DVB, KS, FULL>(p, rv, (u + (i + p.stages - 1) * U) * KS, L, ks, ks + kv_off, smem, cursor, lane);
+      const int pos = (u + (i + p.stages - 1) * U) * KS;
+      load_slab<T, DKB, DVB, KS, FULL>(p, rv, pos, L, ks, ks + kv_off, smem, cursor, lane);
     }
     cp_async_commit();
     ++next;
