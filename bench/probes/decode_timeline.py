@@ -1,0 +1,156 @@
+"""Where a CUDA decode call spends its time: per-warp timestamps inside the tensor-core kernel.
+
+Builds a private copy of the extension whose kernel stamps %globaltimer at five points per
+warp (entry, ranges and q ready, first slab landed, loop done, merge done, stores issued)
+into a device buffer, replays the issue-8 bench shapes from a CUDA graph over rotating
+inputs (as check_h100 does), and prints per call: span from first warp entry to last store,
+the gap to the next call, and median / 90th-percentile phase lengths over warps.
+The stamps are patched into the copy by exact-text anchors, so the probe fails loudly when
+the kernel's text moves. Usage on a GPU machine: python3 bench/probes/decode_timeline.py
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from selgate.bench.timing import time_graph
+from selgate.kernels.cuda import build
+from selgate.kernels.cuda.check_h100 import nsa_inputs
+
+HEADER = r'''
+__device__ unsigned long long sel_tl[1 << 20];
+__device__ unsigned int sel_tl_next;
+__device__ __forceinline__ unsigned long long sel_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned sel_smid() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+'''
+READER = r'''
+namespace selgate {
+int sel_tl_read(unsigned long long* host, int cap) {
+  unsigned used = 0;
+  cudaDeviceSynchronize();
+  cudaMemcpyFromSymbol(&used, sel_tl_next, sizeof(used));
+  const int n = static_cast<int>(used) < cap ? static_cast<int>(used) : cap;
+  cudaMemcpyFromSymbol(host, sel_tl, sizeof(unsigned long long) * 8 * n);
+  const unsigned zero = 0;
+  cudaMemcpyToSymbol(sel_tl_next, &zero, sizeof(zero));
+  return n;
+}
+}  // namespace selgate
+'''
+PATCHES = [  # (anchor, replacement) applied once each to sel_decode.cu
+    ('#include "sel_decode.h"\n', '#include "sel_decode.h"\n' + HEADER),
+    ("  extern __shared__ __align__(16) unsigned char smem[];\n  constexpr int NV = DVB / 8;",
+     "  extern __shared__ __align__(16) unsigned char smem[];\n  const unsigned long long tl0 = sel_now();\n"
+     "  unsigned long long tl2 = 0;\n  constexpr int NV = DVB / 8;"),
+    ("  const int L = static_cast<int>(rv.L);", "  const int L = static_cast<int>(rv.L);\n  const unsigned long long tl1 = sel_now();"),
+    ("    __syncwarp();  // every lane's copies of slab i landed; every lane is done with slab i - 1\n",
+     "    __syncwarp();  // every lane's copies of slab i landed; every lane is done with slab i - 1\n"
+     "    if (i == 0) tl2 = sel_now();\n"),
+    ("  cp_async_wait<0>();\n  l0 = quad_sum(l0);", "  const unsigned long long tl3 = sel_now();\n  cp_async_wait<0>();\n"
+     "  l0 = quad_sum(l0);"),
+    ("  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;\n  if (p.split == 1) {",
+     "  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;\n  const unsigned long long tl4 = sel_now();\n"
+     "  if (p.split == 1) {"),
+    ("    if (tid < HG) p.lse[row * p.h + head0 + tid] = cl[tid] > 0.f ? (cm[tid] + log2f(cl[tid])) * kLn2 : -INFINITY;\n"
+     "    return;",
+     "    if (tid < HG) p.lse[row * p.h + head0 + tid] = cl[tid] > 0.f ? (cm[tid] + log2f(cl[tid])) * kLn2 : -INFINITY;\n"
+     "    if (lane == 0) {\n      const unsigned slot = atomicAdd(&sel_tl_next, 1u);\n"
+     "      if (slot < (1u << 17)) {\n        unsigned long long* e = sel_tl + 8ull * slot;\n"
+     "        e[0] = (unsigned long long)blockIdx.x | ((unsigned long long)warp << 32) | ((unsigned long long)sel_smid() << 40);\n"
+     "        e[1] = tl0; e[2] = tl1; e[3] = tl2 ? tl2 : tl1; e[4] = tl3; e[5] = tl4; e[6] = sel_now(); e[7] = 0;\n"
+     "      }\n    }\n    return;"),
+]
+BIND = ('PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {',
+        'namespace selgate { int sel_tl_read(unsigned long long* host, int cap); }\n'
+        'at::Tensor timeline() {\n  auto out = at::empty({1 << 17, 8}, at::kLong);\n'
+        '  const int n = selgate::sel_tl_read(reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>()), 1 << 17);\n'
+        '  return out.narrow(0, 0, n);\n}\n\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n'
+        '  m.def("timeline", &timeline);')
+
+
+def patched_extension():
+    from torch.utils.cpp_extension import load
+
+    tmp = Path(tempfile.mkdtemp(prefix="sel_tl_"))
+    for name in (*build.SOURCES, *build.HEADERS):
+        shutil.copy(build.SOURCE_DIR / name, tmp / name)
+    cu = (tmp / "sel_decode.cu").read_text()
+    for anchor, new in PATCHES:
+        assert cu.count(anchor) == 1, f"anchor not found exactly once: {anchor[:60]!r}"
+        cu = cu.replace(anchor, new)
+    (tmp / "sel_decode.cu").write_text(cu + READER)
+    bind = (tmp / "sel_decode_bind.cpp").read_text()
+    assert bind.count(BIND[0]) == 1
+    (tmp / "sel_decode_bind.cpp").write_text(bind.replace(BIND[0], BIND[1]))
+    arch = build.device_arch()
+    return load(name="sel_decode_timeline", sources=[str(tmp / s) for s in build.SOURCES],
+                extra_cflags=list(build.CXX_FLAGS),
+                extra_cuda_cflags=[*build.CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+                build_directory=str(tmp), verbose=False)
+
+
+def pct(x: torch.Tensor, q: float) -> float:
+    return float(torch.quantile(x.double(), q))
+
+
+def probe(ext, N, h, D, n, tune=(), sets_count=4):
+    sets = [nsa_inputs(N, h, D, n, torch.bfloat16, seed=s, device="cuda") for s in range(sets_count)]
+    calls = [lambda x=x: ext.fwd(x.q, x.k, x.v, x.ranges, None, x.scale, True, list(tune)) for x in sets]
+    per_call = time_graph(calls, torch.device("cuda")).median_ms * 1e3
+    ext.timeline()  # reset
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(8):
+            calls[i % len(calls)]()
+    ext.timeline()  # capture ran nothing on the device; reset anyway
+    g.replay()
+    tl = ext.timeline()
+    warps_per_call = tl.shape[0] // 8
+    tl = tl[: 8 * warps_per_call].view(8, warps_per_call, 8)
+    t = tl[:, :, 1:7].double() / 1e3  # us
+    starts, ends = t[:, :, 0].min(1).values, t[:, :, 5].max(1).values
+    spans = ends - starts
+    gaps = starts[1:] - ends[:-1]
+    body = t[2:7]  # steady-state calls
+    ph = {"ranges+q": body[..., 1] - body[..., 0], "first slab": body[..., 2] - body[..., 1],
+          "stream": body[..., 3] - body[..., 2], "merge": body[..., 4] - body[..., 3],
+          "store": body[..., 5] - body[..., 4]}
+    entry_lag = body[..., 0] - body[..., 0].min(1, keepdim=True).values
+    exit_lag = body[..., 5].max(1, keepdim=True).values - body[..., 5]
+    sm = (tl[0, :, 0] >> 40).long()
+    blocks_per_sm = torch.bincount(sm).float()
+    out = (f"N={N} h={h} D={D} n={n} tune={list(tune) or 'auto'}: graph {per_call:.1f} us/call; span med "
+           f"{spans[2:7].median():.1f} us, gap med {gaps[1:].median():.2f} us; warps/call {warps_per_call}, "
+           f"warps per SM min/max {blocks_per_sm[blocks_per_sm > 0].min():.0f}/{blocks_per_sm.max():.0f}\n")
+    out += "  phase (us) median / p90 / max: " + "; ".join(
+        f"{k} {pct(v, .5):.2f}/{pct(v, .9):.2f}/{float(v.max()):.2f}" for k, v in ph.items())
+    out += (f"\n  entry lag after first warp p50/p90/max {pct(entry_lag, .5):.2f}/{pct(entry_lag, .9):.2f}/"
+            f"{float(entry_lag.max()):.2f}; finish before last warp p50/p90/max {pct(exit_lag, .5):.2f}/"
+            f"{pct(exit_lag, .9):.2f}/{float(exit_lag.max()):.2f}")
+    return out
+
+
+def main() -> int:
+    ext = patched_extension()
+    shapes = [(256, 4, 64, 8), (256, 8, 128, 8), (256, 4, 64, 16), (1024, 8, 64, 8), (1024, 8, 128, 16)]
+    for shape in shapes:
+        print(probe(ext, *shape), flush=True)
+    for tune in ((3, 1, 2, 0), (2, 1, 4, 0), (0, 0, 0, 1)):
+        print(probe(ext, 256, 4, 64, 8, tune), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
