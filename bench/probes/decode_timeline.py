@@ -63,14 +63,12 @@ PATCHES = [  # (anchor, replacement) applied once each to sel_decode.cu
     ("  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;\n  if (p.split == 1) {",
      "  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;\n  const unsigned long long tl4 = sel_now();\n"
      "  if (p.split == 1) {"),
-    ("    if (tid < HG) p.lse[row * p.h + head0 + tid] = cl[tid] > 0.f ? (cm[tid] + log2f(cl[tid])) * kLn2 : -INFINITY;\n"
-     "    return;",
-     "    if (tid < HG) p.lse[row * p.h + head0 + tid] = cl[tid] > 0.f ? (cm[tid] + log2f(cl[tid])) * kLn2 : -INFINITY;\n"
+    ("    return;\n  }\n  if (tid < HG) {",
      "    if (lane == 0) {\n      const unsigned slot = atomicAdd(&sel_tl_next, 1u);\n"
      "      if (slot < (1u << 17)) {\n        unsigned long long* e = sel_tl + 8ull * slot;\n"
      "        e[0] = (unsigned long long)blockIdx.x | ((unsigned long long)warp << 32) | ((unsigned long long)sel_smid() << 40);\n"
      "        e[1] = tl0; e[2] = tl1; e[3] = tl2 ? tl2 : tl1; e[4] = tl3; e[5] = tl4; e[6] = sel_now(); e[7] = 0;\n"
-     "      }\n    }\n    return;"),
+     "      }\n    }\n    return;\n  }\n  if (tid < HG) {"),
 ]
 BIND = ('PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {',
         'namespace selgate { int sel_tl_read(unsigned long long* host, int cap); }\n'
@@ -147,7 +145,7 @@ def main() -> int:
     shapes = [(256, 4, 64, 8), (256, 8, 128, 8), (256, 4, 64, 16), (1024, 8, 64, 8), (1024, 8, 128, 16)]
     for shape in shapes:
         print(probe(ext, *shape), flush=True)
-    for tune in ((3, 1, 2, 0), (2, 1, 4, 0), (0, 0, 0, 1)):
+    for tune in ((0, 0, 0, 1),):
         print(probe(ext, 256, 4, 64, 8, tune), flush=True)
     return 0
 

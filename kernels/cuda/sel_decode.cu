@@ -346,6 +346,39 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Head row r's merge weights over the NW warps' partial softmaxes: e[w] = exp2(m_w - M) with
+// M the largest m_w (-inf for an empty row, whose weights are 0); returns sum_w e[w] * l_w.
+__device__ __forceinline__ float warp_weights(const float* m_s, const float* l_s, int NW, int r, float* e, float& M) {
+  M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kMmaMaxWarps; ++w)
+    if (w < NW) M = fmaxf(M, m_s[w * kMmaHeads + r]);
+  float den = 0.f;
+#pragma unroll
+  for (int w = 0; w < kMmaMaxWarps; ++w) {
+    if (w < NW) {
+      e[w] = M == -INFINITY ? 0.f : exp2f(m_s[w * kMmaHeads + r] - M);
+      den += e[w] * l_s[w * kMmaHeads + r];
+    }
+  }
+  return den;
+}
+
+// x[0..8) = sum_w e[w] * src[w * stride + 0..8), in warp order; src 16-byte aligned.
+__device__ __forceinline__ void combine8(float* x, const float* src, int stride, const float* e, int NW) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) x[j] = 0.f;
+#pragma unroll
+  for (int w = 0; w < kMmaMaxWarps; ++w) {
+    if (w < NW) {
+      const float4 a = *reinterpret_cast<const float4*>(src + w * stride);
+      const float4 b = *reinterpret_cast<const float4*>(src + w * stride + 4);
+      x[0] += e[w] * a.x, x[1] += e[w] * a.y, x[2] += e[w] * a.z, x[3] += e[w] * a.w;
+      x[4] += e[w] * b.x, x[5] += e[w] * b.y, x[6] += e[w] * b.z, x[7] += e[w] * b.w;
+    }
+  }
+}
+
 // One warp issues the copies of the KS keys at positions [pos0, pos0 + KS) of the row into
 // its slab (K rows then V rows). Lane l finds the key of slab row l % KS (one cursor step per
 // slab, not per copy) and hands it out by shuffle; then 8 lanes copy each key row, 4 rows per
@@ -410,7 +443,6 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     ring[(r / KS) * p.stage_elems + (r % KS) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
   }
   wait_prior_grids();
-  allow_next_grid();
   // q: 16-byte cp.async, zero-filled for heads >= HG and columns >= Dk; begin_row waits for it.
   const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
   for (int i = tid; i < kMmaHeads * (k16 / 8); i += blockDim.x) {
@@ -549,21 +581,23 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     }
   }
 
-  // Merge the partial softmaxes in one fixed order: the block's warps first (weights e_w =
-  // exp2(m_w - M) over the block's max M), then, with split > 1, the cluster's blocks, read
+  // Merge the partial softmaxes in one fixed order: the block's warps first (weights
+  // exp2(m_w - M) over the block's max M, recomputed by every thread that needs them instead
+  // of a serial pass and another barrier), then, with split > 1, the cluster's blocks, read
   // through distributed shared memory. The rings are free once every copy landed.
   cp_async_wait<0>();
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
+  allow_next_grid();
   __syncthreads();
+  constexpr int OS = DVB + 8;  // partial row stride in floats: conflict-free float2 writes
   float* m_s = reinterpret_cast<float*>(smem + p.off_kv);  // [NW][16] per-warp max
   float* l_s = m_s + NW * kMmaHeads;                       // [NW][16] per-warp sum
-  float* e_s = l_s + NW * kMmaHeads;                       // [NW][16] per-warp weight
-  float* cm = e_s + NW * kMmaHeads;                        // [16] block max
+  float* cm = l_s + NW * kMmaHeads;                        // [16] block max
   float* cl = cm + kMmaHeads;                              // [16] block sum
   float* g_s = cl + kMmaHeads;                             // [kMaxSplit][16] per-block weight
-  float* o_s = g_s + kMaxSplit * kMmaHeads;                // [NW][16][DVB] per-warp p*V
-  float* co = o_s + NW * kMmaHeads * DVB;                  // [16][DVB] block p*V (split > 1)
+  float* o_s = g_s + kMaxSplit * kMmaHeads;                // [NW][16][OS] per-warp p*V
+  float* co = o_s + NW * kMmaHeads * OS;                   // [16][OS] block p*V (split > 1)
   if (tg == 0) {
     m_s[warp * 16 + g] = m0;
     m_s[warp * 16 + g + 8] = m1;
@@ -572,44 +606,40 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   }
 #pragma unroll
   for (int nv = 0; nv < NV; ++nv) {
-    if (nv * 8 < p.Dv) {
-      float* r0 = o_s + (warp * 16 + g) * DVB + nv * 8 + 2 * tg;
-      r0[0] = o[nv][0];
-      r0[1] = o[nv][1];
-      r0[8 * DVB] = o[nv][2];
-      r0[8 * DVB + 1] = o[nv][3];
+    if (FULL || nv * 8 < p.Dv) {
+      float* r0 = o_s + (warp * 16 + g) * OS + nv * 8 + 2 * tg;
+      *reinterpret_cast<float2*>(r0) = make_float2(o[nv][0], o[nv][1]);
+      *reinterpret_cast<float2*>(r0 + 8 * OS) = make_float2(o[nv][2], o[nv][3]);
     }
   }
   __syncthreads();
-  if (tid < kMmaHeads) {
-    const int r = tid;
-    float M = -INFINITY, den = 0.f;
-    for (int w = 0; w < NW; ++w) M = fmaxf(M, m_s[w * 16 + r]);
-    for (int w = 0; w < NW; ++w) {
-      const float e = M == -INFINITY ? 0.f : exp2f(m_s[w * 16 + r] - M);
-      e_s[w * 16 + r] = e;
-      den += e * l_s[w * 16 + r];
-    }
-    cm[r] = M;
-    cl[r] = den;
-  }
-  __syncthreads();
+  // One thread per 8 output columns of a head: the warps' partials combined and written as
+  // one 16-byte store (Dv is a multiple of 8).
+  const int cpr = p.Dv >> 3;
   T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;
   if (p.split == 1) {
-    for (int i = tid; i < HG * p.Dv; i += blockDim.x) {
-      const int r = i / p.Dv, c = i % p.Dv;
-      float num = 0.f;
-      for (int w = 0; w < NW; ++w) num += e_s[w * 16 + r] * o_s[(w * 16 + r) * DVB + c];
-      og[i] = from_float<T>(cl[r] > 0.f ? num / cl[r] : 0.f);
+    for (int i = tid; i < HG * cpr; i += blockDim.x) {
+      const int r = i / cpr, c = (i - r * cpr) << 3;
+      float e[kMmaMaxWarps], M, x[8];
+      const float den = warp_weights(m_s, l_s, NW, r, e, M);
+      combine8(x, o_s + r * OS + c, kMmaHeads * OS, e, NW);
+      store_vec(og + r * p.Dv + c, x, den > 0.f ? 1.f / den : 0.f);
+      if (c == 0) p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
     }
-    if (tid < HG) p.lse[row * p.h + head0 + tid] = cl[tid] > 0.f ? (cm[tid] + log2f(cl[tid])) * kLn2 : -INFINITY;
     return;
   }
-  for (int i = tid; i < HG * p.Dv; i += blockDim.x) {
-    const int r = i / p.Dv, c = i % p.Dv;
-    float num = 0.f;
-    for (int w = 0; w < NW; ++w) num += e_s[w * 16 + r] * o_s[(w * 16 + r) * DVB + c];
-    co[r * DVB + c] = num;
+  if (tid < HG) {
+    float e[kMmaMaxWarps], M;
+    cl[tid] = warp_weights(m_s, l_s, NW, tid, e, M);
+    cm[tid] = M;
+  }
+  for (int i = tid; i < HG * cpr; i += blockDim.x) {
+    const int r = i / cpr, c = (i - r * cpr) << 3;
+    float e[kMmaMaxWarps], M, x[8];
+    warp_weights(m_s, l_s, NW, r, e, M);
+    combine8(x, o_s + r * OS + c, kMmaHeads * OS, e, NW);
+    *reinterpret_cast<float4*>(co + r * OS + c) = make_float4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<float4*>(co + r * OS + c + 4) = make_float4(x[4], x[5], x[6], x[7]);
   }
   cluster_sync();  // every block's cm, cl, co are written
   if (tid < HG) {
@@ -638,7 +668,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     const int r = i / p.Dv, c = i % p.Dv;
     float x[kMaxSplit];
 #pragma unroll
-    for (int rk = 0; rk < kMaxSplit; ++rk) x[rk] = rk < p.split ? *cluster_ptr(co + r * DVB + c, rk) : 0.f;
+    for (int rk = 0; rk < kMaxSplit; ++rk) x[rk] = rk < p.split ? *cluster_ptr(co + r * OS + c, rk) : 0.f;
     float num = 0.f;
 #pragma unroll
     for (int rk = 0; rk < kMaxSplit; ++rk) num += g_s[rk * 16 + r] * x[rk];
@@ -924,8 +954,8 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.off_kv = align16(p.off_q + kMmaHeads * p.q_stride * int64_t(sizeof(T)));
   auto smem_for = [&](int nw, int stages, int split, int slab) {
     const int64_t ring = int64_t(nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
-    const int64_t merge = (3 * int64_t(nw) * kMmaHeads + (2 + kMaxSplit) * kMmaHeads +
-                           int64_t(nw + (split > 1)) * kMmaHeads * DVB) * 4;
+    const int64_t merge = (2 * int64_t(nw) * kMmaHeads + (2 + kMaxSplit) * kMmaHeads +
+                           int64_t(nw + (split > 1)) * kMmaHeads * (DVB + 8)) * 4;
     return p.off_kv + std::max(ring, merge);
   };
   // Automatic launch (measured on the H100, bench/results/h100/cuda_decode_dev.md): blocks of
