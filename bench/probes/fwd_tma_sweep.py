@@ -3,8 +3,7 @@
 The bench's `triton@BxWxS` variants time the gather path only; this probe times the tensor-
 descriptor path the H100 profile uses for prefill, against the gather path (first row), so
 the profile's `triton_fwd.prefill` values come from a measurement (bench/results/h100/triton_fwd_dev.md).
-Persistent variants (PERSIST programs per SM) sit beside one program per row; the profile launch is timed
-first and last, so drift over the run shows. Run on a GPU: python3 bench/probes/fwd_tma_sweep.py"""
+Run on a GPU: python3 bench/probes/fwd_tma_sweep.py"""
 import itertools
 
 import torch
@@ -17,12 +16,10 @@ it = itertools.count()
 ref = None
 rows = []
 cfgs = [dict(BLOCK_L=64, num_warps=2, num_stages=3, TMA=False, TAIL_L=64)]
-# (BLOCK_L, warps, stages, TAIL_L, persistent programs per SM; 0 = one program per row)
-for bl, w, st, tail, per in [(32, 1, 3, 32, 0), (32, 1, 3, 32, 3), (32, 1, 3, 32, 4), (32, 1, 3, 32, 5),
-                             (32, 1, 3, 32, 6), (32, 1, 3, 32, 8), (32, 1, 2, 32, 4), (32, 1, 2, 32, 6),
-                             (64, 1, 2, 32, 3), (64, 1, 2, 32, 4), (16, 1, 3, 16, 4), (16, 1, 4, 16, 6),
-                             (32, 1, 3, 32, 0)]:
-    cfgs.append(dict(BLOCK_L=bl, num_warps=w, num_stages=st, TMA=True, TAIL_L=tail, PERSIST=per))
+for bl, w, st, tail in [(64, 2, 3, 32), (64, 1, 2, 32), (64, 2, 2, 32), (64, 1, 3, 32), (32, 1, 2, 32), (32, 2, 2, 32),
+                        (32, 1, 3, 32), (32, 1, 4, 32), (32, 2, 4, 32), (16, 1, 3, 16), (16, 1, 4, 16), (16, 1, 6, 16),
+                        (64, 1, 2, 16), (64, 1, 2, 64)]:
+    cfgs.append(dict(BLOCK_L=bl, num_warps=w, num_stages=st, TMA=True, TAIL_L=tail))
 for c in cfgs:
     try:
         x = sets[0]
@@ -36,7 +33,6 @@ for c in cfgs:
     except Exception as e:
         rows.append((c, None, f"{type(e).__name__}: {str(e)[:80]}"))
     print(rows[-1], flush=True)
-print("| BLOCK_L | warps | stages | TMA | TAIL_L | persistent per SM | ms | max diff vs gather |")
+print("| BLOCK_L | warps | stages | TMA | TAIL_L | ms | max diff vs gather |")
 for c, t, d in rows:
-    print(f"| {c['BLOCK_L']} | {c['num_warps']} | {c['num_stages']} | {c['TMA']} | {c['TAIL_L']} | {c.get('PERSIST', 0)} "
-          f"| {t if t is None else round(t, 2)} | {d} |")
+    print(f"| {c['BLOCK_L']} | {c['num_warps']} | {c['num_stages']} | {c['TMA']} | {c['TAIL_L']} | {t if t is None else round(t, 2)} | {d} |")

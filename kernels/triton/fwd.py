@@ -122,42 +122,55 @@ def _attend_blocks(q, k_desc, v_desc, b, g, j, start, nfull, m_i, l_i, acc, qk_s
     return m_i, l_i, acc
 
 
-@triton.jit
-def _row_inputs(r, q_ptr, r_ptr, pos_ptr, sq_b, sq_s, sq_g, sq_h, sr_b, sr_s, sr_g, sr_j, S, G, S_kv, h, Dk, n,
-                HAS_POS: tl.constexpr, H_PAD: tl.constexpr, DK_PAD: tl.constexpr, N_PAD: tl.constexpr):
-    """Row r's (b, s, g), causal limit, clamped ranges (start, length) and q [H_PAD, DK_PAD]."""
-    # Rows run in (b, g, s) order: neighbouring rows share one group's K/V in L2.
-    s = r % S
-    g = (r // S) % G
-    b = r // (S * G)
+# Integer arguments whose values only size loops or address q, o, lse and the ranges once
+# per program: specialising on them (value 1, divisibility by 16) would compile one kernel
+# per shape. K/V strides and head dims stay specialised: they make the K/V loads vector loads.
+_VARYING = ("sq_b", "sq_s", "sq_g", "sq_h", "sr_b", "sr_s", "sr_g", "sr_j", "so_b", "so_s", "so_g", "so_h",
+            "sl_b", "sl_s", "sl_g", "sl_h", "S", "G", "S_kv", "h", "n")
+
+
+@triton.jit(do_not_specialize=_VARYING)
+def _sel_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, pos_ptr, o_ptr, lse_ptr,
+    sq_b, sq_s, sq_g, sq_h,
+    sk_b, sk_g, sk_n,
+    sv_b, sv_g, sv_n,
+    sr_b, sr_s, sr_g, sr_j,
+    so_b, so_s, so_g, so_h,
+    sl_b, sl_s, sl_g, sl_h,
+    S, G, S_kv, h, Dk, Dv, n, qk_scale,
+    HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
+    H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr,
+):
+    # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
+    pid = tl.program_id(0).to(tl.int64)
+    s = pid % S
+    g = (pid // S) % G
+    b = pid // (S * G)
     if HAS_POS:
         t = tl.load(pos_ptr + b * S + s)
     else:
         t = s + S_kv - S
     lim = tl.minimum(tl.maximum(t + 1, 0), S_kv).to(tl.int32)  # keys >= lim are never read
+
+    # The row's ranges, clamped to [0, lim); start/stop of each range in tile positions.
     j = tl.arange(0, N_PAD)
     r_row = r_ptr + b * sr_b + s * sr_s + g * sr_g + j * sr_j
     start = tl.load(r_row, mask=j < n, other=0).to(tl.int32)
     end = tl.load(r_row + 1, mask=j < n, other=0).to(tl.int32)
     start = tl.minimum(tl.maximum(start, 0), lim)
     end = tl.minimum(tl.maximum(end, 0), lim)
+    length = tl.maximum(end - start, 0)
+
     hh = tl.arange(0, H_PAD)
     dk = tl.arange(0, DK_PAD)
+    dv = tl.arange(0, DV_PAD)
     q_rows = q_ptr + b * sq_b + s * sq_s + g * sq_g + hh[:, None].to(tl.int64) * sq_h
     q = tl.load(q_rows + dk[None, :], mask=(hh[:, None] < h) & (dk[None, :] < Dk), other=0.0)
-    return b, s, g, lim, start, tl.maximum(end - start, 0), q
-
-
-@triton.jit
-def _row(b, s, g, lim, start, length, q, k_ptr, v_ptr, k_desc, v_desc, o_ptr, lse_ptr,
-         sk_b, sk_g, sk_n, sv_b, sv_g, sv_n, so_b, so_s, so_g, so_h, sl_b, sl_s, sl_g, sl_h, h, Dk, Dv, qk_scale,
-         IEEE: tl.constexpr, INTERPRET: tl.constexpr, H_PAD: tl.constexpr, DK_PAD: tl.constexpr,
-         DV_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr):
-    """Attend one row over its ranges and store its o and lse."""
-    hh = tl.arange(0, H_PAD)
-    dv = tl.arange(0, DV_PAD)
     k_grp = k_ptr + b * sk_b + g * sk_g
     v_grp = v_ptr + b * sv_b + g * sv_g
+
     m_i = tl.full([H_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([H_PAD], tl.float32)
     acc = tl.zeros([H_PAD, DV_PAD], tl.float32)
@@ -166,8 +179,8 @@ def _row(b, s, g, lim, start, length, q, k_ptr, v_ptr, k_desc, v_desc, o_ptr, ls
         # no per-key address arithmetic and no masks, and every key they hold is selected.
         # Only each range's remainder (< BLOCK_L keys) takes the masked gather path below.
         nfull = length // BLOCK_L
-        m_i, l_i, acc = _attend_blocks(q, k_desc, v_desc, b.to(tl.int32), g.to(tl.int32), tl.arange(0, N_PAD), start,
-                                       nfull, m_i, l_i, acc, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
+        m_i, l_i, acc = _attend_blocks(q, k_desc, v_desc, b.to(tl.int32), g.to(tl.int32), j, start, nfull,
+                                       m_i, l_i, acc, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
         m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start + nfull * BLOCK_L,
                                        length - nfull * BLOCK_L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
                                        IEEE, INTERPRET, DK_PAD, DV_PAD, TAIL_L)
@@ -182,52 +195,6 @@ def _row(b, s, g, lim, start, length, q, k_ptr, v_ptr, k_desc, v_desc, o_ptr, ls
     o_rows = o_ptr + b * so_b + s * so_s + g * so_g + hh[:, None].to(tl.int64) * so_h
     tl.store(o_rows + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=(hh[:, None] < h) & (dv[None, :] < Dv))
     tl.store(lse_ptr + b * sl_b + s * sl_s + g * sl_g + hh * sl_h, lse, mask=hh < h)
-
-
-# Integer arguments whose values only size loops or address q, o, lse and the ranges once
-# per program: specialising on them (value 1, divisibility by 16) would compile one kernel
-# per shape. K/V strides and head dims stay specialised: they make the K/V loads vector loads.
-_VARYING = ("sq_b", "sq_s", "sq_g", "sq_h", "sr_b", "sr_s", "sr_g", "sr_j", "so_b", "so_s", "so_g", "so_h",
-            "sl_b", "sl_s", "sl_g", "sl_h", "S", "G", "S_kv", "h", "n", "rows")
-
-
-@triton.jit(do_not_specialize=_VARYING)
-def _sel_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, pos_ptr, o_ptr, lse_ptr,
-    sq_b, sq_s, sq_g, sq_h,
-    sk_b, sk_g, sk_n,
-    sv_b, sv_g, sv_n,
-    sr_b, sr_s, sr_g, sr_j,
-    so_b, so_s, so_g, so_h,
-    sl_b, sl_s, sl_g, sl_h,
-    S, G, S_kv, h, Dk, Dv, n, rows, qk_scale,
-    HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
-    H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
-    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr, PERSIST: tl.constexpr,
-):
-    pid = tl.program_id(0).to(tl.int64)
-    b, s, g, lim, start, length, q = _row_inputs(pid, q_ptr, r_ptr, pos_ptr, sq_b, sq_s, sq_g, sq_h, sr_b, sr_s, sr_g,
-                                                 sr_j, S, G, S_kv, h, Dk, n, HAS_POS, H_PAD, DK_PAD, N_PAD)
-    if PERSIST:
-        # Persistent programs walk rows pid, pid + P, ...: the next row's ranges and q are
-        # loaded before this row's tiles, so their latency hides behind this row's work.
-        # A while loop: the interpreter cannot take its 1-element scalars as `range` bounds.
-        step = tl.num_programs(0).to(tl.int64)
-        r = pid
-        while r < rows:
-            nxt = tl.minimum(r + step, rows - 1)
-            nb, ns, ng, nlim, nstart, nlength, nq = _row_inputs(nxt, q_ptr, r_ptr, pos_ptr, sq_b, sq_s, sq_g, sq_h,
-                                                                sr_b, sr_s, sr_g, sr_j, S, G, S_kv, h, Dk, n,
-                                                                HAS_POS, H_PAD, DK_PAD, N_PAD)
-            _row(b, s, g, lim, start, length, q, k_ptr, v_ptr, k_desc, v_desc, o_ptr, lse_ptr,
-                 sk_b, sk_g, sk_n, sv_b, sv_g, sv_n, so_b, so_s, so_g, so_h, sl_b, sl_s, sl_g, sl_h, h, Dk, Dv,
-                 qk_scale, IEEE, INTERPRET, H_PAD, DK_PAD, DV_PAD, N_PAD, BLOCK_L, TMA, TAIL_L)
-            b, s, g, lim, start, length, q = nb, ns, ng, nlim, nstart, nlength, nq
-            r += step
-    else:
-        _row(b, s, g, lim, start, length, q, k_ptr, v_ptr, k_desc, v_desc, o_ptr, lse_ptr,
-             sk_b, sk_g, sk_n, sv_b, sv_g, sv_n, so_b, so_s, so_g, so_h, sl_b, sl_s, sl_g, sl_h, h, Dk, Dv,
-             qk_scale, IEEE, INTERPRET, H_PAD, DK_PAD, DV_PAD, N_PAD, BLOCK_L, TMA, TAIL_L)
 
 
 def smem_fits(block_l: int, stages: int, dk_pad: int, dv_pad: int, item: int, budget_kb: int) -> bool:
@@ -313,22 +280,17 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
         tma = bool(cfg.get("TMA")) and tma_supported(k, v)
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"]))),
-                "PERSIST": int(cfg.get("PERSIST", 0))}
+                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}
     else:
-        meta = {"TMA": False, "TAIL_L": 0, "PERSIST": 0}  # the autotuner times the gather path
+        meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
     descs = tma_descriptors(k, v, meta["BLOCK_L"]) if meta["TMA"] else (None, None)
-    grid = rows
-    if meta["PERSIST"]:
-        grid = min(rows, meta["PERSIST"] * torch.cuda.get_device_properties(q.device).multi_processor_count
-                   if q.device.type == "cuda" else meta["PERSIST"])
-    (_tuner or _sel_fwd_kernel)[(grid,)](
+    (_tuner or _sel_fwd_kernel)[(rows,)](
         q, k, v, *descs, norm_ranges, pos, o, lse,
         *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *norm_ranges.stride()[:4],
         *o.stride()[:4], *lse.stride(),
-        S, G, S_kv, h, Dk, Dv, n, rows, float(scale) * LOG2E,
+        S, G, S_kv, h, Dk, Dv, n, float(scale) * LOG2E,
         HAS_POS=positions is not None, IEEE=q.dtype == torch.float32, INTERPRET=kind == "interpreter",
         H_PAD=max(MIN_DOT, triton.next_power_of_2(h)),
         DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
