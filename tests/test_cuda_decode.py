@@ -201,6 +201,63 @@ def test_cache_dir_is_keyed_by_source_and_arch(tmp_path, monkeypatch):
     assert build.cache_dir("90", src) != a90
 
 
+def _fake_compiler(monkeypatch, tmp_path, seconds=0.0):
+    """Replaces torch's extension `load` with one that records when it ran and whether
+    torch's lock file was in its build directory; builds land under tmp_path."""
+    import threading
+    import time
+
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setenv("NSA_SEL_CUDA_CACHE", str(tmp_path / "cache"))
+    calls, mu = [], threading.Lock()
+
+    def load(*, build_directory, **kw):
+        start = time.monotonic()
+        saw_lock = os.path.exists(os.path.join(build_directory, "lock"))
+        time.sleep(seconds)
+        with mu:
+            calls.append((start, time.monotonic(), saw_lock))
+        return "module"
+
+    monkeypatch.setattr(cpp, "load", load)
+    return calls
+
+
+def test_torch_lock_left_by_a_killed_builder_does_not_hang_the_next_build(tmp_path, monkeypatch):
+    """A builder killed mid-build (a per-test timeout) leaves torch's `lock` file behind and
+    dies holding the build lock; the next build must still run, not wait forever."""
+    calls = _fake_compiler(monkeypatch, tmp_path)
+    out = build.cache_dir("90")
+    out.mkdir(parents=True)
+    (out / "lock").write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+                               str(out.with_name(out.name + ".lock"))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.kill()
+        holder.wait(timeout=30)
+        assert build._build("90") == "module"
+    finally:
+        holder.kill()
+    assert [saw for *_, saw in calls] == [False]
+
+
+def test_builders_in_one_cache_take_turns(tmp_path, monkeypatch):
+    import threading
+
+    calls = _fake_compiler(monkeypatch, tmp_path, seconds=0.2)
+    threads = [threading.Thread(target=build._build, args=("90",)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    spans = sorted((a, b) for a, b, _ in calls)
+    assert len(spans) == 3
+    assert all(nxt[0] >= prev[1] for prev, nxt in zip(spans, spans[1:])), spans
+
+
 @pytest.mark.skipif(ON_GPU, reason="checks the no-device path of the eager build")
 def test_eager_build_without_a_device_warns_and_imports():
     env = {**os.environ, "NSA_SEL_CUDA_BUILD": "1"}

@@ -72,6 +72,7 @@ def test_cpu_plan_runs_xdist_with_timeout_junit_and_triton_cache():
     assert "selgate.lanes.xdist_gpu" in args and "selgate.reports.stamp" in args
     assert "lanes/test_lane_policy.py" in args
     assert plan.env["TRITON_INTERPRET"] == "1" and plan.env["SELGATE_LANE"] == "cpu"
+    assert "NSA_SEL_CUDA_BUILD" not in plan.env
     assert plan.env["TRITON_CACHE_DIR"].endswith("triton/cpu-cpu")
 
 
@@ -82,6 +83,7 @@ def test_gpu_lane_refuses_the_wrong_device_unless_emulated():
         plan_lane(load_lane("sm89"), capability="9.0", gpus=1)
     plan = plan_lane(load_lane("sm89"), capability="9.0", gpus=2, emulate=True, policy_only=True)
     assert plan.env["NSA_SEL_CAPABILITY"] == "8.9"
+    assert plan.env["NSA_SEL_CUDA_BUILD"] == "1"   # built at collection, outside per-test timeouts
     assert plan.out_name == "sm89-emulated"
     assert plan.env["TRITON_CACHE_DIR"].endswith("triton/sm89-emulated-sm90")
     assert plan.pytest_args[0] == "lanes/test_lane_policy.py" and "conformance" not in plan.pytest_args

@@ -2,11 +2,13 @@
 
 Each build lands in its own directory keyed by the hash of the sources and flags and by the
 device's compute capability, so a stale or foreign binary is never loaded and a second
-process reuses the first one's build. A failed build is remembered for the process: the
-wrapper then falls back (reason "build") instead of recompiling on every call.
+process reuses the first one's build; processes building into one directory take turns
+(an flock, released even when its holder is killed). A failed build is remembered for the
+process: the wrapper then falls back (reason "build") instead of recompiling on every call.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import threading
@@ -78,17 +80,25 @@ def _build(arch: str):
     out = cache_dir(arch)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    try:
-        ext = load(
-            name=f"selgate_sel_decode_{out.name[:16]}_sm{arch}",
-            sources=[str(SOURCE_DIR / s) for s in SOURCES],
-            extra_cflags=list(CXX_FLAGS),
-            extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-            build_directory=str(out),
-            verbose=os.environ.get("NSA_SEL_CUDA_VERBOSE") == "1",
-        )
-    except Exception as exc:  # compiler, linker or import failure: keep the reason, fall back
-        return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
+    # One builder per cache directory across processes (xdist workers build side by side).
+    # torch's own lock is a file that outlives a builder killed mid-build (a per-test
+    # timeout does that), after which every later load waits on it forever; an flock is
+    # released by the kernel when its holder dies, and while we hold it any torch lock
+    # file in the directory is such a leftover.
+    with open(out.with_name(out.name + ".lock"), "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (out / "lock").unlink(missing_ok=True)
+        try:
+            ext = load(
+                name=f"selgate_sel_decode_{out.name[:16]}_sm{arch}",
+                sources=[str(SOURCE_DIR / s) for s in SOURCES],
+                extra_cflags=list(CXX_FLAGS),
+                extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+                build_directory=str(out),
+                verbose=os.environ.get("NSA_SEL_CUDA_VERBOSE") == "1",
+            )
+        except Exception as exc:  # compiler, linker or import failure: keep the reason, fall back
+            return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
     build_seconds[arch] = time.perf_counter() - start
     return ext
 
