@@ -77,7 +77,8 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
         # Each worker builds (or loads) the CUDA decode extension when it imports it during
         # collection, outside any per-test timeout that could kill a build half-way; the
         # builders take turns (kernels/cuda/build.py).
-        env.setdefault("NSA_SEL_CUDA_BUILD", "1")
+        if "NSA_SEL_CUDA_BUILD" not in os.environ:
+            env.setdefault("NSA_SEL_CUDA_BUILD", "1")
     env["SELGATE_LANE"] = out_name
     if emulate:
         env["NSA_SEL_CAPABILITY"] = target

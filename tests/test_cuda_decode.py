@@ -224,6 +224,22 @@ def _fake_compiler(monkeypatch, tmp_path, seconds=0.0):
     return calls
 
 
+def _hold_build_lock(out):
+    """A separate process that holds the build lock of cache directory `out` until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+                               str(out.with_name(out.name + ".lock"))], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _release(holder):
+    holder.kill()
+    holder.wait(timeout=30)
+    holder.stdout.close()
+
+
+@pytest.mark.timeout(60)
 def test_torch_lock_left_by_a_killed_builder_does_not_hang_the_next_build(tmp_path, monkeypatch):
     """A builder killed mid-build (a per-test timeout) leaves torch's `lock` file behind and
     dies holding the build lock; the next build must still run, not wait forever."""
@@ -231,24 +247,33 @@ def test_torch_lock_left_by_a_killed_builder_does_not_hang_the_next_build(tmp_pa
     out = build.cache_dir("90")
     out.mkdir(parents=True)
     (out / "lock").write_text("")
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
-                               str(out.with_name(out.name + ".lock"))], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        holder.kill()
-        holder.wait(timeout=30)
-        assert build._build("90") == "module"
-    finally:
-        holder.kill()
+    holder = _hold_build_lock(out)
+    _release(holder)
+    assert build._build("90") == "module"
     assert [saw for *_, saw in calls] == [False]
 
 
+@pytest.mark.timeout(60)
+def test_a_build_that_never_ends_elsewhere_is_a_build_error_not_a_hang(tmp_path, monkeypatch):
+    calls = _fake_compiler(monkeypatch, tmp_path)
+    monkeypatch.setenv("NSA_SEL_CUDA_BUILD_WAIT", "0.5")
+    out = build.cache_dir("90")
+    out.mkdir(parents=True)
+    holder = _hold_build_lock(out)
+    try:
+        err = build._build("90")
+    finally:
+        _release(holder)
+    assert isinstance(err, build.BuildError) and "NSA_SEL_CUDA_BUILD_WAIT" in str(err)
+    assert calls == []
+
+
+@pytest.mark.timeout(60)
 def test_builders_in_one_cache_take_turns(tmp_path, monkeypatch):
     import threading
 
     calls = _fake_compiler(monkeypatch, tmp_path, seconds=0.2)
-    threads = [threading.Thread(target=build._build, args=("90",)) for _ in range(3)]
+    threads = [threading.Thread(target=build._build, args=("90",), daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:

@@ -76,7 +76,8 @@ def test_cpu_plan_runs_xdist_with_timeout_junit_and_triton_cache():
     assert plan.env["TRITON_CACHE_DIR"].endswith("triton/cpu-cpu")
 
 
-def test_gpu_lane_refuses_the_wrong_device_unless_emulated():
+def test_gpu_lane_refuses_the_wrong_device_unless_emulated(monkeypatch):
+    monkeypatch.delenv("NSA_SEL_CUDA_BUILD", raising=False)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         plan_lane(load_lane("sm90"), capability=None)
     with pytest.raises(ValueError, match=r"this device has 9.0; pass --emulate"):
@@ -84,6 +85,8 @@ def test_gpu_lane_refuses_the_wrong_device_unless_emulated():
     plan = plan_lane(load_lane("sm89"), capability="9.0", gpus=2, emulate=True, policy_only=True)
     assert plan.env["NSA_SEL_CAPABILITY"] == "8.9"
     assert plan.env["NSA_SEL_CUDA_BUILD"] == "1"   # built at collection, outside per-test timeouts
+    monkeypatch.setenv("NSA_SEL_CUDA_BUILD", "0")   # the caller's own setting passes through untouched
+    assert "NSA_SEL_CUDA_BUILD" not in plan_lane(load_lane("sm89"), capability="9.0", gpus=1, emulate=True).env
     assert plan.out_name == "sm89-emulated"
     assert plan.env["TRITON_CACHE_DIR"].endswith("triton/sm89-emulated-sm90")
     assert plan.pytest_args[0] == "lanes/test_lane_policy.py" and "conformance" not in plan.pytest_args

@@ -1,6 +1,6 @@
 """Where a CUDA decode call spends its time: per-warp timestamps inside the tensor-core kernel.
 
-Builds a private copy of the extension whose kernel stamps %globaltimer at five points per
+Builds a private copy of the extension whose kernel stamps %globaltimer at six points per
 warp (entry, ranges and q ready, first slab landed, loop done, merge done, stores issued)
 into a device buffer, replays the issue-8 bench shapes from a CUDA graph over rotating
 inputs (as check_h100 does), and prints per call: span from first warp entry to last store,

@@ -8,7 +8,6 @@ process: the wrapper then falls back (reason "build") instead of recompiling on 
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import threading
@@ -23,6 +22,7 @@ HEADERS = ("sel_decode.h",)
 CUDA_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 CXX_FLAGS = ("-O3", "-std=c++17")
 DEFAULT_CACHE = Path.home() / ".cache" / "selgate" / "cuda"
+BUILD_WAIT_S = 900  # longest wait for another process's build (env NSA_SEL_CUDA_BUILD_WAIT)
 
 
 class BuildError(RuntimeError):
@@ -84,11 +84,12 @@ def _build(arch: str):
     # torch's own lock is a file that outlives a builder killed mid-build (a per-test
     # timeout does that), after which every later load waits on it forever; an flock is
     # released by the kernel when its holder dies, and while we hold it any torch lock
-    # file in the directory is such a leftover.
-    with open(out.with_name(out.name + ".lock"), "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        (out / "lock").unlink(missing_ok=True)
-        try:
+    # file in the directory is such a leftover. (The dead builder's compiler may still be
+    # running; a build it then spoils fails to load and is reported, it is never used.)
+    try:
+        with open(out.with_name(out.name + ".lock"), "w") as guard:
+            _take_turn(guard, out, float(os.environ.get("NSA_SEL_CUDA_BUILD_WAIT", BUILD_WAIT_S)))
+            (out / "lock").unlink(missing_ok=True)
             ext = load(
                 name=f"selgate_sel_decode_{out.name[:16]}_sm{arch}",
                 sources=[str(SOURCE_DIR / s) for s in SOURCES],
@@ -97,10 +98,26 @@ def _build(arch: str):
                 build_directory=str(out),
                 verbose=os.environ.get("NSA_SEL_CUDA_VERBOSE") == "1",
             )
-        except Exception as exc:  # compiler, linker or import failure: keep the reason, fall back
-            return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
+    except Exception as exc:  # lock, compiler, linker or import failure: keep the reason, fall back
+        return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
     build_seconds[arch] = time.perf_counter() - start
     return ext
+
+
+def _take_turn(guard, out: Path, wait_s: float) -> None:
+    """Hold the exclusive flock on `guard`, waiting at most `wait_s` seconds for another builder."""
+    import fcntl
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"another process has been building into {out} for more than {wait_s:g} s "
+                                   "(NSA_SEL_CUDA_BUILD_WAIT)") from None
+            time.sleep(0.2)
 
 
 def prebuild() -> None:
