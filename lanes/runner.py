@@ -73,12 +73,11 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     arch = f"sm{capability.replace('.', '')}" if capability else "cpu"
     env = {k_: str(v) for k_, v in (lane["env"] or {}).items()}
     env.update(tolerance_env(lane))
-    if lane["device"] == "cuda":
+    if lane["device"] == "cuda" and "NSA_SEL_CUDA_BUILD" not in os.environ:
         # Each worker builds (or loads) the CUDA decode extension when it imports it during
         # collection, outside any per-test timeout that could kill a build half-way; the
-        # builders take turns (kernels/cuda/build.py).
-        if "NSA_SEL_CUDA_BUILD" not in os.environ:
-            env.setdefault("NSA_SEL_CUDA_BUILD", "1")
+        # builders take turns (kernels/cuda/build.py). The caller's own setting wins.
+        env.setdefault("NSA_SEL_CUDA_BUILD", "1")
     env["SELGATE_LANE"] = out_name
     if emulate:
         env["NSA_SEL_CAPABILITY"] = target

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -204,9 +206,6 @@ def test_cache_dir_is_keyed_by_source_and_arch(tmp_path, monkeypatch):
 def _fake_compiler(monkeypatch, tmp_path, seconds=0.0):
     """Replaces torch's extension `load` with one that records when it ran and whether
     torch's lock file was in its build directory; builds land under tmp_path."""
-    import threading
-    import time
-
     import torch.utils.cpp_extension as cpp
 
     monkeypatch.setenv("NSA_SEL_CUDA_CACHE", str(tmp_path / "cache"))
@@ -270,8 +269,6 @@ def test_a_build_that_never_ends_elsewhere_is_a_build_error_not_a_hang(tmp_path,
 
 @pytest.mark.timeout(60)
 def test_builders_in_one_cache_take_turns(tmp_path, monkeypatch):
-    import threading
-
     calls = _fake_compiler(monkeypatch, tmp_path, seconds=0.2)
     threads = [threading.Thread(target=build._build, args=("90",), daemon=True) for _ in range(3)]
     for t in threads:
