@@ -1,0 +1,85 @@
+"""Does the CUDA decode kernel's K/V copy instruction cost it the streaming rate?
+
+Nsight Compute showed the tensor-core kernel reading twice as many L2 sectors as the Triton
+decode kernel for the same DRAM bytes (L2 hit rate 50% against 2%). This probe builds
+private copies of the extension whose 16-byte `cp.async` differs only in its cache and
+L2-prefetch qualifiers, checks each copy's output bitwise against the unpatched one, and
+times them side by side (graph replay over rotating inputs, as check_h100 does), variants
+interleaved and repeated. Usage on a GPU machine: python3 bench/probes/decode_load_variants.py
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from selgate.bench.timing import rotation_count, time_graph
+from selgate.kernels.cuda import build
+from selgate.kernels.cuda.check_h100 import L_SEL, nsa_inputs
+
+BASE = "cp.async.ca.shared.global"  # what sel_decode.cu issues (`.cg` until the sixth session)
+ANCHOR = 'asm volatile("' + BASE + ' [%0], [%1], 16, %2;\\n"'
+VARIANTS = {
+    "ca": BASE,
+    "cg": "cp.async.cg.shared.global",
+    "cg+L2::128B": "cp.async.cg.shared.global.L2::128B",
+    "cg+L2::256B": "cp.async.cg.shared.global.L2::256B",
+}
+POINTS = [(256, h, D, n) for h in (4, 8) for D in (64, 128) for n in (8, 16)] + [(1024, 4, 64, 8), (1024, 8, 128, 16)]
+
+
+def source_dir(name: str) -> Path:
+    tmp = Path(tempfile.gettempdir()) / f"sel_ld_{name.replace(':', '').replace('+', '_')}"
+    tmp.mkdir(exist_ok=True)
+    for f in (*build.SOURCES, *build.HEADERS):
+        shutil.copy(build.SOURCE_DIR / f, tmp / f)
+    cu = (tmp / "sel_decode.cu").read_text()
+    assert cu.count(ANCHOR) == 1, "the cp.async anchor moved; update the probe"
+    (tmp / "sel_decode.cu").write_text(cu.replace(ANCHOR, ANCHOR.replace(BASE, VARIANTS[name])))
+    return tmp
+
+
+def load(name: str):
+    from torch.utils.cpp_extension import load as cpp_load
+
+    tmp = source_dir(name)
+    arch = build.device_arch()
+    return cpp_load(name="sel_ld_" + "".join(ch for ch in name if ch.isalnum()), sources=[str(tmp / s) for s in build.SOURCES],
+                    extra_cflags=list(build.CXX_FLAGS),
+                    extra_cuda_cflags=[*build.CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+                    build_directory=str(tmp), verbose=False)
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--build":
+        load(sys.argv[2])
+        return
+    procs = [subprocess.Popen([sys.executable, __file__, "--build", v]) for v in VARIANTS]  # builds in parallel
+    assert all(p.wait() == 0 for p in procs), "a variant failed to build"
+    exts = {v: load(v) for v in VARIANTS}
+    dev = torch.device("cuda")
+    print("| N | h | D | n | " + " | ".join(f"{v} us" for v in VARIANTS) + " | bitwise equal |", flush=True)
+    print("| --- " * (5 + len(VARIANTS)) + "|", flush=True)
+    for N, h, D, n in POINTS:
+        selected = N * n * L_SEL * 2 * D * 2
+        sets = [nsa_inputs(N, h, D, n, torch.bfloat16, seed=s, device=dev) for s in range(rotation_count(selected, dev))]
+        x = sets[0]
+        outs = {v: e.fwd(x.q, x.k, x.v, x.ranges, None, x.scale, True, [])[0] for v, e in exts.items()}
+        same = all(torch.equal(o, outs["ca"]) for o in outs.values())
+        times = {v: [] for v in VARIANTS}
+        for _ in range(3):
+            for v, e in exts.items():
+                calls = [lambda x=x, e=e: e.fwd(x.q, x.k, x.v, x.ranges, None, x.scale, True, []) for x in sets]
+                times[v].append(time_graph(calls, dev).median_ms * 1e3)
+        cells = " | ".join("/".join(f"{t:.1f}" for t in times[v]) for v in VARIANTS)
+        print(f"| {N} | {h} | {D} | {n} | {cells} | {same} |", flush=True)
+        del sets, outs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
