@@ -289,6 +289,25 @@ def test_eager_build_without_a_device_warns_and_imports():
     assert "no CUDA device is visible" in out.stderr
 
 
+def test_patched_copy_applies_each_edit_once(tmp_path):
+    anchor = '#include "sel_decode.h"\n'
+    out = build.patched_copy(tmp_path, {"sel_decode.cu": [(anchor, anchor + "// probe\n")]})
+    cu = (out / "sel_decode.cu").read_text()
+    assert cu.count(anchor + "// probe\n") == 1
+    assert cu.replace("// probe\n", "", 1) == (build.SOURCE_DIR / "sel_decode.cu").read_text()
+    assert all((out / f).read_text() == (build.SOURCE_DIR / f).read_text() for f in ("sel_decode.h", "sel_decode_bind.cpp"))
+
+
+@pytest.mark.parametrize("edits, match", [
+    ({"sel_decode.cu": [("no such text in the kernel", "")]}, "found 0 times, expected once"),
+    ({"sel_decode.cu": [("{", "")]}, "expected once"),
+    ({"other.cu": [("a", "b")]}, "not sources of the extension"),
+])
+def test_patched_copy_refuses_an_anchor_that_moved(tmp_path, edits, match):
+    with pytest.raises(ValueError, match=match):
+        build.patched_copy(tmp_path, edits)
+
+
 # ------------------------------------------------------------------------------ GPU
 gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device")
 
@@ -346,3 +365,4 @@ def test_keys_beyond_int32_are_refused():
     """The tensor-core kernel counts positions in 32 bits: S_kv >= 2^31 is refused with its reason."""
     with pytest.raises(RuntimeError, match="S_kv must be below 2\\^31 keys, got 2147483648"):
         build.load_extension().plan(1, 1, 1, 4, 2 ** 31, 64, 64, 8, True, [])
+

@@ -9,11 +9,8 @@ interleaved and repeated. Usage on a GPU machine: python3 bench/probes/decode_lo
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -32,26 +29,9 @@ VARIANTS = {
 POINTS = [(256, h, D, n) for h in (4, 8) for D in (64, 128) for n in (8, 16)] + [(1024, 4, 64, 8), (1024, 8, 128, 16)]
 
 
-def source_dir(name: str) -> Path:
-    tmp = Path(tempfile.gettempdir()) / f"sel_ld_{name.replace(':', '').replace('+', '_')}"
-    tmp.mkdir(exist_ok=True)
-    for f in (*build.SOURCES, *build.HEADERS):
-        shutil.copy(build.SOURCE_DIR / f, tmp / f)
-    cu = (tmp / "sel_decode.cu").read_text()
-    assert cu.count(ANCHOR) == 1, "the cp.async anchor moved; update the probe"
-    (tmp / "sel_decode.cu").write_text(cu.replace(ANCHOR, ANCHOR.replace(BASE, VARIANTS[name])))
-    return tmp
-
-
 def load(name: str):
-    from torch.utils.cpp_extension import load as cpp_load
-
-    tmp = source_dir(name)
-    arch = build.device_arch()
-    return cpp_load(name="sel_ld_" + "".join(ch for ch in name if ch.isalnum()), sources=[str(tmp / s) for s in build.SOURCES],
-                    extra_cflags=list(build.CXX_FLAGS),
-                    extra_cuda_cflags=[*build.CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-                    build_directory=str(tmp), verbose=False)
+    slug = "".join(ch for ch in name if ch.isalnum())
+    return build.load_patched(f"sel_ld_{slug}", {"sel_decode.cu": [(ANCHOR, ANCHOR.replace(BASE, VARIANTS[name]))]})
 
 
 def main() -> None:

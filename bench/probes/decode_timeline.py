@@ -10,10 +10,7 @@ the kernel's text moves. Usage on a GPU machine: python3 bench/probes/decode_tim
 """
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -50,7 +47,7 @@ int sel_tl_read(unsigned long long* host, int cap) {
 }  // namespace selgate
 '''
 PATCHES = [  # (anchor, replacement) applied once each to sel_decode.cu
-    ('#include "sel_decode.h"\n', '#include "sel_decode.h"\n' + HEADER),
+    ('#include "sel_decode.h"\n', '#include "sel_decode.h"\n' + HEADER + READER),
     ("  extern __shared__ __align__(16) unsigned char smem[];\n  constexpr int NV = DVB / 8;",
      "  extern __shared__ __align__(16) unsigned char smem[];\n  const unsigned long long tl0 = sel_now();\n"
      "  unsigned long long tl2 = 0;\n  constexpr int NV = DVB / 8;"),
@@ -79,24 +76,7 @@ BIND = ('PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {',
 
 
 def patched_extension():
-    from torch.utils.cpp_extension import load
-
-    tmp = Path(tempfile.mkdtemp(prefix="sel_tl_"))
-    for name in (*build.SOURCES, *build.HEADERS):
-        shutil.copy(build.SOURCE_DIR / name, tmp / name)
-    cu = (tmp / "sel_decode.cu").read_text()
-    for anchor, new in PATCHES:
-        assert cu.count(anchor) == 1, f"anchor not found exactly once: {anchor[:60]!r}"
-        cu = cu.replace(anchor, new)
-    (tmp / "sel_decode.cu").write_text(cu + READER)
-    bind = (tmp / "sel_decode_bind.cpp").read_text()
-    assert bind.count(BIND[0]) == 1
-    (tmp / "sel_decode_bind.cpp").write_text(bind.replace(BIND[0], BIND[1]))
-    arch = build.device_arch()
-    return load(name="sel_decode_timeline", sources=[str(tmp / s) for s in build.SOURCES],
-                extra_cflags=list(build.CXX_FLAGS),
-                extra_cuda_cflags=[*build.CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-                build_directory=str(tmp), verbose=False)
+    return build.load_patched("sel_decode_timeline", {"sel_decode.cu": PATCHES, "sel_decode_bind.cpp": [BIND]})
 
 
 def pct(x: torch.Tensor, q: float) -> float:

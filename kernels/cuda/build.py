@@ -120,6 +120,40 @@ def _take_turn(guard, out: Path, wait_s: float) -> None:
             time.sleep(0.2)
 
 
+def patched_copy(dest: Path, edits: dict[str, list[tuple[str, str]]]) -> Path:
+    """The extension's sources copied into `dest` with every `(anchor, replacement)` of
+    `edits[file]` applied. For probes that instrument or vary the kernel in a private build:
+    an anchor found other than exactly once raises ValueError, so a probe fails loudly when
+    the kernel's text moves instead of timing an unpatched copy."""
+    dest.mkdir(parents=True, exist_ok=True)
+    unknown = set(edits) - {*SOURCES, *HEADERS}
+    if unknown:
+        raise ValueError(f"edits: {sorted(unknown)} are not sources of the extension {[*SOURCES, *HEADERS]}")
+    for name in (*SOURCES, *HEADERS):
+        text = (SOURCE_DIR / name).read_text()
+        for anchor, replacement in edits.get(name, ()):
+            found = text.count(anchor)
+            if found != 1:
+                raise ValueError(f"edits[{name!r}]: anchor {anchor[:60]!r} found {found} times, expected once")
+            text = text.replace(anchor, replacement)
+        (dest / name).write_text(text)
+    return dest
+
+
+def load_patched(name: str, edits: dict[str, list[tuple[str, str]]]):
+    """Build (or reuse) and load a private copy of the extension with `edits` applied
+    (`patched_copy`), in `<tmp>/<name>`: a probe's processes that share `name` share the build."""
+    import tempfile
+
+    from torch.utils.cpp_extension import load
+
+    arch = device_arch()
+    out = patched_copy(Path(tempfile.gettempdir()) / name, edits)
+    return load(name=name, sources=[str(out / s) for s in SOURCES], extra_cflags=list(CXX_FLAGS),
+                extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+                build_directory=str(out), verbose=False)
+
+
 def prebuild() -> None:
     """Eager build (NSA_SEL_CUDA_BUILD=1 at import): compile now for the current device so the
     first decode call pays nothing. Without a CUDA device there is nothing to build for."""
