@@ -99,10 +99,12 @@ def time_graph(calls, device: torch.device, *, min_calls: int = 32, replays: int
     costs) and cold L2 by rotation. The calls must be capturable (no host synchronisation).
     The median and interval are over `replays` replays of one graph, issued back to back.
 
-    Before timing, the graph replays for at least `warm_ms` of device time. Without it, on
-    the H100 the first launch timed in a CUDA decode sweep, after host-side work, read 5%
-    slower than the same launch timed later (1.73 against 1.64 of the floor; 1.59 against
-    1.56 with it); the GPU's clock ramp is the suspected cause."""
+    Before timing, the graph replays until `warm_ms` of device time have passed, and the
+    timed replays follow each other with no host wait between them (so the host's launch
+    of one replay does not land inside another's sample). Before both changes, on the H100
+    the first launch timed in a CUDA decode sweep, after host-side work, read 5% slower
+    than the same launch timed later in its row (1.73 against 1.64 of the floor; 1.59
+    against 1.56 after); the GPU's clock ramp is the suspected cause."""
     n = len(calls) * math.ceil(min_calls / len(calls))
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -115,12 +117,13 @@ def time_graph(calls, device: torch.device, *, min_calls: int = 32, replays: int
         for i in range(n):
             calls[i % len(calls)]()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    graph.replay()
-    b.record()
-    b.synchronize()
-    for _ in range(math.ceil(warm_ms / max(a.elapsed_time(b), 1e-3))):
+    warmed = 0.0
+    while warmed < warm_ms:
+        a.record()
         graph.replay()
+        b.record()
+        b.synchronize()
+        warmed += a.elapsed_time(b)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
     for a, b in events:
         a.record()

@@ -6,11 +6,13 @@ records what the wrapper passes it, so the wrapper's normalisation, scale and ke
 are still checked, and build/launch failures are injected to check their reason codes."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -308,6 +310,26 @@ def test_patched_copy_refuses_an_anchor_that_moved(tmp_path, edits, match):
         build.patched_copy(tmp_path, edits)
 
 
+
+def _probe(name):
+    path = Path(__file__).resolve().parents[1] / "bench" / "probes" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"probe_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_probes_edits_still_fit_the_kernel(tmp_path):
+    """The GPU probes patch the kernel by exact text; CI catches a kernel edit that moved an anchor."""
+    timeline, variants = _probe("decode_timeline"), _probe("decode_load_variants")
+    out = build.patched_copy(tmp_path / "timeline", {"sel_decode.cu": timeline.PATCHES,
+                                                      "sel_decode_bind.cpp": [timeline.BIND]})
+    assert "sel_tl_read" in (out / "sel_decode.cu").read_text() and "timeline" in (out / "sel_decode_bind.cpp").read_text()
+    for name, qualifiers in variants.VARIANTS.items():
+        edit = (variants.ANCHOR, variants.ANCHOR.replace(variants.BASE, qualifiers))
+        cu = (build.patched_copy(tmp_path / name.replace(":", ""), {"sel_decode.cu": [edit]}) / "sel_decode.cu").read_text()
+        assert f'"{qualifiers} [%0], [%1], 16, %2;' in cu
+
 # ------------------------------------------------------------------------------ GPU
 gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device")
 
@@ -365,4 +387,3 @@ def test_keys_beyond_int32_are_refused():
     """The tensor-core kernel counts positions in 32 bits: S_kv >= 2^31 is refused with its reason."""
     with pytest.raises(RuntimeError, match="S_kv must be below 2\\^31 keys, got 2147483648"):
         build.load_extension().plan(1, 1, 1, 4, 2 ** 31, 64, 64, 8, True, [])
-

@@ -38,8 +38,10 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--build":
         load(sys.argv[2])
         return
-    procs = [subprocess.Popen([sys.executable, __file__, "--build", v]) for v in VARIANTS]  # builds in parallel
-    assert all(p.wait() == 0 for p in procs), "a variant failed to build"
+    procs = {v: subprocess.Popen([sys.executable, __file__, "--build", v]) for v in VARIANTS}  # builds in parallel
+    failed = [v for v, proc in procs.items() if proc.wait() != 0]
+    if failed:
+        raise RuntimeError(f"variants {failed} failed to build (their compiler output is above)")
     exts = {v: load(v) for v in VARIANTS}
     dev = torch.device("cuda")
     print("| N | h | D | n | " + " | ".join(f"{v} us" for v in VARIANTS) + " | bitwise equal |", flush=True)

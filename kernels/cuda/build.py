@@ -75,33 +75,35 @@ def load_extension(device=None):
 
 
 def _build(arch: str):
-    from torch.utils.cpp_extension import load
-
     out = cache_dir(arch)
-    out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    # One builder per cache directory across processes (xdist workers build side by side).
-    # torch's own lock is a file that outlives a builder killed mid-build (a per-test
-    # timeout does that), after which every later load waits on it forever; an flock is
-    # released by the kernel when its holder dies, and while we hold it any torch lock
-    # file in the directory is such a leftover. (The dead builder's compiler may still be
-    # running; a build it then spoils fails to load and is reported, it is never used.)
     try:
-        with open(out.with_name(out.name + ".lock"), "w") as guard:
-            _take_turn(guard, out, float(os.environ.get("NSA_SEL_CUDA_BUILD_WAIT", BUILD_WAIT_S)))
-            (out / "lock").unlink(missing_ok=True)
-            ext = load(
-                name=f"selgate_sel_decode_{out.name[:16]}_sm{arch}",
-                sources=[str(SOURCE_DIR / s) for s in SOURCES],
-                extra_cflags=list(CXX_FLAGS),
-                extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-                build_directory=str(out),
-                verbose=os.environ.get("NSA_SEL_CUDA_VERBOSE") == "1",
-            )
+        ext = _load_in(out, f"selgate_sel_decode_{out.name[:16]}_sm{arch}", SOURCE_DIR, arch,
+                       verbose=os.environ.get("NSA_SEL_CUDA_VERBOSE") == "1")
     except Exception as exc:  # lock, compiler, linker or import failure: keep the reason, fall back
         return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
     build_seconds[arch] = time.perf_counter() - start
     return ext
+
+
+def _load_in(out: Path, name: str, source_dir: Path, arch: str, *, verbose: bool = False):
+    """Build (or reuse) and import the extension from `source_dir` into `out`.
+
+    One builder per build directory across processes (xdist workers build side by side).
+    torch's own lock is a file that outlives a builder killed mid-build (a per-test timeout
+    does that), after which every later load waits on it forever; an flock is released by
+    the kernel when its holder dies, and while we hold it any torch lock file in the
+    directory is such a leftover. (The dead builder's compiler may still be running; a build
+    it then spoils fails to load and is reported, it is never used.)"""
+    from torch.utils.cpp_extension import load
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as guard:
+        _take_turn(guard, out, float(os.environ.get("NSA_SEL_CUDA_BUILD_WAIT", BUILD_WAIT_S)))
+        (out / "lock").unlink(missing_ok=True)
+        return load(name=name, sources=[str(source_dir / s) for s in SOURCES], extra_cflags=list(CXX_FLAGS),
+                    extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+                    build_directory=str(out), verbose=verbose)
 
 
 def _take_turn(guard, out: Path, wait_s: float) -> None:
@@ -124,7 +126,8 @@ def patched_copy(dest: Path, edits: dict[str, list[tuple[str, str]]]) -> Path:
     """The extension's sources copied into `dest` with every `(anchor, replacement)` of
     `edits[file]` applied. For probes that instrument or vary the kernel in a private build:
     an anchor found other than exactly once raises ValueError, so a probe fails loudly when
-    the kernel's text moves instead of timing an unpatched copy."""
+    the kernel's text moves instead of timing an unpatched copy. A file whose text is
+    already there is not rewritten, so its build stays up to date."""
     dest.mkdir(parents=True, exist_ok=True)
     unknown = set(edits) - {*SOURCES, *HEADERS}
     if unknown:
@@ -136,22 +139,20 @@ def patched_copy(dest: Path, edits: dict[str, list[tuple[str, str]]]) -> Path:
             if found != 1:
                 raise ValueError(f"edits[{name!r}]: anchor {anchor[:60]!r} found {found} times, expected once")
             text = text.replace(anchor, replacement)
-        (dest / name).write_text(text)
+        target = dest / name
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
     return dest
 
 
 def load_patched(name: str, edits: dict[str, list[tuple[str, str]]]):
     """Build (or reuse) and load a private copy of the extension with `edits` applied
-    (`patched_copy`), in `<tmp>/<name>`: a probe's processes that share `name` share the build."""
+    (`patched_copy`) in `<tmp>/<name>`: processes that share `name` share the build, taking
+    turns as `_load_in` does."""
     import tempfile
 
-    from torch.utils.cpp_extension import load
-
-    arch = device_arch()
-    out = patched_copy(Path(tempfile.gettempdir()) / name, edits)
-    return load(name=name, sources=[str(out / s) for s in SOURCES], extra_cflags=list(CXX_FLAGS),
-                extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-                build_directory=str(out), verbose=False)
+    out = Path(tempfile.gettempdir()) / name
+    return _load_in(out, name, patched_copy(out, edits), device_arch())
 
 
 def prebuild() -> None:
