@@ -173,6 +173,13 @@ def _varlen_unshifted(q, k, v, ranges, cu_q, cu_k, *, scale=None):
     return attend(q, k, v, ranges, scale=scale, positions=pos)
 
 
+def _dense_mask(q, k, v, ranges, *, scale=None, positions=None):
+    """The reference's dense-mask formulation: every key is read, unselected ones with weight 0."""
+    o, lse = selection_attention_ref(q, k, v, ranges, scale=scale, positions=positions, return_lse=True,
+                                     formulation="mask")
+    return o.to(v.dtype), lse.float()
+
+
 @dataclass(frozen=True)
 class BadImpl:
     """A known-bad implementation and the family that must flag it."""
@@ -233,10 +240,12 @@ BAD_IMPLS = (
          "o returned in fp32 whatever v's dtype"),
     _bad("int32-ranges-inclusive", _int32_inclusive, "dtype", "int32 ranges read as inclusive of their end"),
     _bad("no-input-checks", _unchecked, "bad_input", "malformed input used as given, no error"),
-    _bad("dense-mask-times-zero", lambda q, k, v, r, *, scale=None, positions=None: tuple(
-        t.to(v.dtype) if i == 0 else t.float() for i, t in enumerate(selection_attention_ref(
-            q, k, v, r, scale=scale, positions=positions, return_lse=True, formulation="mask"))),
-         "bounds", "unselected keys read and multiplied by a zero weight (NaN * 0 = NaN)"),
+    _bad("dense-mask-times-zero", _dense_mask, "bounds",
+         "unselected keys read and multiplied by a zero weight (NaN * 0 = NaN)"),
+    _bad("varlen-dense-mask-times-zero", _dense_mask, "varlen",
+         "packed sequences: unselected keys, other sequences' included, read with a zero weight"),
+    _bad("lse-rounded-to-input-dtype", _with_output(lambda q, k, v, r, o, lse: (o, lse.to(q.dtype).to(lse.dtype))),
+         "parity", "lse rounded through fp16/bf16 (it is fp32 whatever the inputs)"),
     _bad("unwritten-empty-rows", _unwritten_empty_rows, "empty_ranges", "o allocated with torch.empty, empty "
          "rows never written", device="cuda"),
     _bad("varlen-unshifted-ranges", attend, "varlen", "local ranges not shifted by the sequence's key offset",

@@ -7,6 +7,8 @@
   an exact result to bf16 alone costs about eps/4 x mean|ref|, so bf16 gradients of size ~1
   cannot meet 1e-3 (measured: sdpa dk mean error 1.01e-3 on
   prefill-B1S4Skv21-G2h16-D8x8-n5-builder-bf16-s0, whose max error is 10x under its bound).
+  It applies to the tensors stored in the low precision (o and the gradients), not to lse,
+  which is fp32 whatever the inputs and is held to SPEC.md's 1e-3.
 - fp64 (gradcheck inputs only; SPEC.md is silent): the two golden formulations agree to
   1e-12, so an fp64 implementation is held to max 1e-10, mean 1e-12.
 
@@ -55,6 +57,9 @@ _SPEC = {
     "fp64": {"o": Tolerance(max_abs=1e-10, mean_abs=1e-12, source="fp64: golden formulations agree to 1e-12")},
     "fp32": {"o": Tolerance(max_abs=1e-5, mean_abs=1e-6)},
     "fp16": {"o": Tolerance(factor=2.0, floor_eps=2.0, mean_abs=1e-3, mean_floor_eps=1.0),
+             # lse is fp32 whatever the inputs: no output rounding, so no mean floor (with it,
+             # an lse rounded through bf16 passed every bf16 parity case).
+             "lse": Tolerance(factor=2.0, floor_eps=2.0, mean_abs=1e-3),
              "grad": Tolerance(factor=3.0, floor_eps=2.0, mean_abs=1e-3, mean_floor_eps=1.0)},
 }
 _SPEC["bf16"] = _SPEC["fp16"]
@@ -94,7 +99,7 @@ def tolerance(dtype: torch.dtype, tensor: str) -> Tolerance:
         raise ValueError(f"tensor: expected one of {TENSORS}, got {tensor!r}")
     name = DTYPE_NAMES[dtype]
     spec = _SPEC[name]
-    tol = spec.get("grad", spec["o"]) if tensor in GRADS else spec["o"]
+    tol = spec.get(tensor) or (spec.get("grad", spec["o"]) if tensor in GRADS else spec["o"])
     over = overrides().get(name, {})
     layers = [{k: v for k, v in over.items() if k not in TENSORS and k != "grad"}]
     if tensor in GRADS:
