@@ -9,7 +9,7 @@ PyTorch run in that precision (`gather_attention(..., dtype=...)`, grads by auto
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -381,9 +381,22 @@ def _per_sequence(fn_of_ranges, inp: Inputs):
     return run
 
 
+def _poison_unselected_varlen(inp: Inputs) -> Inputs:
+    """Packed inputs whose keys no row of their own sequence selects are NaN (keys beyond
+    every query's position and the other sequences' keys included)."""
+    cu_q, cu_k = inp.cu_seqlens_q.tolist(), inp.cu_seqlens_k.tolist()
+    sel = torch.cat([selected_keys(inp.ranges[:, a:b], d - c)
+                     for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])], 2)
+    unsel = ~sel[..., None]
+    return replace(inp, k=torch.where(unsel, float("nan"), inp.k),
+                               v=torch.where(unsel, float("nan"), inp.v))
+
+
 def check_varlen(impl: Impl, case: Case, device) -> None:
-    """Packed sequences (cu_seqlens) give what each sequence gives on its own."""
-    inp = make_inputs(case, device)
+    """Packed sequences (cu_seqlens) give what each sequence gives on its own; every key that
+    no row of its sequence selects holds NaN, so reading one (from a neighbouring sequence,
+    or beyond a query's position) shows up. Outputs are poisoned before the call (CUDA)."""
+    inp = _poison_unselected_varlen(make_inputs(case, device))
 
     def fn(kind):
         if kind == "golden":

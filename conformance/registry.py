@@ -156,9 +156,11 @@ def _reference_call(q, k, v, ranges, *, scale=None, want_lse=True, positions=Non
 
 
 def _reference_varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
-    from selgate.reference import varlen_to_batched
+    """Packed sequences through the gather formulation: the varlen family poisons the keys no
+    row selects, which the dense mask would read (its varlen check is the packing itself)."""
+    from selgate.reference import selection_attention_ref, varlen_to_batched
     glob, pos = varlen_to_batched(ranges, cu_q, cu_k)
-    return _reference_call(q, k, v, glob, scale=scale, positions=pos)
+    return selection_attention_ref(q, k, v, glob, scale=scale, positions=pos, return_lse=True)
 
 
 def _sdpa_call(q, k, v, ranges, *, scale=None, want_lse=True):
@@ -225,9 +227,12 @@ REGISTRY = {
                       unsupported={"bounds": "the dense-mask formulation weighs every key, NaN ones included, "
                                              "by zero: it reads outside the selection by design"}),
     "sdpa": Impl("sdpa", _sdpa_call, dtypes=ALL_DTYPES, varlen=_sdpa_varlen, backward=True, lse=True,
-                 unsupported={"determinism_backward": "its gather backward (index_put accumulate) is not bitwise "
-                                                      "deterministic on multi-threaded CPU (fixed by "
-                                                      "torch.use_deterministic_algorithms); see report"}),
+                 unsupported={"determinism_backward": "known gap, not by design: its gather backward "
+                                                      "(index_put accumulate) sums dk/dv in a run-dependent "
+                                                      "order (parallel on CPU: 1 of 38 tiny fp32 cases differed "
+                                                      "over 3 runs on 2 threads; CUDA not measured"
+                                                      "); with torch.use_deterministic_algorithms"
+                                                      "(True) all 38 repeated over 5 runs on the CPU"}),
     "triton": Impl("triton", _triton_call, varlen=_triton_varlen, head_dim_multiple=8, max_head_dim=256,
                    backward=_triton_has_backward(), lse=True, cpu_smoke_only=True,
                    cpu_dtype_skips={torch.bfloat16: BF16_INTERPRETER}, unavailable=_triton_unavailable),

@@ -39,9 +39,13 @@ def _softmax_attend(scores: torch.Tensor, valid: torch.Tensor, v_sel: torch.Tens
 
 def gather_rows(q_rows, k_sel, v_sel, valid, scale: float, dtype):
     """Attention of rows against their gathered keys: q_rows [R, ..., h, Dk],
-    k_sel/v_sel [R, ..., L, D], valid [R, ..., L]; computed in `dtype`."""
-    scores = (q_rows.to(dtype) @ k_sel.to(dtype).transpose(-1, -2)) * scale
-    return _softmax_attend(scores, valid, v_sel.to(dtype))
+    k_sel/v_sel [R, ..., L, D], valid [R, ..., L]; computed in `dtype`. Entries that are not
+    valid are zeroed first: an empty row's padding holds a key it did not select (key 0),
+    and 0 * NaN there would reach o and dq when that key is poisoned."""
+    keep = valid.unsqueeze(-1)
+    k_sel, v_sel = torch.where(keep, k_sel.to(dtype), 0.0), torch.where(keep, v_sel.to(dtype), 0.0)
+    scores = (q_rows.to(dtype) @ k_sel.transpose(-1, -2)) * scale
+    return _softmax_attend(scores, valid, v_sel)
 
 
 def gather_attention(q, k, v, norm_ranges, *, scale: float, dtype=torch.float64,
