@@ -233,6 +233,11 @@ def test_unsupported_or_disabled_falls_back_with_reason(monkeypatch, cap, flags,
         if reason != "disabled":  # an explicit request skips only the performance rungs
             with pytest.raises(StrictModeError, match=reason):
                 selection_attention(q, k, v, r, backend="triton", strict=True)
+        else:  # ... of which NSA_USE_TRITON_SEL is one (README: an explicit backend skips it)
+            reset_stats()
+            o = selection_attention(q, k, v, r, backend="triton", strict=True)
+            assert stats()["launches"] == {"triton_fwd": 1} and stats()["fallback_reasons"] == {}
+            assert (o.double() - selection_attention_ref(q, k, v, r)).abs().max() <= 1e-5
 
 
 @needs_triton

@@ -130,6 +130,19 @@ def test_a_live_quarantine_lets_its_failure_through(tmp_path, capsys):
     assert "owner kernels-team" in (tmp_path / "out" / "report.md").read_text()
 
 
+@pytest.mark.parametrize("failing, entry", [
+    ("conformance/test_bounds.py::test_bounds[fp16-case3]", {}),  # another test than the entry names
+    ("conformance/test_parity.py::test_parity[fp16-case3]", {"lanes": ["sm90"]}),  # the entry covers sm90 only
+])
+def test_a_quarantine_lets_through_only_what_it_names(tmp_path, capsys, failing, entry):
+    family = failing.split("test_")[1].split(".")[0]
+    write_lane(tmp_path / "res", "cpu", passing_cases() + [(failing, "fail", family, 3)])
+    policy = write_policy(tmp_path, [{**_quarantine(TODAY + datetime.timedelta(days=7)), **entry}])
+    rc, line = gate(tmp_path, capsys, policy=policy)
+    assert rc == 1, line
+    assert failing in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_an_expired_quarantine_blocks_even_with_every_test_passing(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     policy = write_policy(tmp_path, [_quarantine(TODAY - datetime.timedelta(days=1))])
