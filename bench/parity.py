@@ -46,13 +46,6 @@ def poisoned(x: Inputs) -> Inputs:
     return Inputs(x.q, x.k.masked_fill(~keep, nan), x.v.masked_fill(~keep, nan), x.ranges, x.scale)
 
 
-def poison_free_memory(device: torch.device, nbytes: int = 256 << 20) -> None:
-    """Fill cached free device memory with 0xFF bytes (NaN in fp32, fp16 and bf16), so an
-    output the method allocates but never writes reads as NaN. No-op on the CPU."""
-    if device.type == "cuda":
-        torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)
-
-
 def _sample(n: int, count: int, device) -> torch.Tensor:
     return torch.linspace(0, n - 1, min(n, count), device=device).round().long().unique()
 

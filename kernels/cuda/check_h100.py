@@ -3,8 +3,9 @@
 1. Parity against the fp64 golden reference over h in {1,2,4,8,16}, (Dk, Dv) pairs from
    {64,128,192}, L from 0 to 2048, few/many/mixed ranges, fp16/bf16 on both kernels
    (tensor cores "mma", CUDA cores "simt") and fp32 ("simt"). Every case NaN-poisons the
-   keys outside the selection (keys past `t` included), NaN-poisons the allocator's free
-   memory before the call (the outputs reuse it), passes raw ranges (shuffled, duplicated,
+   keys outside the selection (keys past `t` included), leaves NaN in free caching-allocator
+   blocks of the outputs' sizes before the call (`poison_cuda_cache`; an unwritten output
+   element reads NaN), passes raw ranges (shuffled, duplicated,
    out of bounds) so normalisation runs, and empties one row (o exact zeros, lse -inf).
 2. Benchmark, side by side in one process: CUDA kernel, packed SDPA and the Triton path
    (when importable) on NSA-style ranges (l_sel = 64, n blocks; normalised once outside the
@@ -32,6 +33,7 @@ import torch
 from selgate.bench.inputs import Inputs, decode_problem, make_inputs
 from selgate.bench.parity import check_parity, poisoned
 from selgate.bench.timing import measure_limits, rotation_count, time_graph
+from selgate.conformance.families import poison_cuda_cache
 from selgate.kernels.errors import BackendUnavailable
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges, normalize_ranges, selection_attention_ref
@@ -113,16 +115,11 @@ def bounds(dtype, plain: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]
     return 2 * errors(plain, ref)[0] + floor, 1e-3
 
 
-def poison_allocator(device, nbytes=256 << 20) -> None:
-    """Fill free cached device memory with NaN so an output element never written shows up."""
-    torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(float("nan"))
-
-
 def run_case(h, Dk, Dv, L, dist, dtype, kernel, *, seed, device, tune=None) -> dict:
     x, raw, positions, norm, bad = decode_case(h, Dk, Dv, L, dist, dtype, seed=seed, device=device)
     ref_o, ref_lse = selection_attention_ref(x.q, x.k, x.v, raw, scale=x.scale, positions=positions, return_lse=True)
     plain_o, plain_lse = gather_attention(x.q, x.k, x.v, norm, scale=x.scale, dtype=dtype)
-    poison_allocator(device)
+    poison_cuda_cache(bad.q, bad.k, bad.v)
     o, lse = selection_attention_cuda(bad.q, bad.k, bad.v, raw, scale=x.scale, positions=positions,
                                       return_lse=True, kernel=kernel, tune=tune)
     o2, lse2 = selection_attention_cuda(bad.q, bad.k, bad.v, raw, scale=x.scale, positions=positions,
