@@ -226,13 +226,7 @@ REGISTRY = {
                       lse=True, result_dtype=torch.float64, max_size="small",
                       unsupported={"bounds": "the dense-mask formulation weighs every key, NaN ones included, "
                                              "by zero: it reads outside the selection by design"}),
-    "sdpa": Impl("sdpa", _sdpa_call, dtypes=ALL_DTYPES, varlen=_sdpa_varlen, backward=True, lse=True,
-                 unsupported={"determinism_backward": "known gap, not by design: its gather backward "
-                                                      "(index_put accumulate) sums dk/dv in a run-dependent "
-                                                      "order (parallel on CPU: 1 of 38 tiny fp32 cases differed "
-                                                      "over 3 runs on 2 threads; CUDA not measured"
-                                                      "); with torch.use_deterministic_algorithms"
-                                                      "(True) all 38 repeated over 5 runs on the CPU"}),
+    "sdpa": Impl("sdpa", _sdpa_call, dtypes=ALL_DTYPES, varlen=_sdpa_varlen, backward=True, lse=True),
     "triton": Impl("triton", _triton_call, varlen=_triton_varlen, head_dim_multiple=8, max_head_dim=256,
                    backward=_triton_has_backward(), lse=True, cpu_smoke_only=True,
                    cpu_dtype_skips={torch.bfloat16: BF16_INTERPRETER}, unavailable=_triton_unavailable),

@@ -20,6 +20,31 @@ from selgate.reference.validation import check_inputs, resolve_scale
 MIN_BUCKET = 16
 
 
+class _GatherKeys(torch.autograd.Function):
+    """`src[rows[:, None], idx]` (the selected keys of each row), whose backward sums each
+    key's gradients in one fixed order, as SPEC.md requires of dk and dv: the indexing's own
+    backward (index_put accumulate) summed a key selected by several rows in a run-dependent
+    order on the CPU. Sums run in fp32 at least."""
+
+    @staticmethod
+    def forward(ctx, src, rows, idx):
+        ctx.save_for_backward(rows, idx)
+        ctx.src_shape = src.shape
+        return src[rows[:, None], idx]
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, idx = ctx.saved_tensors
+        n_bg, S_kv, D = ctx.src_shape
+        flat = (rows[:, None] * S_kv + idx).reshape(-1)
+        order = torch.sort(flat, stable=True).indices
+        keys, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        acc = grad.reshape(-1, D)[order].to(torch.promote_types(grad.dtype, torch.float32))
+        out = grad.new_zeros(n_bg * S_kv, D)
+        out[keys] = torch.segment_reduce(acc, "sum", lengths=counts).to(grad.dtype)
+        return out.view(n_bg, S_kv, D), None, None
+
+
 def bucket_lengths(L: torch.Tensor) -> torch.Tensor:
     """Padded length of each row's bucket: the next power of two >= L, at least MIN_BUCKET;
     0 for empty rows."""
@@ -52,7 +77,7 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
 
         def attend(q_rows, r_rows, bg_rows, kf, vf, Lb=Lb):
             idx, valid = expand_ranges(r_rows, Lb)  # [R, Lb]
-            k_sel, v_sel = kf[bg_rows[:, None], idx], vf[bg_rows[:, None], idx]
+            k_sel, v_sel = _GatherKeys.apply(kf, bg_rows, idx), _GatherKeys.apply(vf, bg_rows, idx)
             if return_lse:
                 o, lse = gather_rows(q_rows, k_sel, v_sel, valid, sc, acc_dtype)
                 return o.to(v.dtype), lse
