@@ -388,8 +388,7 @@ def _poison_unselected_varlen(inp: Inputs) -> Inputs:
     sel = torch.cat([selected_keys(inp.ranges[:, a:b], d - c)
                      for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])], 2)
     unsel = ~sel[..., None]
-    return replace(inp, k=torch.where(unsel, float("nan"), inp.k),
-                               v=torch.where(unsel, float("nan"), inp.v))
+    return replace(inp, k=torch.where(unsel, float("nan"), inp.k), v=torch.where(unsel, float("nan"), inp.v))
 
 
 def check_varlen(impl: Impl, case: Case, device) -> None:
