@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from selgate.reference import selected_keys
 from selgate.reference.golden import gather_attention
 
 from .inputs import Inputs
@@ -29,19 +30,9 @@ class Parity:
         return "ok" if self.ok else f"FAIL max_err={self.max_err:.3g} > {self.bound:.3g}"
 
 
-def selected_key_mask(ranges: torch.Tensor, S_kv: int) -> torch.Tensor:
-    """[B, G, S_kv] bool: keys that at least one row of (b, g) selects (normalised ranges)."""
-    B, S, G, n, _ = ranges.shape
-    r = ranges.to(torch.int64).permute(0, 2, 1, 3, 4).reshape(B, G, S * n, 2)
-    delta = torch.zeros(B, G, S_kv + 1, dtype=torch.int64, device=ranges.device)
-    delta.scatter_add_(2, r[..., 0], torch.ones_like(r[..., 0]))
-    delta.scatter_add_(2, r[..., 1], -torch.ones_like(r[..., 1]))
-    return delta.cumsum(2)[..., :S_kv] > 0
-
-
 def poisoned(x: Inputs) -> Inputs:
     """Copy of `x` whose unselected keys and values are NaN."""
-    keep = selected_key_mask(x.ranges, x.k.shape[2])[..., None]
+    keep = selected_keys(x.ranges, x.k.shape[2])[..., None]
     nan = float("nan")
     return Inputs(x.q, x.k.masked_fill(~keep, nan), x.v.masked_fill(~keep, nan), x.ranges, x.scale)
 

@@ -15,7 +15,8 @@ from typing import Callable, Optional
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from selgate.reference import normalize_ranges, query_positions, selected_lengths, selection_attention_ref
+from selgate.reference import (normalize_ranges, query_positions, selected_keys, selected_lengths,
+                               selection_attention_ref)
 from selgate.reference.golden import gather_attention
 from selgate.reference.validation import resolve_scale
 
@@ -127,14 +128,6 @@ def compare(case: Case, got: Result, gold: Result, plain: Optional[Result]) -> N
         for i, name in enumerate(("dq", "dk", "dv")):
             assert_close(name, got.grads[i], gold.grads[i], dtype=dt, case_id=cid,
                          plain=None if plain is None else plain.grads[i])
-
-
-def selected_keys(ranges: torch.Tensor, S_kv: int) -> torch.Tensor:
-    """Keys any row of a (b, g) selects, bool [B, G, S_kv] (after clamping and merging)."""
-    norm = normalize_ranges(ranges, S_kv).to(torch.int64)
-    key = torch.arange(S_kv, device=ranges.device)
-    inside = (key >= norm[..., 0:1]) & (key < norm[..., 1:2])  # [B, S, G, n, S_kv]
-    return inside.any(3).any(1)
 
 
 def _empty_rows(ranges: torch.Tensor, S_kv: int) -> torch.Tensor:

@@ -85,6 +85,19 @@ def validate_ranges(ranges: torch.Tensor, S_kv: int, positions=None) -> None:
         )
 
 
+def selected_keys(ranges: torch.Tensor, S_kv: int, positions=None) -> torch.Tensor:
+    """[B, G, S_kv] bool: the keys that at least one row of (b, g) selects (after clamping
+    and merging), in O(B * G * (S * n + S_kv)) memory: +1 at each range's start, -1 at its
+    end, then a running sum. Tests and checks poison every other key with NaN."""
+    r = normalize_ranges(ranges, S_kv, positions).to(torch.int64)
+    B, S, G, n, _ = r.shape
+    r = r.permute(0, 2, 1, 3, 4).reshape(B, G, S * n, 2)
+    delta = torch.zeros(B, G, S_kv + 1, dtype=torch.int64, device=r.device)
+    delta.scatter_add_(2, r[..., 0], torch.ones_like(r[..., 0]))
+    delta.scatter_add_(2, r[..., 1], -torch.ones_like(r[..., 1]))
+    return delta.cumsum(2)[..., :S_kv] > 0
+
+
 def selected_lengths(norm_ranges: torch.Tensor) -> torch.Tensor:
     """Number of selected keys `L` per row [B, S, G] of normalised ranges."""
     r = norm_ranges.to(torch.int64)

@@ -6,10 +6,10 @@ import torch
 
 from selgate.bench.baselines import METHODS, block_indices
 from selgate.bench.inputs import decode_problem, make_inputs, prefill_problem
-from selgate.bench.parity import check_parity, poisoned, selected_key_mask
+from selgate.bench.parity import check_parity, poisoned
 from selgate.bench.timing import median_interval, rotation_count, time_calls
-from selgate.reference import (expand_ranges, normalize_ranges, selected_lengths, selection_attention_ref,
-                               validate_ranges)
+from selgate.reference import (expand_ranges, normalize_ranges, selected_keys, selected_lengths,
+                               selection_attention_ref, validate_ranges)
 
 CPU = torch.device("cpu")
 
@@ -70,7 +70,7 @@ def test_bad_problem_arguments_are_named():
 
 def test_poisoned_keys_are_exactly_the_unselected_ones():
     x = make_inputs(decode_problem(3, 2, 8, 8, 16, "many", "float32"), seed=0, device=CPU)
-    keep = selected_key_mask(x.ranges, x.k.shape[2])
+    keep = selected_keys(x.ranges, x.k.shape[2])
     assert torch.equal(keep.sum(-1), lengths(x)[:, 0])  # decode: one row per (b, g)
     bad = poisoned(x)
     assert torch.equal(torch.isnan(bad.k[..., 0]), ~keep) and torch.equal(torch.isnan(bad.v[..., 0]), ~keep)

@@ -4,7 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selgate.reference import RangeError, expand_ranges, normalize_ranges, selected_lengths, validate_ranges
+from selgate.reference import (RangeError, expand_ranges, normalize_ranges, selected_keys, selected_lengths,
+                               validate_ranges)
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -40,6 +41,14 @@ def test_normalize_preserves_union_within_causal_limit(case):
     norm = normalize_ranges(r, S_kv)
     assert norm.dtype == r.dtype and norm.shape == r.shape
     assert key_sets(norm, S_kv) == key_sets(r, S_kv)
+
+
+@SETTINGS
+@given(raw_ranges())
+def test_selected_keys_is_the_union_of_the_rows_key_sets(case):
+    r, S_kv = case
+    union = set().union(*key_sets(r, S_kv))
+    assert selected_keys(r, S_kv)[0, 0].nonzero().flatten().tolist() == sorted(union)
 
 
 @SETTINGS

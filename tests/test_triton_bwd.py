@@ -15,7 +15,8 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 from selgate.kernels.triton.autograd import selection_attention_triton_autograd  # noqa: E402
 from selgate.kernels.triton.bwd import InverseIndex, triton_backward  # noqa: E402
 from selgate.kernels.triton.fwd import tma_supported  # noqa: E402
-from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selection_attention_ref  # noqa: E402
+from selgate.reference import (build_ranges, normalize_ranges, resolve_scale, selected_keys,  # noqa: E402
+                               selection_attention_ref)
 from selgate.reference.golden import gather_attention  # noqa: E402
 from selgate.reference.ranges import key_limit  # noqa: E402
 from tests.helpers import random_inputs  # noqa: E402
@@ -78,12 +79,6 @@ def poisoned_like(*ts):
     return tuple(torch.full_like(t, float("nan")) for t in ts)
 
 
-def selected_keys(norm, S_kv):
-    """[B, G, S_kv]: whether some row of (b, g) selects the key."""
-    key = torch.arange(S_kv, device=norm.device)
-    return ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).any(1)
-
-
 def assert_within_spec(got, ref, base, dtype, what):
     err = (got.double() - ref).abs()
     assert not torch.isnan(got).any(), f"{what}: NaN where the reference is finite"
@@ -105,7 +100,7 @@ def assert_backward_matches_reference(case, dtype, config):
     ref, o, lse = reference_grads(q, k, v, r, pos, do, w, torch.float64)
     base = ref if dtype == torch.float32 else reference_grads(q, k, v, r, pos, do, w, dtype)[0]
     norm = normalize_ranges(r, k.shape[2], pos)
-    unused = ~selected_keys(norm, k.shape[2])[..., None]
+    unused = ~selected_keys(norm, k.shape[2], pos)[..., None]
     k_nan, v_nan = (t.masked_fill(unused, float("nan")) for t in (k, v))
     got = triton_backward(q, k_nan, v_nan, o.to(dtype), lse.float(), do.to(dtype), norm,
                           scale=resolve_scale(None, q.shape[-1]), positions=pos, dlse=w.float(),

@@ -29,7 +29,7 @@ from triton.testing import do_bench
 
 from selgate.kernels import selection_attention
 from selgate.kernels.sdpa import selection_attention_sdpa
-from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selected_lengths
+from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selected_keys, selected_lengths
 from selgate.reference.golden import gather_attention
 from selgate.reference.ranges import key_limit
 
@@ -78,12 +78,6 @@ def spec_check(dtype, got, ref, base, names=NAMES) -> dict:
         mx, mean = float(err.max()), float(err.mean())
         res[name] = (mx, bound, mean, ok and mx <= bound and mean <= mean_bound)
     return res
-
-
-def selected_keys(norm, S_kv):
-    """[B, G, S_kv]: keys some row of the batch selects."""
-    key = torch.arange(S_kv, device=norm.device)
-    return ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).any(1)
 
 
 def parity(out: dict, deadline: float, dtypes=(torch.float32, torch.float16, torch.bfloat16), dims=(64, 128, 192),
