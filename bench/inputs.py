@@ -134,6 +134,6 @@ def make_inputs(p: Problem, *, seed: int, device) -> Inputs:
     return Inputs(q, k, v, make_ranges(p, gen, device), scale=p.D ** -0.5)
 
 
-def selected_keys(ranges: torch.Tensor) -> int:
+def selected_key_count(ranges: torch.Tensor) -> int:
     """Total selected keys over all rows (each row reads `L` keys of K and of V)."""
     return int(selected_lengths(ranges).sum())

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from selgate.conformance.families import poison_cuda_cache
+from selgate.conformance.poison import poison_cuda_cache
 
 from .baselines import get_method, triton_config, variant_config
-from .inputs import Problem, make_inputs, selected_keys
+from .inputs import Problem, make_inputs, selected_key_count
 from .parity import check_parity, poisoned
 from .timing import Limits, rotation_count, time_calls, time_graph
 
@@ -57,7 +57,7 @@ def software() -> str:
 
 
 def _work(p: Problem, ranges: torch.Tensor, item: int) -> dict:
-    keys = selected_keys(ranges)
+    keys = selected_key_count(ranges)
     kv = keys * (p.D + p.Dv) * item
     io = kv + p.B * p.S * p.G * p.h * (p.D + p.Dv) * item
     return {"kv_bytes": kv, "io_bytes": io, "flops": 2 * keys * p.h * (p.D + p.Dv)}

@@ -22,6 +22,7 @@ from selgate.reference.validation import resolve_scale
 
 from .cases import Case, Inputs, make_inputs
 from .compare import ConformanceFailure, assert_close, assert_equal, fail
+from .poison import poison_cuda_cache
 from .registry import Impl, skip_reason
 
 LOW = (torch.float16, torch.bfloat16)
@@ -38,18 +39,6 @@ class Result:
 
 
 # --- evaluation -------------------------------------------------------------------------------
-
-def poison_cuda_cache(q, k, v) -> None:
-    """Leave NaN (all-ones bytes) in CUDA caching-allocator blocks of the sizes o, lse, dq,
-    dk and dv take, so an output element a kernel never writes reads as NaN. The blocks
-    are held together while filled, so each is a separate free block of its size."""
-    if not q.is_cuda:
-        return
-    rows = q.numel() // q.shape[-1]
-    sizes = (rows * v.shape[-1] * v.element_size(), rows * 4, *(t.numel() * t.element_size() for t in (q, k, v)))
-    blocks = [torch.empty(n, dtype=torch.uint8, device=q.device).fill_(255) for n in sizes]
-    del blocks
-
 
 def evaluate(fn, q, k, v, upstream=None) -> Result:
     """`fn(q, k, v) -> (o, lse)` on fresh leaves; with `upstream = (do, dlse)` also the

@@ -203,7 +203,10 @@ def _triton_unavailable() -> Optional[str]:
 
 
 def _triton_has_backward() -> bool:
-    return importlib.util.find_spec("selgate.kernels.triton.autograd") is not None
+    try:  # finding the submodule imports its package, which imports triton
+        return importlib.util.find_spec("selgate.kernels.triton.autograd") is not None
+    except ImportError:
+        return False
 
 
 def _cuda_unavailable() -> Optional[str]:

@@ -1,4 +1,6 @@
 """Range normalisation and validation: properties over random ranges (hypothesis)."""
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -44,11 +46,21 @@ def test_normalize_preserves_union_within_causal_limit(case):
 
 
 @SETTINGS
-@given(raw_ranges())
-def test_selected_keys_is_the_union_of_the_rows_key_sets(case):
-    r, S_kv = case
-    union = set().union(*key_sets(r, S_kv))
-    assert selected_keys(r, S_kv)[0, 0].nonzero().flatten().tolist() == sorted(union)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 5), st.integers(1, 4), st.integers(1, 30),
+       st.booleans(), st.integers(0, 10_000))
+def test_selected_keys_is_the_union_of_the_rows_key_sets(B, G, S, n, S_kv, explicit, seed):
+    """Per (b, g), straight from SPEC.md: keys in some row's [start, end) below min(t + 1, S_kv)."""
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randint(-3, S_kv + 5, (B, S, G, n, 2), generator=gen, dtype=torch.int32)
+    pos = torch.randint(-2, S_kv + 3, (B, S), generator=gen) if explicit else None
+    got = selected_keys(r, S_kv, pos)
+    for b, g in itertools.product(range(B), range(G)):
+        want = set()
+        for s in range(S):
+            t = int(pos[b, s]) if explicit else s + S_kv - S
+            for a, e in r[b, s, g].tolist():
+                want |= set(range(max(a, 0), min(e, t + 1, S_kv)))
+        assert got[b, g].nonzero().flatten().tolist() == sorted(want)
 
 
 @SETTINGS

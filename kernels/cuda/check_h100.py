@@ -33,7 +33,7 @@ import torch
 from selgate.bench.inputs import Inputs, decode_problem, make_inputs
 from selgate.bench.parity import check_parity, poisoned
 from selgate.bench.timing import measure_limits, rotation_count, time_graph
-from selgate.conformance.families import poison_cuda_cache
+from selgate.conformance.poison import poison_cuda_cache
 from selgate.kernels.errors import BackendUnavailable
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges, normalize_ranges, selection_attention_ref

@@ -20,29 +20,36 @@ from selgate.reference.validation import check_inputs, resolve_scale
 MIN_BUCKET = 16
 
 
-class _GatherKeys(torch.autograd.Function):
-    """`src[rows[:, None], idx]` (the selected keys of each row), whose backward sums each
-    key's gradients in one fixed order, as SPEC.md requires of dk and dv: the indexing's own
-    backward (index_put accumulate) summed a key selected by several rows in a run-dependent
-    order on the CPU. Sums run in fp32 at least."""
+class _GatherKV(torch.autograd.Function):
+    """`k[rows[:, None], idx]` and `v[...]` (the selected keys of each row), whose backward
+    sums each key's gradients in one fixed order, as SPEC.md requires of dk and dv: the
+    indexing's own backward (index_put accumulate) summed a key that several rows select in
+    a run-dependent order on the CPU. The sums run in the dtype of k and v, which the caller
+    makes fp32 (at least) when gradients are wanted."""
 
     @staticmethod
-    def forward(ctx, src, rows, idx):
+    def forward(ctx, k, v, rows, idx):
         ctx.save_for_backward(rows, idx)
-        ctx.src_shape = src.shape
-        return src[rows[:, None], idx]
+        ctx.shapes = (k.shape, v.shape)
+        return k[rows[:, None], idx], v[rows[:, None], idx]
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, gk, gv):
         rows, idx = ctx.saved_tensors
-        n_bg, S_kv, D = ctx.src_shape
+        S_kv = ctx.shapes[0][1]
         flat = (rows[:, None] * S_kv + idx).reshape(-1)
         order = torch.sort(flat, stable=True).indices
         keys, counts = torch.unique_consecutive(flat[order], return_counts=True)
-        acc = grad.reshape(-1, D)[order].to(torch.promote_types(grad.dtype, torch.float32))
-        out = grad.new_zeros(n_bg * S_kv, D)
-        out[keys] = torch.segment_reduce(acc, "sum", lengths=counts).to(grad.dtype)
-        return out.view(n_bg, S_kv, D), None, None
+
+        def summed(g, shape, needed):
+            if not needed:
+                return None
+            out = g.new_zeros(shape[0] * S_kv, shape[2])
+            out[keys] = torch.segment_reduce(g.reshape(-1, shape[2])[order], "sum", lengths=counts)
+            return out.view(shape)
+
+        return (summed(gk, ctx.shapes[0], ctx.needs_input_grad[0]), summed(gv, ctx.shapes[1], ctx.needs_input_grad[1]),
+                None, None)
 
 
 def bucket_lengths(L: torch.Tensor) -> torch.Tensor:
@@ -68,6 +75,10 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
     qf = q.reshape(rows_total, d.h, d.Dk)
     kf = k.reshape(d.B * d.G, d.S_kv, d.Dk)
     vf = v.reshape(d.B * d.G, d.S_kv, d.Dv)
+    if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+        # dk and dv then sum in fp32 (at least) over every row, chunk and bucket, and are
+        # rounded to k's dtype once (SPEC.md: no bf16 partials before the reduction)
+        kf, vf = kf.to(acc_dtype), vf.to(acc_dtype)
     row_id = torch.arange(rows_total, device=q.device)
     bg = row_id // (d.S * d.G) * d.G + row_id % d.G  # (b, g) of each (b, s, g) row
 
@@ -77,7 +88,8 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
 
         def attend(q_rows, r_rows, bg_rows, kf, vf, Lb=Lb):
             idx, valid = expand_ranges(r_rows, Lb)  # [R, Lb]
-            k_sel, v_sel = _GatherKeys.apply(kf, bg_rows, idx), _GatherKeys.apply(vf, bg_rows, idx)
+            k_sel, v_sel = _GatherKV.apply(kf, vf, bg_rows, idx)
+            k_sel, v_sel = k_sel.to(k.dtype), v_sel.to(v.dtype)
             if return_lse:
                 o, lse = gather_rows(q_rows, k_sel, v_sel, valid, sc, acc_dtype)
                 return o.to(v.dtype), lse
