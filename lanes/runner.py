@@ -105,6 +105,8 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     """Run the plan; returns pytest's exit status (the gate reads the JUnit, not this)."""
     out_dir = OUT_ROOT / plan.out_name
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("junit.xml", "environment.json"):  # a run that writes nothing must not leave an old pass
+        (out_dir / stale).unlink(missing_ok=True)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
     print(f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
           f"TRITON_CACHE_DIR={plan.cache_dir}", flush=True)

@@ -106,6 +106,9 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
         if lane.environment is None:
             v.blocking.append(f"required lane {name} unstamped: no environment.json beside {lane.junit} "
                               "(not run through `python -m selgate.lanes run`)")
+        elif lane.environment.get("lane") != name:
+            v.blocking.append(f"required lane {name} foreign: {lane.junit} was written by lane "
+                              f"{lane.environment.get('lane')!r}")
         elif status in ABORTED:
             v.blocking.append(f"required lane {name} aborted: pytest exit {status} ({ABORTED[status]})")
         if not lane.cases:

@@ -116,6 +116,15 @@ def test_a_host_bound_slowdown_is_reported_but_does_not_block():
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
 
 
+def test_a_latest_run_that_failed_parity_blocks_however_fast():
+    base = [{"config": "c", "method": "triton", "ours": True, "status": "ok", "ms": 0.10, "parity": "ok"}]
+    wrong = [{**base[0], "ms": 0.05, "parity": "FAIL max_err=3.1 > 0.002"}]
+    rows, blocking = regression.compare_rows(base, wrong)
+    assert blocking == ["c / triton: latest run failed parity (FAIL max_err=3.1 > 0.002)"]
+    torch_base = [{**base[0], "method": "sdpa", "ours": False}]
+    assert regression.compare_rows(torch_base, [{**wrong[0], "method": "sdpa", "ours": False}])[1] == []
+
+
 def test_a_slowdown_within_the_intervals_overlap_does_not_block():
     base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43}]
     noisy = [{**base[0], "ms": 2.45, "ms_lo": 2.18, "ms_hi": 3.10, "host_ms": 0.5}]

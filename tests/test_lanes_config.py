@@ -116,3 +116,24 @@ def test_docker_runs_hand_the_plan_to_the_docker_backend(tmp_path, monkeypatch):
     assert lane_cfg["name"] == "cpu" and kw["pytest_args"] == plan.pytest_args
     assert kw["reports_dir"] == tmp_path / "out" / "cpu" and kw["cache_dir"] == tmp_path / "cache" / "triton" / "cpu-cpu"
     assert kw["env"]["TRITON_INTERPRET"] == "1" and "TRITON_CACHE_DIR" not in kw["env"]   # the image sets its own
+
+
+def test_a_run_that_writes_nothing_leaves_no_old_results_behind(tmp_path, monkeypatch):
+    """A lane run that dies before pytest writes its JUnit (engine, build or usage error)
+    must not leave the previous run's passing results for the gate to read."""
+    import sys
+    import types
+
+    from selgate.lanes import runner
+
+    fake = types.ModuleType("selgate.lanes.docker_backend")
+    fake.run_lane_in_docker = lambda lane_cfg, **kw: 125
+    monkeypatch.setitem(sys.modules, "selgate.lanes.docker_backend", fake)
+    monkeypatch.setattr(runner, "OUT_ROOT", tmp_path / "out")
+    monkeypatch.setenv("SELGATE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "out" / "cpu"
+    out.mkdir(parents=True)
+    for name in ("junit.xml", "environment.json"):
+        (out / name).write_text("from an earlier run")
+    assert runner.run_plan(plan_lane(load_lane("cpu"), capability=None), docker=True) == 125
+    assert not (out / "junit.xml").exists() and not (out / "environment.json").exists()

@@ -117,6 +117,14 @@ def test_a_lane_without_evidence_blocks(tmp_path, capsys, cases, env, exitstatus
     assert rc == 1 and line.startswith(f"GATE BLOCKED: {expected}"), line
 
 
+def test_results_written_by_another_lane_block(tmp_path, capsys):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    env = tmp_path / "res" / "cpu" / "environment.json"
+    env.write_text(env.read_text().replace('"lane": "cpu"', '"lane": "sm90"'))
+    rc, line = gate(tmp_path, capsys)
+    assert rc == 1 and line.startswith("GATE BLOCKED: required lane cpu foreign:") and "'sm90'" in line, line
+
+
 def _quarantine(expires, test="conformance/test_parity.py::test_parity[*]"):
     return {"test": test, "owner": "kernels-team", "reason": "issue 12: fp16 drift", "expires": expires}
 
