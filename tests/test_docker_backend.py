@@ -4,6 +4,7 @@ JUnit that comes out of the container fed through the gate."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 from pathlib import Path
@@ -217,8 +218,11 @@ def test_cpu_lane_runs_in_a_real_container_and_its_junit_passes_the_gate(tmp_pat
     assert junit.exists() and (junit.parent / "environment.json").exists()
 
     # The gate on that JUnit, as a lane of its own: cpu.yaml's required families need the
-    # whole matrix, which this test does not run; every other rule of the gate applies.
+    # whole matrix, which this test does not run; every other rule of the gate applies. The
+    # copy's environment.json is renamed with it (the gate blocks results of another lane).
     shutil.copytree(junit.parent, tmp_path / "results" / "docker-cpu")
+    env_file = tmp_path / "results" / "docker-cpu" / "environment.json"
+    env_file.write_text(json.dumps({**json.loads(env_file.read_text()), "lane": "docker-cpu"}))
     policy = tmp_path / "gate.yaml"
     policy.write_text(yaml.safe_dump({"default_profile": "merge", "required_families": ["policy"],
                                       "profiles": {"merge": {"required_lanes": ["docker-cpu"]}}, "quarantine": []}))
