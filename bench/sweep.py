@@ -99,7 +99,7 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
     elif s.parity:
         x = sets[0] if m.reads_all_keys else poisoned(sets[0])
         call = m.build(p, x)
-        poison_cuda_cache(x.q, x.k, x.v)  # an output element the method never writes reads NaN
+        poison_cuda_cache(x.q, x.k, x.v)  # so an output element the method never writes likely reads NaN
         out = call()
         par = check_parity(out[0] if isinstance(out, tuple) else out, sets[0])
         del x, out

@@ -88,13 +88,12 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
 
         def attend(q_rows, r_rows, bg_rows, kf, vf, Lb=Lb):
             idx, valid = expand_ranges(r_rows, Lb)  # [R, Lb]
-            k_sel, v_sel = _GatherKV.apply(kf, vf, bg_rows, idx)
-            k_sel, v_sel = k_sel.to(k.dtype), v_sel.to(v.dtype)
-            if return_lse:
+            k_sel, v_sel = _GatherKV.apply(kf, vf, bg_rows, idx)  # in acc_dtype when gradients are wanted
+            if return_lse:  # computes in acc_dtype anyway
                 o, lse = gather_rows(q_rows, k_sel, v_sel, valid, sc, acc_dtype)
                 return o.to(v.dtype), lse
-            o = F.scaled_dot_product_attention(
-                q_rows[:, None], k_sel[:, None], v_sel[:, None], attn_mask=valid[:, None, None, :], scale=sc)
+            o = F.scaled_dot_product_attention(q_rows[:, None], k_sel.to(k.dtype)[:, None], v_sel.to(v.dtype)[:, None],
+                                               attn_mask=valid[:, None, None, :], scale=sc)
             return (o[:, 0],)
 
         item = q.element_size()
