@@ -330,6 +330,24 @@ def test_the_probes_edits_still_fit_the_kernel(tmp_path):
         cu = (build.patched_copy(tmp_path / name.replace(":", ""), {"sel_decode.cu": [edit]}) / "sel_decode.cu").read_text()
         assert f'"{qualifiers} [%0], [%1], 16, %2;' in cu
 
+
+@pytest.mark.skipif(not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Triton needs a GPU or TRITON_INTERPRET=1")
+def test_the_floor_probe_reads_exactly_the_selected_keys():
+    """decode_floor's read-only kernels bound the decode kernels only if they read the bytes
+    the kernels read: each program sums its 64 selection positions' K and V rows."""
+    from selgate.kernels.cuda.check_h100 import nsa_inputs
+
+    floor = _probe("decode_floor")
+    dev = torch.device("cuda" if ON_GPU else "cpu")
+    x = nsa_inputs(3, 2, 16, 4, torch.float32, seed=5, device=dev)
+    for dep in (True, False):
+        keys = [torch.cat([torch.arange(int(a), int(b)) for a, b in row]) if dep else torch.arange(256)
+                for row in x.ranges.reshape(3, -1, 2).cpu()]
+        want = torch.stack([torch.stack([(x.k[r, 0, kk] + x.v[r, 0, kk]).sum() for kk in row.to(dev).split(64)])
+                            for r, row in enumerate(keys)])
+        torch.testing.assert_close(floor.read_only(dep)(x), want, rtol=1e-5, atol=1e-4)
+
 # ------------------------------------------------------------------------------ GPU
 gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device")
 

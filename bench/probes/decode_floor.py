@@ -1,0 +1,93 @@
+"""What a decode kernel that does no attention at all can reach at the issue-8 grid points.
+
+Why: the CUDA decode kernel misses 1.3x of the HBM floor only at N=256 (about 11-22 us
+of bytes), where fixed costs weigh most. These read-only Triton kernels move exactly the
+selected K/V bytes, one program per 64 selected keys of a row, every program issuing its
+single K and V load at once, and write one float per program:
+  - `read dep`: the program reads the row's ranges, then gathers the keys at selection
+    positions [64 i, 64 i + 64) (the dependent read every selection kernel has);
+  - `read nodep`: the same byte count from keys [64 i, 64 i + 64), no ranges read.
+So `read dep` is close to the least time any kernel that honours the ranges can take
+(nothing but the ranges read, then the bytes, at full parallelism), and `read nodep`
+minus the copy shows the cost of the loads' layout. Timed by CUDA-graph replay over the
+same rotating input sets as `check_h100`, beside the same-size copy, the CUDA kernel
+(automatic launch and PDL) and the Triton decode kernel.
+Usage on a GPU machine: python3 bench/probes/decode_floor.py
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from selgate.bench.timing import measure_limits
+from selgate.kernels.cuda import selection_attention_cuda
+from selgate.kernels.cuda.check_h100 import L_SEL, copy_us, graph_us, grid_sets, triton_method
+from selgate.kernels.triton.tiles import gather_keys
+
+
+@triton.jit
+def _read_slot(k_ptr, v_ptr, r_ptr, out_ptr, n, S_kv, D: tl.constexpr, N_PAD: tl.constexpr, BLK: tl.constexpr,
+               DEP: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    d = tl.arange(0, D)
+    if DEP:
+        j = tl.arange(0, N_PAD)
+        start = tl.load(r_ptr + (row * n + j) * 2, mask=j < n, other=0).to(tl.int32)
+        length = tl.load(r_ptr + (row * n + j) * 2 + 1, mask=j < n, other=0).to(tl.int32) - start
+        stop = tl.cumsum(length, 0)
+        key, ok = gather_keys(i * BLK, start, stop - length, stop, tl.sum(length, 0), S_kv, BLK)
+    else:
+        key = (i * BLK + tl.arange(0, BLK)).to(tl.int64)
+        ok = key < S_kv
+    off = (row * S_kv + key[:, None]) * D + d[None, :]
+    acc = tl.load(k_ptr + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    acc += tl.load(v_ptr + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * tl.num_programs(1) + i, tl.sum(acc))
+
+
+def read_only(dep: bool):
+    """A call reading the selected K/V bytes of inputs `x` (N rows, G = 1) without attention."""
+    def call(x):
+        N, S_kv, D = x.k.shape[0], x.k.shape[2], x.k.shape[3]
+        n = x.ranges.shape[3]
+        slots = n  # NSA ranges: n blocks of L_SEL keys
+        out = torch.empty(N, slots, device=x.k.device)
+        _read_slot[(N, slots)](x.k, x.v, x.ranges.contiguous(), out, n, S_kv, D=D,
+                               N_PAD=max(16, triton.next_power_of_2(n)), BLK=L_SEL, DEP=dep, num_warps=4)
+        return out
+    return call
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    copy_gbps = measure_limits(dev, torch.bfloat16).copy_gbps
+    methods = {
+        "read dep": read_only(True),
+        "read nodep": read_only(False),
+        "cuda": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True),
+        "cuda pdl": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True,
+                                                       tune=(0, 0, 0, 1)),
+    }
+    tri = triton_method()
+    if tri is not None:
+        methods["triton"] = tri
+    print(f"copy bandwidth {copy_gbps:.0f} GB/s; graph time / HBM floor (floor us in its column)", flush=True)
+    head = ["N", "h", "D", "n", "floor us", "copy"] + list(methods)
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row, sets in grid_sets(dev, torch.bfloat16, copy_gbps):
+        cells = [row["N"], row["h"], row["D"], row["n"], f"{row['floor_us']:.1f}",
+                 f"{copy_us(row['moved'], dev) / row['floor_us']:.2f}"]
+        for name, fn in methods.items():
+            try:
+                cells.append(f"{graph_us(fn, sets) / row['floor_us']:.2f}")
+            except Exception as exc:  # report and go on: one failing method must not hide the others
+                cells.append(f"error {type(exc).__name__}")
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        print(lines[-1], flush=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

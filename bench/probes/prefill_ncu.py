@@ -1,0 +1,35 @@
+"""Hardware counters of one Triton prefill forward call at the issue-4 shape, for Nsight Compute.
+
+Why: the prefill forward (T=65536, bf16, 16 blocks of 64) reads 137 GB of selected K/V
+tiles from L2 and sits about 1 % above the issue's 15 ms bar. Dev runs that left loads out
+(bench/results/h100/triton_fwd_dev.md, run 5) put the MMAs and softmax at 4.5 ms and an
+all-L2-hit working set at 14.3 ms; these counters say how much of the real call's traffic
+misses L2, how much crosses between the two L2 partitions, and what the warps wait on.
+The call is made once (compile, tuning) before the profiler window opens.
+Usage on a GPU machine:
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis --section WarpStateStats \\
+        python3 bench/probes/prefill_ncu.py
+"""
+from __future__ import annotations
+
+import torch
+
+from selgate.bench.inputs import make_inputs, prefill_problem
+from selgate.kernels.triton.fwd import triton_forward
+
+
+def main() -> None:
+    x = make_inputs(prefill_problem(65536, 64, 4, 128, 128, 64, 16, "bfloat16"), seed=0, device=torch.device("cuda"))
+    call = lambda: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("profiled one prefill forward call", flush=True)
+
+
+if __name__ == "__main__":
+    main()
