@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from .gate import POLICY_FILE, evaluate, load_policy, required_lanes
+from .gate import POLICY_FILE, evaluate, load_policy, profile_of, required_lanes
 from .markdown import render, write_report
 from .release import render_release
 from .results import load_results, merge
@@ -34,7 +34,8 @@ def main(argv=None) -> int:
         profile = args.profile or ("release" if args.command == "release" else None)
         required = required_lanes(policy, profile, lanes)
         results = load_results(args.results or [OUT], lanes)
-        verdict = evaluate(policy, results, required)
+        verdict = evaluate(policy, results, required,
+                           same_commit=bool(profile_of(policy, profile).get("same_commit", False)))
     except (ValueError, OSError, yaml.YAMLError) as e:  # a bad policy or lane file, not a verdict
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -58,13 +58,18 @@ def _date(value, where: str) -> datetime.date:
         raise ValueError(f"{where}: expected a date YYYY-MM-DD, got {value!r}") from None
 
 
-def required_lanes(policy: dict, profile: str | None, lanes: list | None) -> list:
-    if lanes:
-        return list(lanes)
+def profile_of(policy: dict, profile: str | None) -> dict:
+    """The named profile (default: the policy's default_profile)."""
     name = profile or policy["default_profile"]
     if name not in policy["profiles"]:
         raise ValueError(f"--profile: expected one of {sorted(policy['profiles'])}, got {name!r}")
-    return list(policy["profiles"][name]["required_lanes"])
+    return policy["profiles"][name]
+
+
+def required_lanes(policy: dict, profile: str | None, lanes: list | None) -> list:
+    if lanes:
+        return list(lanes)
+    return list(profile_of(policy, profile)["required_lanes"])
 
 
 def lane_families(policy: dict, lane: str) -> list:
@@ -77,6 +82,38 @@ def lane_families(policy: dict, lane: str) -> list:
     return list(dict.fromkeys([*policy["required_families"], *extra]))
 
 
+def narrowing(lane: str, selection: dict) -> list:
+    """How a run's recorded selection falls short of its lane's own (lanes/<lane>.yaml): a
+    missing path, a -k, another -m, a smaller --size, --deselect, --ignore or --lf. A lane
+    without a YAML (an ad-hoc result) has nothing to fall short of."""
+    from selgate.conformance.cases import SIZES
+    from selgate.lanes.config import LANE_DIR, load_lane
+    from selgate.lanes.runner import POLICY_TESTS
+
+    base = lane.removesuffix("-emulated")
+    if not (LANE_DIR / f"{base}.yaml").exists():
+        return []
+    cfg = load_lane(base)
+    short = []
+    ran = selection.get("paths", [])
+    missing = [p for p in (*cfg["paths"], POLICY_TESTS) if not any(a in (p, ".") or p.startswith(a + "/") for a in ran)]
+    if missing:
+        short.append(f"paths without {missing}")
+    if selection.get("k"):
+        short.append(f"-k {selection['k']!r}")
+    if (selection.get("m") or "") != (cfg["markers"] or ""):
+        short.append(f"-m {selection.get('m')!r} where the lane has {cfg['markers']!r}")
+    size = selection.get("size")
+    if size not in SIZES or SIZES.index(size) < SIZES.index(cfg["size"]):
+        short.append(f"--size {size} where the lane has {cfg['size']}")
+    for option in ("deselect", "ignore"):
+        if selection.get(option):
+            short.append(f"--{option} {selection[option]}")
+    if selection.get("last_failed"):
+        short.append("--lf")
+    return short
+
+
 def _quarantine_entry(policy: dict, case) -> dict | None:
     """The entry covering `case`: `*` and `?` are wildcards, brackets literal (node ids
     carry parameters in them)."""
@@ -86,8 +123,10 @@ def _quarantine_entry(policy: dict, case) -> dict | None:
     return None
 
 
-def evaluate(policy: dict, results: dict, required: list, today: datetime.date | None = None) -> Verdict:
-    """Apply the policy to `{lane: LaneResult}`; blocking lines come most fundamental first."""
+def evaluate(policy: dict, results: dict, required: list, today: datetime.date | None = None, *,
+             same_commit: bool = False) -> Verdict:
+    """Apply the policy to `{lane: LaneResult}`; blocking lines come most fundamental first.
+    `same_commit` (a profile's flag, set for releases): the required lanes must have run one commit."""
     today = today or datetime.datetime.now(datetime.timezone.utc).date()
     v = Verdict(required)
     family_gaps = []
@@ -111,6 +150,12 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
                               f"{lane.environment.get('lane')!r}")
         elif status in ABORTED:
             v.blocking.append(f"required lane {name} aborted: pytest exit {status} ({ABORTED[status]})")
+        elif "selection" not in lane.environment:
+            v.notes.append(f"lane {name}: its environment.json predates recorded selections, so the gate "
+                           "cannot tell whether the run was narrowed")
+        elif short := narrowing(name, lane.environment["selection"]):
+            v.blocking.append(f"required lane {name} narrowed: run with {'; '.join(short)} (the gate needs "
+                              f"the lane's whole selection: `python -m selgate.lanes run {name}`)")
         if not lane.cases:
             v.blocking.append(f"required lane {name} empty: {lane.junit} holds no tests")
         elif counts["pass"] == 0 and counts["fail"] == 0 and counts["error"] == 0:
@@ -120,6 +165,11 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
             if fc["pass"] == 0 and lane.cases:
                 family_gaps.append(f"required lane {name}: family {family} has no passing test "
                                   f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})")
+    commits = {n: (results[n].environment or {}).get("commit", "unknown") for n in required if n in results}
+    unnamed = [n for n, c in commits.items() if c == "unknown" or c.endswith("+dirty")]
+    if same_commit and (len(set(commits.values())) > 1 or unnamed):
+        v.blocking.append("required lanes ran different or unnamed commits (" + ", ".join(
+            f"{n} {c}" for n, c in commits.items()) + "): a release gates one committed tree; rerun the lanes on it")
     for lane in results.values():
         for case in lane.cases:
             if case.outcome not in ("fail", "error"):

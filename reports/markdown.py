@@ -39,6 +39,17 @@ def repro_command(case, environment: dict | None) -> str:
     return f"{prefix} python -m pytest {shlex.quote(case.nodeid)}{size} -p no:xdist"
 
 
+def _selection(sel: dict | None) -> str:
+    """A run's recorded selection in one table cell."""
+    if not sel:
+        return "?"
+    parts = [" ".join(sel.get("paths", [])), f"-m {sel['m']!r}" if sel.get("m") else "",
+             f"-k {sel['k']!r}" if sel.get("k") else "", f"--size {sel.get('size')}",
+             *(f"--{o} {' '.join(sel[o])}" for o in ("deselect", "ignore") if sel.get(o)),
+             "--lf" if sel.get("last_failed") else ""]
+    return " ".join(p for p in parts if p).replace("|", "\\|")
+
+
 def _cell(counts: dict) -> str:
     cell = "/".join(str(counts[o]) for o in OUTCOMES)
     return f"**{cell}**" if counts["fail"] or counts["error"] else cell
@@ -59,12 +70,15 @@ def render(results: dict, verdict: Verdict, *, title: str = "selgate gate report
                                                     for n in lanes) + " |")
     table.append("| **all** | " + " | ".join(_cell(results[n].counts()) if n in results else "-" for n in lanes) + " |")
     blocking = ["", "## Blocking", ""] + ([f"- {b}" for b in verdict.blocking] or ["none"])
-    quarantine = ["", "## Quarantined (not blocking until expiry)", ""] + (
+    notes = ["", "## Notes", ""] + [f"- {n}" for n in verdict.notes] if verdict.notes else []
+    quarantine = notes + ["", "## Quarantined (not blocking until expiry)", ""] + (
         [f"- {c.lane}: {c.outcome} `{c.nodeid}`: owner {e['owner']}, expires {e['expires']}: {e['reason']}"
          for c, e in verdict.quarantined] or ["none"])
     env = ["", "## Environment", "", "| | " + " | ".join(present) + " |", "| --- |" + " --- |" * len(present)]
     for key in ENV_KEYS:
         env.append(f"| {key} | " + " | ".join(str((results[n].environment or {}).get(key, "?")) for n in present) + " |")
+    env.append("| selection | " + " | ".join(_selection((results[n].environment or {}).get("selection"))
+                                              for n in present) + " |")
     fixed = "\n".join(head + table + blocking + quarantine + env) + "\n"
 
     failures = [c for n in present for c in results[n].cases if c.outcome in ("fail", "error")]

@@ -1,7 +1,9 @@
 """pytest plugin (`-p selgate.reports.stamp`, loaded by the lane runner): records what the
 report needs and JUnit lacks. Each test gets `nodeid`, `family` and, when its parameters
-carry one, `seed` as JUnit properties; the controller writes the environment stamp and
-pytest's exit status to environment.json beside the JUnit file."""
+carry one, `seed` as JUnit properties; the controller writes the environment stamp,
+pytest's exit status and what the run selected to environment.json beside the JUnit file
+(the gate compares that selection with the lane's own, so a narrowed run cannot stand in
+for the lane)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +35,18 @@ def pytest_collection_modifyitems(items):
         item.user_properties.extend(props)
 
 
+def selection_of(config) -> dict:
+    """The run's selection: positional paths, -k, -m, --size, --deselect, --ignore, --lf."""
+    def norm(path: str) -> str:
+        return path.removeprefix("./").rstrip("/")
+
+    return {"paths": [norm(a) for a in config.args], "k": config.option.keyword or "",
+            "m": config.option.markexpr or "", "size": config.getoption("--size", None),
+            "deselect": [norm(a) for a in config.getoption("deselect", None) or []],
+            "ignore": [norm(a) for a in config.getoption("ignore", None) or []],
+            "last_failed": bool(config.getoption("lf", False))}
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     xmlpath = session.config.option.xmlpath
@@ -40,6 +54,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     env = collect_environment()
     env["pytest_exitstatus"] = int(exitstatus)
+    env["selection"] = selection_of(session.config)
     path = Path(xmlpath).parent / ENV_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")

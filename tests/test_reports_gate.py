@@ -1,8 +1,11 @@
 """The gate on synthetic JUnit files: what passes, and each thing that must block
-(a failing case, a missing/skipped/empty/unstamped required lane, an expired quarantine,
-a required family without a pass)."""
+(a failing case, a missing/skipped/empty/unstamped/narrowed required lane, an expired
+quarantine, a required family without a pass, a release whose lanes ran different commits)."""
 import datetime
 import json
+import os
+import subprocess
+import sys
 from xml.sax.saxutils import quoteattr
 
 import pytest
@@ -15,9 +18,24 @@ REQUIRED = ["parity", "bounds", "policy"]
 TODAY = datetime.datetime.now(datetime.timezone.utc).date()
 
 
-def write_lane(root, lane, cases, env=True, exitstatus=0):
+def full_selection(lane):
+    """What `python -m selgate.lanes run <lane>` selects, as the stamp records it ({} for a
+    lane without a YAML)."""
+    from selgate.lanes.config import LANE_DIR, load_lane
+    from selgate.lanes.runner import POLICY_TESTS
+
+    base = lane.removesuffix("-emulated")
+    if not (LANE_DIR / f"{base}.yaml").exists():
+        return {}
+    cfg = load_lane(base)
+    return {"paths": [*cfg["paths"], POLICY_TESTS], "k": "", "m": cfg["markers"] or "", "size": cfg["size"],
+            "deselect": [], "ignore": [], "last_failed": False}
+
+
+def write_lane(root, lane, cases, env=True, exitstatus=0, commit="abc123", selection=None):
     """A pytest-shaped junit.xml (+ environment.json) under root/lane/. `cases`: tuples
-    (nodeid, outcome, family, seed) with outcome pass/fail/error/skip/xfail."""
+    (nodeid, outcome, family, seed) with outcome pass/fail/error/skip/xfail. `selection`
+    defaults to the lane's whole one."""
     body = {"pass": "", "fail": '<failure message="assert 1 == 2">trace</failure>',
             "error": '<error message="worker \'gw0\' crashed">crash</error>',
             "skip": '<skipped type="pytest.skip" message="needs a GPU" />',
@@ -37,8 +55,8 @@ def write_lane(root, lane, cases, env=True, exitstatus=0):
     if env:
         (d / "environment.json").write_text(json.dumps({
             "lane": lane, "gpu": "none", "capability": "none", "torch": "2.13.0", "triton": "3.6.0",
-            "commit": "abc123", "capability_override": "none", "tolerance_overrides": "none",
-            "pytest_exitstatus": exitstatus}))
+            "commit": commit, "capability_override": "none", "tolerance_overrides": "none",
+            "pytest_exitstatus": exitstatus, "selection": full_selection(lane) if selection is None else selection}))
 
 
 def passing_cases(families=REQUIRED + ["backward", "gradcheck", "determinism", "decode", "group", "varlen",
@@ -50,7 +68,7 @@ def write_policy(tmp_path, quarantine=(), required_lanes=("cpu",)):
     path = tmp_path / "gate.yaml"
     path.write_text(yaml.safe_dump({"default_profile": "merge",
                                     "profiles": {"merge": {"required_lanes": list(required_lanes)},
-                                                 "release": {"required_lanes": ["cpu", "sm90"]}},
+                                                 "release": {"required_lanes": ["cpu", "sm90"], "same_commit": True}},
                                     "required_families": REQUIRED, "quarantine": list(quarantine)}))
     return path
 
@@ -186,3 +204,55 @@ def test_a_collection_error_blocks_under_its_module_path(tmp_path, capsys):
                         '<error message="collection failure">ImportError</error></testcase></testsuite>'))
     rc, line = gate(tmp_path, capsys)
     assert (rc, line) == (1, "GATE BLOCKED: lane cpu: ERROR tests/test_docker_backend.py: collection failure")
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"k": "cuda and not compile"}, "-k 'cuda and not compile'"),
+    ({"paths": ["tests"]}, "paths without ['conformance', 'lanes/test_lane_policy.py']"),
+    ({"m": "not slow and not docker"}, "-m 'not slow and not docker' where the lane has 'not slow'"),
+    ({"size": None}, "--size None where the lane has tiny"),
+    ({"deselect": ["tests/test_x.py::test_y"]}, "--deselect ['tests/test_x.py::test_y']"),
+    ({"last_failed": True}, "--lf"),
+])
+def test_a_narrowed_run_cannot_stand_in_for_its_lane(tmp_path, capsys, change, expected):
+    write_lane(tmp_path / "res", "cpu", passing_cases(), selection={**full_selection("cpu"), **change})
+    rc, line = gate(tmp_path, capsys)
+    assert rc == 1 and line.startswith(f"GATE BLOCKED: required lane cpu narrowed: run with {expected}"), line
+
+
+def test_a_wider_run_counts_and_an_unrecorded_selection_is_noted(tmp_path, capsys):
+    wider = {**full_selection("cpu"), "size": "small", "paths": ["tests", "conformance", "lanes", "docs"]}
+    write_lane(tmp_path / "res", "cpu", passing_cases(), selection=wider)
+    assert gate(tmp_path, capsys) == (0, "GATE PASSED: required lanes cpu")
+    env = tmp_path / "res" / "cpu" / "environment.json"
+    env.write_text(json.dumps({k: v for k, v in json.loads(env.read_text()).items() if k != "selection"}))
+    assert gate(tmp_path, capsys) == (0, "GATE PASSED: required lanes cpu")
+    assert "predates recorded selections" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("commits, blocked", [
+    (("abc123", "abc123"), False),
+    (("abc123", "def456"), True),
+    (("abc123+dirty", "abc123+dirty"), True),
+])
+def test_a_release_gates_one_committed_tree(tmp_path, capsys, commits, blocked):
+    for lane, commit in zip(("cpu", "sm90"), commits):
+        write_lane(tmp_path / "res", lane, passing_cases() + passing_cases(["dtype"]), commit=commit)
+    rc = main(["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
+               "--policy", str(write_policy(tmp_path))])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert rc == int(blocked), line
+    assert line.startswith("GATE BLOCKED: required lanes ran different or unnamed commits (cpu ") == blocked, line
+    assert gate(tmp_path, capsys, "--lanes", "cpu,sm90")[0] == 0   # merges do not ask for one commit
+
+
+def test_the_stamp_records_what_the_run_selected(tmp_path):
+    (tmp_path / "test_a.py").write_text("def test_one(): pass\ndef test_two(): pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "selgate.reports.stamp", "-p", "no:cacheprovider",
+                           "--junitxml", "out/junit.xml", "-k", "one", "-m", "not slow", "./test_a.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")})
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    selection = json.loads((tmp_path / "out" / "environment.json").read_text())["selection"]
+    assert selection == {"paths": ["test_a.py"], "k": "one", "m": "not slow", "size": None, "deselect": [],
+                         "ignore": [], "last_failed": False}
