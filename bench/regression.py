@@ -11,8 +11,10 @@ latest sample was host-bound: its host issue time per call (`host_ms`) reached
 host, whose speed varies between machines (on the H100 hosts of this project the pure-torch
 gather-then-SDPA baseline ran 1.1-2.3x slower from one session to the next). Such rows are
 reported as host-bound, never blocking; a kernel regression shows in the device-bound rows.
-A slowdown whose 95% interval overlaps the baseline's (latest `ms_lo` <= baseline `ms_hi`)
-is within the run-to-run noise and is reported as such, never blocking. Where the latest row
+A slowdown whose 95% interval overlaps the baseline's (latest `ms_lo` <= baseline `ms_hi`),
+both medians taken over at least `MIN_SAMPLES` timed calls (`iters`), is within the
+run-to-run noise and is reported as such, never blocking; fewer samples give intervals too
+wide to excuse anything. Where the latest row
 also has a CUDA-graph time (`graph_ms`, the device time without host issue gaps) within 10% of
 the baseline's median, the kernel did not get slower on the device and the eager slowdown is
 the host's: reported, not blocking. It is compared with the baseline's own graph time where
@@ -21,7 +23,9 @@ above, so a device slowdown hidden under a host-bound baseline row can pass. A s
 our own launcher's host code also passes it (host time varies too much between sessions to
 gate on); promoting a graph-timed baseline closes the first gap.
 Torch baselines are shown for context (a slower torch explains a slower ratio) but never block.
-Configurations the latest run did not measure are listed, not blocking.
+Configurations the latest run did not measure are listed, not blocking; a baseline whose
+matrix has no later run at all blocks (the release would be unmeasured), and the commits the
+compared runs measured are shown, so a stale run is visible.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from . import tables
 
 MAX_SLOWDOWN = 0.10
 HOST_BOUND = 0.9  # host issue time / timed median from which a sample measured the host
+MIN_SAMPLES = 10  # timed calls behind a median for its interval to count as noise
 
 
 def baseline_path(device_name: str, name: str) -> Path:
@@ -100,7 +105,8 @@ def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = 
         ratio = r["ms"] / b["ms"]
         slower = ratio > 1 + max_slowdown
         host_bound = r.get("host_ms") is not None and r["host_ms"] >= HOST_BOUND * r["ms"]
-        noise = None not in (r.get("ms_lo"), b.get("ms_hi")) and r["ms_lo"] <= b["ms_hi"]
+        noise = (None not in (r.get("ms_lo"), b.get("ms_hi")) and r["ms_lo"] <= b["ms_hi"]
+                 and min(_samples(r), _samples(b)) >= MIN_SAMPLES)
         if not slower:
             verdict = "ok"
         elif not b["ours"]:
@@ -118,6 +124,14 @@ def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = 
         if verdict == "BLOCKING":
             blocking.append(f"{what}: baseline {b['ms']:.4f} ms, latest {r['ms']:.4f} ms ({ratio:.2f}x)")
     return rows, blocking
+
+
+def _samples(r: dict) -> int:
+    """Timed calls behind a row's median (0 when not recorded)."""
+    try:
+        return int(r.get("iters") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _key(r: dict) -> dict:
@@ -150,9 +164,12 @@ def compare_to_baseline(device: str, *, max_slowdown: float = MAX_SLOWDOWN) -> C
         latest = tables.latest_csv(device, name)
         cmp.pairs.append((base, latest))
         if latest is None:
-            cmp.notes.append(f"{base.name}: no `{name}.csv` run under {base.parent}; run the same matrix again")
+            cmp.blocking.append(f"{base.name}: no `{name}.csv` run under {base.parent}; run the same matrix again")
             continue
-        rows, blocking = compare_rows(tables.read_csv(base), tables.read_csv(latest), max_slowdown=max_slowdown)
+        latest_rows = tables.read_csv(latest)
+        commits = sorted({str(r.get("software") or "").partition("commit ")[2] or "unrecorded" for r in latest_rows})
+        cmp.notes.append(f"`{latest.name}` measured commit {', '.join(commits)}")
+        rows, blocking = compare_rows(tables.read_csv(base), latest_rows, max_slowdown=max_slowdown)
         cmp.rows += rows
         cmp.blocking += blocking
     missing = sum(r["verdict"] == "not measured" for r in cmp.rows)

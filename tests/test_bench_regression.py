@@ -90,11 +90,12 @@ def test_missing_baseline_is_reported_not_blocking(tmp_path, monkeypatch):
     assert "no committed baseline" in cmp.markdown()
 
 
-def test_a_baseline_without_a_new_run_is_noted(results):
+def test_a_baseline_without_a_new_run_blocks(results):
     (results / "baseline-full.csv").write_bytes((DATA / "baseline_cpu.csv").read_bytes())
     cmp = regression.compare_to_baseline(DEVICE)
-    assert len(cmp.pairs) == 2 and len(cmp.blocking) == 2
-    assert "baseline-full.csv: no `full.csv` run" in cmp.markdown()
+    assert len(cmp.pairs) == 2 and len(cmp.blocking) == 3
+    assert cmp.blocking[0].startswith("baseline-full.csv: no `full.csv` run")
+    assert "`sweep.csv` measured commit" in cmp.markdown()
 
 
 def test_compare_and_baseline_commands(results, capsys):
@@ -126,12 +127,22 @@ def test_a_latest_run_that_failed_parity_blocks_however_fast():
 
 
 def test_a_slowdown_within_the_intervals_overlap_does_not_block():
-    base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43}]
+    base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43,
+             "iters": 10}]
     noisy = [{**base[0], "ms": 2.45, "ms_lo": 2.18, "ms_hi": 3.10, "host_ms": 0.5}]
     clear = [{**noisy[0], "ms_lo": 2.44}]
     rows, blocking = regression.compare_rows(base, noisy)
     assert blocking == [] and rows[0]["verdict"].startswith("slower, within noise")
     rows, blocking = regression.compare_rows(base, clear)
+    assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
+
+
+@pytest.mark.parametrize("base_iters, latest_iters", [(9, 10), (10, 9), (None, 100)])
+def test_an_interval_from_too_few_samples_excuses_nothing(base_iters, latest_iters):
+    base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43,
+             "iters": base_iters}]
+    noisy = [{**base[0], "ms": 2.45, "ms_lo": 2.18, "ms_hi": 3.10, "host_ms": 0.5, "iters": latest_iters}]
+    rows, blocking = regression.compare_rows(base, noisy)
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
 
 
