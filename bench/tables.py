@@ -48,10 +48,13 @@ def read_csv(path: Path) -> list[dict]:
     missing = {"config", "method", "status", "ms"} - set(rows[0] if rows else COLUMNS)
     if missing:
         raise ValueError(f"{path}: not a selgate results CSV, missing columns {sorted(missing)}")
-    for r in rows:
+    for line, r in enumerate(rows, start=2):
         for key in numeric | real:
             if key in r:
-                r[key] = None if r[key] in ("", None) else (int(float(r[key])) if key in numeric else float(r[key]))
+                try:
+                    r[key] = None if r[key] in ("", None) else (int(float(r[key])) if key in numeric else float(r[key]))
+                except ValueError:
+                    raise ValueError(f"{path}: line {line}, column {key}: expected a number, got {r[key]!r}") from None
         r["ours"] = r.get("ours") in ("True", "true", "1")
     return rows
 

@@ -79,15 +79,23 @@ def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
 
 
 def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
-    """The lane's results, or None when it has no junit.xml."""
+    """The lane's results, or None when it has no junit.xml; ValueError names a file that
+    does not parse."""
     junit = Path(lane_dir) / "junit.xml"
     if not junit.exists():
         return None
     env_path = junit.parent / ENV_FILE
-    env = json.loads(env_path.read_text()) if env_path.exists() else None
+    try:
+        env = json.loads(env_path.read_text()) if env_path.exists() else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{env_path}: not JSON ({e})") from None
     result = LaneResult(name, junit, env)
     by_id: dict = {}
-    for suite in JUnitXml.fromfile(str(junit)):
+    try:
+        suites = list(JUnitXml.fromfile(str(junit)))
+    except SyntaxError as e:  # ElementTree's and lxml's parse errors both derive from it
+        raise ValueError(f"{junit}: not a JUnit XML file ({e})") from None
+    for suite in suites:
         for case in suite:
             props = _properties(case)
             nodeid = props.get("nodeid") or _nodeid(case)

@@ -161,3 +161,14 @@ def test_an_eager_slowdown_with_the_device_time_within_the_baseline_does_not_blo
     latest[0]["graph_ms"] = 0.105
     rows, blocking = regression.compare_rows(base, latest)
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
+
+
+def test_a_results_csv_with_a_bad_number_names_its_line_and_column(tmp_path):
+    lines = (DATA / "baseline_cpu.csv").read_text().splitlines()
+    head = lines[0].split(",")
+    cells = lines[2].split(",")
+    cells[head.index("ms")] = "fast"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([lines[0], lines[1], ",".join(cells)]) + "\n")
+    with pytest.raises(ValueError, match=r"bad.csv: line 3, column ms: expected a number, got 'fast'"):
+        tables.read_csv(bad)

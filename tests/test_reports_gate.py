@@ -256,3 +256,13 @@ def test_the_stamp_records_what_the_run_selected(tmp_path):
     selection = json.loads((tmp_path / "out" / "environment.json").read_text())["selection"]
     assert selection == {"paths": ["test_a.py"], "k": "one", "m": "not slow", "size": None, "deselect": [],
                          "ignore": [], "last_failed": False}
+
+
+@pytest.mark.parametrize("name, text", [("junit.xml", "<testsuites><testsuite"), ("environment.json", "{lane: cpu")])
+def test_a_results_file_that_does_not_parse_is_named(tmp_path, capsys, name, text):
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    (tmp_path / "res" / "cpu" / name).write_text(text)
+    rc = main(["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
+               "--policy", str(write_policy(tmp_path))])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{tmp_path / 'res' / 'cpu' / name}: not " in err, err
