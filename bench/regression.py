@@ -56,7 +56,6 @@ class Comparison:
     rows: list[dict] = field(default_factory=list)  # config, method, ours, base_ms, latest_ms, ratio, verdict
     blocking: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    commits: set[str] = field(default_factory=set)  # what the compared latest runs measured
 
     def markdown(self, max_rows: int = 200) -> str:
         """Blocking lines, then our implementations' rows, slowest ratio first (torch baselines only when slower)."""
@@ -168,9 +167,8 @@ def compare_to_baseline(device: str, *, max_slowdown: float = MAX_SLOWDOWN) -> C
             cmp.blocking.append(f"{base.name}: no `{name}.csv` run under {base.parent}; run the same matrix again")
             continue
         latest_rows = tables.read_csv(latest)
-        commits = {str(r.get("software") or "").partition("commit ")[2] or "unrecorded" for r in latest_rows}
-        cmp.commits |= commits
-        cmp.notes.append(f"`{latest.name}` measured commit {', '.join(sorted(commits))}")
+        commits = sorted({str(r.get("software") or "").partition("commit ")[2] or "unrecorded" for r in latest_rows})
+        cmp.notes.append(f"`{latest.name}` measured commit {', '.join(commits)}")
         rows, blocking = compare_rows(tables.read_csv(base), latest_rows, max_slowdown=max_slowdown)
         cmp.rows += rows
         cmp.blocking += blocking

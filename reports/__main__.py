@@ -34,15 +34,15 @@ def main(argv=None) -> int:
         profile = args.profile or ("release" if args.command == "release" else None)
         required = required_lanes(policy, profile, lanes)
         results = load_results(args.results or [OUT], lanes)
-        same_commit = bool(profile_of(policy, profile).get("same_commit", False))
-        verdict = evaluate(policy, results, required, same_commit=same_commit)
+        verdict = evaluate(policy, results, required,
+                           same_commit=bool(profile_of(policy, profile).get("same_commit", False)))
     except (ValueError, OSError, yaml.YAMLError) as e:  # a bad policy or lane file, not a verdict
         print(f"error: {e}", file=sys.stderr)
         return 2
     if results:
         merge(results, args.out / "merged.xml")
     if args.command == "release":
-        text, name = render_release(results, verdict, same_commit=same_commit), "release.md"
+        text, name = render_release(results, verdict), "release.md"
     else:
         text, name = render(results, verdict), "report.md"
     write_report(text, args.out / name)

@@ -1,16 +1,14 @@
 """The release-gate report: the gate under the `release` profile plus, for each GPU the
 lanes ran on, the latest benchmark tables against their baseline (whose regressions also
-block). Under a `same_commit` profile the benchmark runs must have measured the commit the
-lanes ran, or the release's speed is unmeasured."""
+block)."""
 from __future__ import annotations
 
 from .gate import Verdict
 from .markdown import render
 
 
-def bench_sections(results: dict, commit: str | None = None) -> tuple[list[str], list[str]]:
-    """(Markdown sections, blocking lines) of the benchmark comparison per GPU in `results`;
-    with `commit`, a comparison whose runs measured another commit blocks too."""
+def bench_sections(results: dict) -> tuple[list[str], list[str]]:
+    """(Markdown sections, blocking lines) of the benchmark comparison per GPU in `results`."""
     gpus = sorted({(r.environment or {}).get("gpu", "none") for r in results.values()} - {"none"})
     try:
         from selgate.bench.regression import compare_to_baseline
@@ -23,15 +21,11 @@ def bench_sections(results: dict, commit: str | None = None) -> tuple[list[str],
         cmp = compare_to_baseline(gpu)
         sections.append(cmp.markdown())
         blocking += [f"benchmark {gpu}: {b}" for b in cmp.blocking]
-        if commit is not None and cmp.commits and cmp.commits != {commit}:
-            blocking.append(f"benchmark {gpu}: the latest runs measured commit {', '.join(sorted(cmp.commits))}, the "
-                            f"lanes ran {commit}: rerun the benchmark sweep on {commit}")
     return sections, blocking
 
 
-def render_release(results: dict, verdict: Verdict, *, same_commit: bool = False) -> str:
-    commits = {(r.environment or {}).get("commit") for r in results.values()}
-    sections, bench_blocking = bench_sections(results, commits.pop() if same_commit and len(commits) == 1 else None)
+def render_release(results: dict, verdict: Verdict) -> str:
+    sections, bench_blocking = bench_sections(results)
     verdict.blocking += bench_blocking
     body = render(results, verdict, title="selgate release report")
     return body + "\n## Benchmarks\n\n" + "\n".join(sections) + "\n"
