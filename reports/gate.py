@@ -167,7 +167,8 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
                                   f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})")
     commits = {n: (results[n].environment or {}).get("commit", "unknown") for n in required if n in results}
     unnamed = [n for n, c in commits.items() if c == "unknown" or c.endswith("+dirty")]
-    if same_commit and (len(set(commits.values())) > 1 or unnamed):
+    shortest = min(commits.values(), key=len, default="")  # a 7-digit git hash and GITHUB_SHA[:12] may name one commit
+    if same_commit and (any(not c.startswith(shortest) for c in commits.values()) or unnamed):
         v.blocking.append("required lanes ran different or unnamed commits (" + ", ".join(
             f"{n} {c}" for n, c in commits.items()) + "): a release gates one committed tree; rerun the lanes on it")
     for lane in results.values():

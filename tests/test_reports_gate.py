@@ -232,6 +232,7 @@ def test_a_wider_run_counts_and_an_unrecorded_selection_is_noted(tmp_path, capsy
 
 @pytest.mark.parametrize("commits, blocked", [
     (("abc123", "abc123"), False),
+    (("abc1234", "abc1234def56"), False),   # git's short hash and GITHUB_SHA[:12] of one commit
     (("abc123", "def456"), True),
     (("abc123+dirty", "abc123+dirty"), True),
 ])
