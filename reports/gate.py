@@ -166,7 +166,7 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
                 family_gaps.append(f"required lane {name}: family {family} has no passing test "
                                   f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})")
     commits = {n: (results[n].environment or {}).get("commit", "unknown") for n in required if n in results}
-    unnamed = [n for n, c in commits.items() if c == "unknown" or c.endswith("+dirty")]
+    unnamed = [n for n, c in commits.items() if c in ("", "unknown") or c.endswith("+dirty")]
     shortest = min(commits.values(), key=len, default="")  # a 7-digit git hash and GITHUB_SHA[:12] may name one commit
     if same_commit and (any(not c.startswith(shortest) for c in commits.values()) or unnamed):
         v.blocking.append("required lanes ran different or unnamed commits (" + ", ".join(

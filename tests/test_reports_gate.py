@@ -235,6 +235,7 @@ def test_a_wider_run_counts_and_an_unrecorded_selection_is_noted(tmp_path, capsy
     (("abc1234", "abc1234def56"), False),   # git's short hash and GITHUB_SHA[:12] of one commit
     (("abc123", "def456"), True),
     (("abc123+dirty", "abc123+dirty"), True),
+    (("", ""), True),
 ])
 def test_a_release_gates_one_committed_tree(tmp_path, capsys, commits, blocked):
     for lane, commit in zip(("cpu", "sm90"), commits):
