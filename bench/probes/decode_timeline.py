@@ -46,26 +46,31 @@ int sel_tl_read(unsigned long long* host, int cap) {
 }
 }  // namespace selgate
 '''
+def _record(merged: str) -> str:
+    """Lane 0 of each warp appends its stamps (`merged`: the merge-done stamp) and returns."""
+    return ("    if (lane == 0) {\n      const unsigned slot = atomicAdd(&sel_tl_next, 1u);\n"
+            "      if (slot < (1u << 17)) {\n        unsigned long long* e = sel_tl + 8ull * slot;\n"
+            "        e[0] = (unsigned long long)blockIdx.x | ((unsigned long long)warp << 32) | "
+            "((unsigned long long)sel_smid() << 40);\n"
+            f"        e[1] = tl0; e[2] = tl1; e[3] = tl2 ? tl2 : tl1; e[4] = tl3; e[5] = {merged}; e[6] = sel_now(); "
+            "e[7] = 0;\n      }\n    }\n    return;\n")
+
+
 PATCHES = [  # (anchor, replacement) applied once each to sel_decode.cu
     ('#include "sel_decode.h"\n', '#include "sel_decode.h"\n' + HEADER + READER),
     ("  extern __shared__ __align__(16) unsigned char smem[];\n  constexpr int NV = DVB / 8;",
      "  extern __shared__ __align__(16) unsigned char smem[];\n  const unsigned long long tl0 = sel_now();\n"
      "  unsigned long long tl2 = 0;\n  constexpr int NV = DVB / 8;"),
     ("  const int L = static_cast<int>(rv.L);", "  const int L = static_cast<int>(rv.L);\n  const unsigned long long tl1 = sel_now();"),
-    ("    __syncwarp();  // every lane's copies of slab i landed; every lane is done with slab i - 1\n",
-     "    __syncwarp();  // every lane's copies of slab i landed; every lane is done with slab i - 1\n"
-     "    if (i == 0) tl2 = sel_now();\n"),
+    ("    if (next == p.stages) next = 0;\n", "    if (i == 0) tl2 = sel_now();\n    if (next == p.stages) next = 0;\n"),
     ("  cp_async_wait<0>();\n  l0 = quad_sum(l0);", "  const unsigned long long tl3 = sel_now();\n  cp_async_wait<0>();\n"
      "  l0 = quad_sum(l0);"),
+    # shared slabs: no merge, the stores follow the loop (merge-done stamp = loop-done stamp)
+    ("    return;\n  }\n  __syncthreads();\n  constexpr int OS", _record("tl3") + "  }\n  __syncthreads();\n  constexpr int OS"),
     ("  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;\n  if (p.split == 1) {",
      "  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;\n  const unsigned long long tl4 = sel_now();\n"
      "  if (p.split == 1) {"),
-    ("    return;\n  }\n  if (tid < HG) {",
-     "    if (lane == 0) {\n      const unsigned slot = atomicAdd(&sel_tl_next, 1u);\n"
-     "      if (slot < (1u << 17)) {\n        unsigned long long* e = sel_tl + 8ull * slot;\n"
-     "        e[0] = (unsigned long long)blockIdx.x | ((unsigned long long)warp << 32) | ((unsigned long long)sel_smid() << 40);\n"
-     "        e[1] = tl0; e[2] = tl1; e[3] = tl2 ? tl2 : tl1; e[4] = tl3; e[5] = tl4; e[6] = sel_now(); e[7] = 0;\n"
-     "      }\n    }\n    return;\n  }\n  if (tid < HG) {"),
+    ("    return;\n  }\n  if (tid < HG) {", _record("tl4") + "  }\n  if (tid < HG) {"),
 ]
 BIND = ('PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {',
         'namespace selgate { int sel_tl_read(unsigned long long* host, int cap); }\n'

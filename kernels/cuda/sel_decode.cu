@@ -425,11 +425,12 @@ __device__ __forceinline__ void load_slab(const Params& p, const RowView<T>& rv,
 // per warp step (16 or 32). q stays in registers as MMA A fragments for DKB <= 128 unless
 // DVB <= 64, whose launch bound caps registers at 128 (it spilled there); for DKB = 256 they
 // would crowd out the p*V accumulators.
-template <typename T, int DKB, int DVB, int KS, bool FULL>
+template <typename T, int DKB, int DVB, int KS, bool FULL, bool SHARED>
 __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_decode_mma(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int NV = DVB / 8;  // n8 output tiles
-  constexpr int NK = KS / 8;   // n8 score tiles per slab
+  constexpr int NV = DVB / 8;               // n8 output tiles
+  constexpr int NVW = SHARED ? NV / 2 : NV;  // those this warp accumulates (SHARED: its half of Dv)
+  constexpr int NK = KS / 8;                // n8 score tiles per slab
   constexpr bool kQReg = DKB <= 128 && DVB > 64;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
   const int g = lane >> 2, tg = lane & 3, mi = lane >> 3, rr = lane & 7;
@@ -440,7 +441,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   const int HG = static_cast<int>(min(int64_t(p.hpb), p.h - head0));
   const int k16 = (p.Dk + 15) & ~15;
   T* qs = reinterpret_cast<T*>(smem + p.off_q);  // [16][q_stride], zero outside [HG, Dk)
-  T* ring = reinterpret_cast<T*>(smem + p.off_kv) + warp * p.stages * p.stage_elems;  // this warp's slabs
+  T* ring = reinterpret_cast<T*>(smem + p.off_kv) + (SHARED ? 0 : warp * p.stages * p.stage_elems);  // its slabs
 
   // Padded rows only (Dk not a multiple of 16): K columns [Dk, k16) meet zero q columns in
   // the last k-step, so they hold zeros, not garbage.
@@ -460,23 +461,31 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   const RowView<T> rv = begin_row<T>(p, row, smem);
   const int L = static_cast<int>(rv.L);  // <= S_kv < 2^31 (setup_ranges clamps, the host checks S_kv)
 
-  // This warp's slabs: u, u + U, u + 2U, ... with u its index among the U warps of the row.
+  // This warp's slabs: u, u + U, u + 2U, ... with u its index among the U warps of the row
+  // (SHARED: the block's slabs, u = its rank among the U blocks of the row).
   const int nslabs = (L + KS - 1) / KS;
-  const int U = p.split * NW, u = rank * NW + warp;
+  const int U = SHARED ? p.split : p.split * NW, u = SHARED ? rank : rank * NW + warp;
   const int count = u < nslabs ? (nslabs - 1 - u) / U + 1 : 0;
   const int kv_off = KS * p.k_stride;  // V rows follow the slab's K rows
   KeyCursor cursor;
-  for (int s = 0; s < p.stages - 1; ++s) {
-    if (s < count) {
-      T* ks = ring + s * p.stage_elems;
-      load_slab<T, DKB, DVB, KS, FULL>(p, rv, (u + s * U) * KS, L, ks, ks + kv_off, smem, cursor, lane);
+  auto load = [&](int stage, int pos) {  // SHARED: warp w copies slab rows [w * KS / 2, (w + 1) * KS / 2)
+    T* ks = ring + stage * p.stage_elems;
+    if constexpr (SHARED) {
+      constexpr int KH = KS / 2;
+      load_slab<T, DKB, DVB, KH, FULL>(p, rv, pos + warp * KH, L, ks + warp * KH * p.k_stride,
+                                       ks + kv_off + warp * KH * p.v_stride, smem, cursor, lane);
+    } else {
+      load_slab<T, DKB, DVB, KS, FULL>(p, rv, pos, L, ks, ks + kv_off, smem, cursor, lane);
     }
+  };
+  for (int s = 0; s < p.stages - 1; ++s) {
+    if (s < count) load(s, (u + s * U) * KS);
     cp_async_commit();
   }
 
-  float o[NV][4];
+  float o[NVW][4];
 #pragma unroll
-  for (int nv = 0; nv < NV; ++nv) o[nv][0] = o[nv][1] = o[nv][2] = o[nv][3] = 0.f;
+  for (int nv = 0; nv < NVW; ++nv) o[nv][0] = o[nv][1] = o[nv][2] = o[nv][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
   const uint32_t q_addr = smem_u32(qs + ((mi & 1) * 8 + rr) * p.q_stride + (mi >> 1) * 8);
   uint32_t qa[kQReg ? DKB / 16 : 1][4];
@@ -492,13 +501,15 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
 
   for (int i = 0; i < count; ++i) {
     cp_async_wait_pending(p.stages - 2);
-    __syncwarp();  // every lane's copies of slab i landed; every lane is done with slab i - 1
-    if (next == p.stages) next = 0;
-    if (i + p.stages - 1 < count) {
-      T* ks = ring + next * p.stage_elems;
-      const int pos = (u + (i + p.stages - 1) * U) * KS;
-      load_slab<T, DKB, DVB, KS, FULL>(p, rv, pos, L, ks, ks + kv_off, smem, cursor, lane);
+    // Every copy of slab i landed and every reader is done with slab i - 1: the warp's own
+    // (per-warp slabs), or the block's (SHARED).
+    if constexpr (SHARED) {
+      __syncthreads();
+    } else {
+      __syncwarp();
     }
+    if (next == p.stages) next = 0;
+    if (i + p.stages - 1 < count) load(next, (u + (i + p.stages - 1) * U) * KS);
     cp_async_commit();
     ++next;
     const int pos0 = (u + i * U) * KS;
@@ -562,7 +573,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     l0 = l0 * a0 + r0;
     l1 = l1 * a1 + r1;
 #pragma unroll
-    for (int nv = 0; nv < NV; ++nv) {
+    for (int nv = 0; nv < NVW; ++nv) {
       o[nv][0] *= a0;
       o[nv][1] *= a0;
       o[nv][2] *= a1;
@@ -576,10 +587,11 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
                               pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                               pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
-      for (int n2 = 0; n2 < NV / 2; ++n2) {
-        if (FULL || n2 * 16 < p.Dv) {
+      for (int n2 = 0; n2 < NVW / 2; ++n2) {
+        const int c16 = SHARED ? warp * (NVW / 2) + n2 : n2;  // 16-column group of Dv
+        if (FULL || c16 * 16 < p.Dv) {
           uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_base + kc * v_rows16 + (((2 * n2 + (mi >> 1)) ^ vx) << 4));
+          ldmatrix_x4_trans(bv, v_base + kc * v_rows16 + (((2 * c16 + (mi >> 1)) ^ vx) << 4));
           mma16816<T>(o[2 * n2], pa, bv[0], bv[1]);
           mma16816<T>(o[2 * n2 + 1], pa, bv[2], bv[3]);
         }
@@ -595,6 +607,26 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   allow_next_grid();
+  if constexpr (SHARED) {
+    // Both warps ran the same softmax over every key; each writes its half of Dv, straight
+    // from the accumulator fragments (rows g and g + 8, columns 2tg, 2tg + 1 of each n8 tile).
+    T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int nv = 0; nv < NVW; ++nv) {
+      const int c = (warp * NVW + nv) * 8 + 2 * tg;
+      if (FULL || c < p.Dv) {
+        if (g < HG) *reinterpret_cast<uint32_t*>(og + g * p.Dv + c) = pack2<T>(o[nv][0] * i0, o[nv][1] * i0);
+        if (g + 8 < HG) *reinterpret_cast<uint32_t*>(og + (g + 8) * p.Dv + c) = pack2<T>(o[nv][2] * i1, o[nv][3] * i1);
+      }
+    }
+    if (warp == 0 && tg == 0) {
+      float* lse = p.lse + row * p.h + head0;
+      if (g < HG) lse[g] = l0 > 0.f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
+      if (g + 8 < HG) lse[g + 8] = l1 > 0.f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
+    }
+    return;
+  }
   __syncthreads();
   constexpr int OS = DVB + 8;  // partial row stride in floats: conflict-free float2 writes
   float* m_s = reinterpret_cast<float*>(smem + p.off_kv);  // [NW][16] per-warp max
@@ -611,7 +643,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     l_s[warp * 16 + g + 8] = l1;
   }
 #pragma unroll
-  for (int nv = 0; nv < NV; ++nv) {
+  for (int nv = 0; nv < NVW; ++nv) {
     if (FULL || nv * 8 < p.Dv) {
       float* r0 = o_s + (warp * 16 + g) * OS + nv * 8 + 2 * tg;
       *reinterpret_cast<float2*>(r0) = make_float2(o[nv][0], o[nv][1]);
@@ -958,18 +990,31 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.off_L = 16 * p.n;
   p.off_q = align16(p.off_L + 8);
   p.off_kv = align16(p.off_q + kMmaHeads * p.q_stride * int64_t(sizeof(T)));
+  // Schedule: each warp streams its own slabs (1) or the block's 2 warps share each slab (2);
+  // automatic: 2, faster at every point of the issue-8 grid (bench/results/h100/cuda_decode_dev.md),
+  // unless the overrides ask for a launch it does not run (other warps, a split, 16-key slabs).
+  const bool shared_runs = (a.tune.warps <= 0 || a.tune.warps == 2) && a.tune.split <= 1 &&
+                           (a.tune.slab <= 0 || a.tune.slab == 32);
+  const int schedule = a.tune.schedule > 0 ? a.tune.schedule : shared_runs ? 2 : 1;
+  SEL_CHECK(schedule == 1 || schedule == 2, "sel_decode: schedule must be 1 (per-warp slabs) or 2 (shared slabs), got ",
+              schedule);
+  SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 2, "sel_decode: pdl must be 0 (automatic), 1 (on) or 2 (off), got ",
+              a.tune.pdl);
+  const bool shared = schedule == 2;
   auto smem_for = [&](int nw, int stages, int split, int slab) {
-    const int64_t ring = int64_t(nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
+    const int64_t ring = int64_t(shared ? 1 : nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
     const int64_t merge = (2 * int64_t(nw) * kMmaHeads + (2 + kMaxSplit) * kMmaHeads +
                            int64_t(nw + (split > 1)) * kMmaHeads * (DVB + 8)) * 4;
     return p.off_kv + std::max(ring, merge);
   };
   // Automatic launch (measured on the H100, bench/results/h100/cuda_decode_dev.md): blocks of
-  // 2 warps, so many rows stream at once, with 3-deep rings when there are many rows per SM
-  // and 2-deep ones otherwise (more warps per row were slower at every grid point).
+  // 2 warps, so many rows stream at once. Rings 3 deep when there are many rows per SM; with
+  // fewer rows each row needs more bytes in flight: shared slabs 4 deep (5 when a key's K and V
+  // rows pass 256 bytes), per-warp slabs 2 deep (two rings). More warps per row were slower.
   const bool many_rows = units >= 4 * int64_t(dev.sms);
   int nw = a.tune.warps > 0 ? a.tune.warps : 2;
-  int stages = a.tune.stages > 0 ? a.tune.stages : many_rows ? 3 : 2;
+  const int few_rows_stages = !shared ? 2 : (p.Dk + p.Dv) * int(sizeof(T)) <= 256 ? 4 : 5;
+  int stages = a.tune.stages > 0 ? a.tune.stages : many_rows ? 3 : few_rows_stages;
   SEL_CHECK(nw >= 1 && nw <= kMmaMaxWarps, "sel_decode: warps must be in [1, ", kMmaMaxWarps, "], got ", nw);
   // 8 warps crashed the host process on the H100 at Dk = Dv = 128 and 256 ((4,1,8,1), (2,4,8,0),
   // (2,8,8,0); cause not found) and kept parity at Dk + Dv <= 128.
@@ -980,15 +1025,16 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   // the shared memory per ring stage; 16 where 32 would not fit the launch.
   int slab = a.tune.slab > 0 ? a.tune.slab : 32;
   SEL_CHECK(slab == 16 || slab == 32, "sel_decode: slab (keys per warp step) must be 16 or 32, got ", slab);
-  if (a.tune.slab <= 0 && smem_for(nw, stages, kMaxSplit, slab) > dev.max_smem) slab = 16;
+  if (!shared && a.tune.slab <= 0 && smem_for(nw, stages, kMaxSplit, slab) > dev.max_smem) slab = 16;
   while (smem_for(nw, stages, kMaxSplit, slab) > dev.max_smem && a.tune.stages <= 0 && stages > 2) --stages;
   while (smem_for(nw, stages, kMaxSplit, slab) > dev.max_smem && a.tune.warps <= 0 && nw > 1) nw /= 2;
   p.stage_elems = slab * (p.k_stride + p.v_stride);
   p.stages = stages;
   const int max_split = dev.cc_major >= 9 ? kMaxSplit : 1;
   const bool full = p.Dk == DKB && p.Dv == DVB;
-  auto kernel = slab == 32 ? (full ? sel_decode_mma<T, DKB, DVB, 32, true> : sel_decode_mma<T, DKB, DVB, 32, false>)
-                           : (full ? sel_decode_mma<T, DKB, DVB, 16, true> : sel_decode_mma<T, DKB, DVB, 16, false>);
+  auto kernel = shared       ? (full ? sel_decode_mma<T, DKB, DVB, 32, true, true> : sel_decode_mma<T, DKB, DVB, 32, false, true>)
+                : slab == 32 ? (full ? sel_decode_mma<T, DKB, DVB, 32, true, false> : sel_decode_mma<T, DKB, DVB, 32, false, false>)
+                             : (full ? sel_decode_mma<T, DKB, DVB, 16, true, false> : sel_decode_mma<T, DKB, DVB, 16, false, false>);
   plan.threads = nw * 32;
   // Automatic launches use no cluster: splits were not measured faster (bench/results/h100/cuda_decode_dev.md).
   const int split = a.tune.split > 0 ? a.tune.split : 1;
@@ -998,13 +1044,18 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   SEL_CHECK(split <= kMaxVerifiedSplit && (split == 1 || nw <= kMaxVerifiedSplitWarps), "sel_decode: a cluster split "
               "is verified only up to ", kMaxVerifiedSplit, " blocks of at most ", kMaxVerifiedSplitWarps,
               " warps, got split=", split, " with ", nw, " warps");
+  SEL_CHECK(!shared || (nw == 2 && split == 1 && slab == 32), "sel_decode: the shared-slab schedule runs 2 warps, no "
+              "split and 32-key slabs, got ", nw, " warps, split=", split, ", slab=", slab);
   p.split = split;
   plan.kernel = 1;
+  plan.schedule = schedule;
   plan.slab = slab;
   plan.stages = stages;
   plan.warps = nw;
   plan.split = split;
-  plan.pdl = a.tune.pdl > 0 && dev.cc_major >= 9;
+  // PDL lets the launch and prologue overlap the previous kernel's tail; nothing global is
+  // touched before griddepcontrol.wait, so it is on wherever the device has it.
+  plan.pdl = a.tune.pdl != 2 && dev.cc_major >= 9;
   plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",

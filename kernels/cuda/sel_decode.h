@@ -12,8 +12,9 @@ struct Tune {
   int stages = 0;  // depth of each warp's cp.async ring, 2..6
   int split = 0;   // blocks (one thread-block cluster, SM >= 9.0) sharing a row, 1..4 (verified; see run_mma)
   int warps = 0;   // warps per block, 1..8
-  int pdl = 0;     // 1: programmatic dependent launch (SM >= 9.0)
+  int pdl = 0;     // programmatic dependent launch (SM >= 9.0): 1 on, 2 off; automatic: on
   int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
+  int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab (automatic)
 };
 
 // One decode call. Tensors are contiguous: q [B,1,G,h,Dk], k [B,G,S_kv,Dk],
@@ -39,7 +40,7 @@ struct DecodeArgs {
 // What a call launches (reported by benchmarks).
 struct DecodePlan {
   int kernel = 0;  // 0 simt, 1 mma
-  int slab = 0, stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0;
+  int slab = 0, stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0, schedule = 0;
   bool pdl = false;
   int64_t blocks = 0;
 };
