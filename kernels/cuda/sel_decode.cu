@@ -8,15 +8,20 @@
 // so the online softmax uses exp2f; accumulation is fp32 throughout and o and lse are
 // written once.
 //
-// - sel_decode_mma (fp16/bf16): each warp is its own pipeline. A row's keys are cut into
-//   32-key slabs (16 where 32 would not fit), dealt round-robin to the warps of the block
-//   (and, with split > 1, of the thread-block cluster that shares the row); a warp streams
-//   its slabs through a private cp.async ring (`stages` deep, no block barrier in the loop),
-//   keeps its own running max/sum and p*V accumulators in registers (mma.sync m16n8k16,
-//   heads on the M side), and the partial softmaxes are merged once at the end in a fixed
-//   order (across the cluster through distributed shared memory, SM 9.0): deterministic, no
-//   atomics. Rows whose length is a multiple of 64 bytes' worth of 16-byte chunks are
-//   XOR-swizzled instead of padded, so a stage holds no padding.
+// - sel_decode_mma (fp16/bf16), tensor cores (mma.sync m16n8k16, heads on the M side), a row's
+//   keys cut into 32-key slabs (16 where 32 would not fit), in one of two schedules:
+//   - shared slabs (SHARED, the automatic one): the block's 2 warps copy each slab into one
+//     cp.async ring together (one block barrier per slab), both run the same online softmax
+//     over all of its keys, and each accumulates p*V for its half of Dv, so a row is one
+//     stream of slabs and its output needs no merge (4-5 ring stages hold the bytes a row needs
+//     in flight when there are few rows per SM);
+//   - per-warp slabs: the slabs are dealt round-robin to the warps of the block (and, with
+//     split > 1, of the thread-block cluster that shares the row); a warp streams its slabs
+//     through a private ring with no block barrier, keeps its own running max/sum and p*V
+//     accumulators, and the partial softmaxes are merged once at the end in a fixed order
+//     (across the cluster through distributed shared memory, SM 9.0).
+//   Both are deterministic, without atomics. Rows whose length is a multiple of 64 bytes'
+//   worth of 16-byte chunks are XOR-swizzled instead of padded, so a stage holds no padding.
 // - sel_decode_simt (any dtype, the fp32 path): 8 warps, one block-wide ring of 32/64-key
 //   tiles, dot products and p*V on CUDA cores, one block-wide online softmax per tile.
 #include "sel_decode.h"
