@@ -35,10 +35,10 @@ from pathlib import Path
 from selgate.kernels.config import device_slug
 
 from . import tables
+from .timing import MIN_SAMPLES
 
 MAX_SLOWDOWN = 0.10
 HOST_BOUND = 0.9  # host issue time / timed median from which a sample measured the host
-MIN_SAMPLES = 10  # timed calls behind a median for its interval to count as noise
 
 
 def baseline_path(device_name: str, name: str) -> Path:

@@ -31,6 +31,7 @@ import yaml
 from selgate.kernels.config import load_config, profile_path
 
 from .baselines import variant_config
+from .timing import MIN_SAMPLES
 
 MIN_SPEEDUP = 1.2
 MAX_LOSS = 0.10
@@ -86,7 +87,6 @@ def _by_config(rows: list[dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
-MIN_SAMPLES = 10  # below this the interval is the samples' whole range: medians decide
 
 
 def _best_case_speedup(sdpa: dict, tri: dict) -> float:

@@ -41,6 +41,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# Timed calls behind a median for its 95% interval to mean anything (with fewer, the interval is
+# the samples' whole range): the regression and threshold rules trust intervals only from this
+# many, so the sampler does not cut below it.
+MIN_SAMPLES = 10
+
+
 def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seconds: float = 2.0,
                batch_ms: float = 1.0) -> Timing:
     """Median time per call of `calls[i % len(calls)]()`: `iters` samples after `warmup` untimed calls.
@@ -52,7 +58,9 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
     without one call's launch latency added to every short sample. `host_ms` is the
     median host time to issue one call: where it reaches the timed median the GPU waited
     on Python, and the sample measures the host rather than the kernel. The number of samples
-    is cut (to no fewer than 3) when they would take over `max_seconds`."""
+    is cut when they would take over `max_seconds`, to no fewer than MIN_SAMPLES (or `iters`
+    if that is fewer): one slow warm-up call (a host stall) once cut a 2 ms row to 9 samples,
+    too few for the regression rule's noise test."""
     if not calls:
         raise ValueError("calls: expected at least one callable")
     batch = 1
@@ -67,7 +75,7 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
         if per_call > 0:
             if device.type == "cuda":
                 batch = max(1, min(64, round(batch_ms / 1e3 / per_call)))
-            iters = max(min(iters, int(max_seconds / (per_call * batch))), 3)
+            iters = max(min(iters, int(max_seconds / (per_call * batch))), min(iters, MIN_SAMPLES))
     samples = []
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]

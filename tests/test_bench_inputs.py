@@ -1,13 +1,15 @@
 """Benchmark inputs, parity check and timing statistics (CPU, tiny shapes)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from selgate.bench.baselines import METHODS, block_indices
 from selgate.bench.inputs import decode_problem, make_inputs, prefill_problem
 from selgate.bench.parity import check_parity, poisoned
-from selgate.bench.timing import median_interval, rotation_count, time_calls
+from selgate.bench.timing import MIN_SAMPLES, median_interval, rotation_count, time_calls
 from selgate.reference import (expand_ranges, normalize_ranges, selected_keys, selected_lengths,
                                selection_attention_ref, validate_ranges)
 
@@ -114,6 +116,14 @@ def test_time_calls_rotates_input_sets():
     calls = [lambda i=i: seen.append(i) for i in range(3)]
     t = time_calls(calls, CPU, warmup=2, iters=7)
     assert t.n == 7 and seen == [0, 1] + [0, 1, 2, 0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("iters, expected", [(15, MIN_SAMPLES), (5, 5)])
+def test_the_time_cap_does_not_cut_samples_below_the_regression_rules_minimum(iters, expected):
+    """A stalled warm-up once cut a 2 ms row to 9 samples; the cut stops at MIN_SAMPLES (or at
+    what the caller asked for, if fewer)."""
+    t = time_calls([lambda: time.sleep(0.002)], CPU, warmup=3, iters=iters, max_seconds=0.001)
+    assert t.n == expected
 
 
 def test_rotation_covers_four_l2_sizes():
