@@ -10,12 +10,12 @@
 //
 // - sel_decode_mma (fp16/bf16), tensor cores (mma.sync m16n8k16, heads on the M side), a row's
 //   keys cut into 32-key slabs (16 where 32 would not fit), in one of two schedules:
-//   - shared slabs (SHARED, the automatic one): the block's 2 warps copy each slab into one
-//     cp.async ring together (one block barrier per slab), both run the same online softmax
-//     over all of its keys, and each accumulates p*V for its half of Dv, so a row is one
-//     stream of slabs and its output needs no merge (4-5 ring stages hold the bytes a row needs
-//     in flight when there are few rows per SM);
-//   - per-warp slabs: the slabs are dealt round-robin to the warps of the block (and, with
+//   - shared slabs (SHARED; automatic from one row per SM when Dk <= Dv): the block's 2 warps
+//     copy each slab into one cp.async ring together (one block barrier per slab), both run
+//     the same online softmax over all of its keys, and each accumulates p*V for its half of
+//     Dv, so a row is one stream of slabs and its output needs no merge (4-5 ring stages hold
+//     the bytes a row needs in flight when there are few rows per SM);
+//   - per-warp slabs (automatic otherwise): the slabs are dealt round-robin to the warps of the block (and, with
 //     split > 1, of the thread-block cluster that shares the row); a warp streams its slabs
 //     through a private ring with no block barrier, keeps its own running max/sum and p*V
 //     accumulators, and the partial softmaxes are merged once at the end in a fixed order
@@ -995,12 +995,18 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.off_L = 16 * p.n;
   p.off_q = align16(p.off_L + 8);
   p.off_kv = align16(p.off_q + kMmaHeads * p.q_stride * int64_t(sizeof(T)));
-  // Schedule: each warp streams its own slabs (1) or the block's 2 warps share each slab (2);
-  // automatic: 2, faster at every point of the issue-8 grid (bench/results/h100/cuda_decode_dev.md),
-  // unless the overrides ask for a launch it does not run (other warps, a split, 16-key slabs).
+  // Schedule: each warp streams its own slabs (1) or the block's 2 warps share each slab (2).
+  // Automatic (full H100 sweeps at 514d6fc and e1bd9f1, bench/results/h100/cuda_decode_dev.md):
+  // shared slabs with at least one (row, head group) per SM and Dk <= Dv, where they were
+  // faster (median graph time 0.86x); per-warp slabs with fewer rows (shared slabs were up to
+  // 1.26x slower at N = 64, L = 1024: every warp runs every slab's softmax, and a lone row
+  // per SM is bound by that) and with Dk > Dv (up to 1.15x slower at N = 1024, Dk = 128,
+  // Dv = 64: the duplicated QK^T outweighs the halved p*V); and whenever the overrides ask
+  // for a launch shared slabs do not run (other warps, a split, 16-key slabs).
   const bool shared_runs = (a.tune.warps <= 0 || a.tune.warps == 2) && a.tune.split <= 1 &&
                            (a.tune.slab <= 0 || a.tune.slab == 32);
-  const int schedule = a.tune.schedule > 0 ? a.tune.schedule : shared_runs ? 2 : 1;
+  const bool shared_auto = shared_runs && units >= dev.sms && p.Dk <= p.Dv;
+  const int schedule = a.tune.schedule > 0 ? a.tune.schedule : shared_auto ? 2 : 1;
   SEL_CHECK(schedule == 1 || schedule == 2, "sel_decode: schedule must be 1 (per-warp slabs) or 2 (shared slabs), got ",
               schedule);
   SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 2, "sel_decode: pdl must be 0 (automatic), 1 (on) or 2 (off), got ",
@@ -1058,9 +1064,10 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.stages = stages;
   plan.warps = nw;
   plan.split = split;
-  // PDL lets the launch and prologue overlap the previous kernel's tail; nothing global is
-  // touched before griddepcontrol.wait, so it is on wherever the device has it.
-  plan.pdl = a.tune.pdl != 2 && dev.cc_major >= 9;
+  // PDL lets the launch and prologue overlap the previous kernel's tail (nothing global is
+  // touched before griddepcontrol.wait). Automatic: on with shared slabs, where it was
+  // measured faster; off with per-warp slabs, as those launches were measured.
+  plan.pdl = (a.tune.pdl == 1 || (a.tune.pdl == 0 && shared)) && dev.cc_major >= 9;
   plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
