@@ -15,11 +15,11 @@
 //     the same online softmax over all of its keys, and each accumulates p*V for its half of
 //     Dv, so a row is one stream of slabs and its output needs no merge (4-5 ring stages hold
 //     the bytes a row needs in flight when there are few rows per SM);
-//   - per-warp slabs (automatic otherwise): the slabs are dealt round-robin to the warps of the block (and, with
-//     split > 1, of the thread-block cluster that shares the row); a warp streams its slabs
-//     through a private ring with no block barrier, keeps its own running max/sum and p*V
-//     accumulators, and the partial softmaxes are merged once at the end in a fixed order
-//     (across the cluster through distributed shared memory, SM 9.0).
+//   - per-warp slabs (automatic otherwise): the slabs are dealt round-robin to the warps of
+//     the block (and, with split > 1, of the thread-block cluster that shares the row); a warp
+//     streams its slabs through a private ring with no block barrier, keeps its own running
+//     max/sum and p*V accumulators, and the partial softmaxes are merged once at the end in a
+//     fixed order (across the cluster through distributed shared memory, SM 9.0).
 //   Both are deterministic, without atomics. Rows whose length is a multiple of 64 bytes'
 //   worth of 16-byte chunks are XOR-swizzled instead of padded, so a stage holds no padding.
 // - sel_decode_simt (any dtype, the fp32 path): 8 warps, one block-wide ring of 32/64-key
