@@ -14,14 +14,16 @@ reported as host-bound, never blocking; a kernel regression shows in the device-
 A slowdown whose 95% interval overlaps the baseline's (latest `ms_lo` <= baseline `ms_hi`),
 both medians taken over at least `MIN_SAMPLES` timed calls (`iters`), is within the
 run-to-run noise and is reported as such, never blocking; fewer samples give intervals too
-wide to excuse anything. Where the latest row
-also has a CUDA-graph time (`graph_ms`, the device time without host issue gaps) within 10% of
-the baseline's median, the kernel did not get slower on the device and the eager slowdown is
-the host's: reported, not blocking. It is compared with the baseline's own graph time where
-the baseline has one; otherwise with its eager median, which bounds its device time from
-above, so a device slowdown hidden under a host-bound baseline row can pass. A slowdown of
-our own launcher's host code also passes it (host time varies too much between sessions to
-gate on); promoting a graph-timed baseline closes the first gap.
+wide to excuse anything. Where both rows
+have a CUDA-graph time (`graph_ms`, the device time without host issue gaps), a device time
+more than 10% above the baseline's blocks whatever the eager times say: on the H100 a launch
+change once made 43 decode rows up to 1.26x slower on the device while their host-bound eager
+times hid it. Where the latest row's graph time is within 10% of the baseline's (or, when the
+baseline has none, of its eager median, which bounds its device time from above), the kernel
+did not get slower on the device and an eager slowdown is the host's: reported, not blocking.
+Against a baseline without graph times a device slowdown under a host-bound baseline row can
+still pass, and a slowdown of our own launcher's host code always does (host time varies too
+much between sessions to gate on); promoting a graph-timed baseline closes the first gap.
 Torch baselines are shown for context (a slower torch explains a slower ratio) but never block.
 Configurations the latest run did not measure are listed, not blocking; a baseline whose
 matrix has no later run at all blocks (the release would be unmeasured), and the commits the
@@ -70,7 +72,8 @@ class Comparison:
             lines += ["", f"No regression over {sum(r['ours'] and r['ratio'] is not None for r in self.rows)} measured "
                       "configurations of ours."]
         shown = [r for r in self.rows if r["ours"] or r["verdict"] != "ok"]
-        shown.sort(key=lambda r: -(r["ratio"] or float("inf")))  # unmeasured and slowest first
+        # blocking first (a device slowdown can hide behind an eager ratio near 1), then unmeasured and slowest
+        shown.sort(key=lambda r: (not r["verdict"].startswith("BLOCKING"), -(r["ratio"] or float("inf"))))
         if shown:
             lines += ["", "| config | method | baseline ms | latest ms | ratio | verdict |",
                       "| --- | --- | --- | --- | --- | --- |"]
@@ -107,7 +110,12 @@ def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = 
         host_bound = r.get("host_ms") is not None and r["host_ms"] >= HOST_BOUND * r["ms"]
         noise = (None not in (r.get("ms_lo"), b.get("ms_hi")) and r["ms_lo"] <= b["ms_hi"]
                  and min(_samples(r), _samples(b)) >= MIN_SAMPLES)
-        if not slower:
+        graphs = None not in (r.get("graph_ms"), b.get("graph_ms"))
+        if b["ours"] and graphs and r["graph_ms"] > (1 + max_slowdown) * b["graph_ms"]:
+            verdict = f"BLOCKING on the device (graph {b['graph_ms']:.4f} -> {r['graph_ms']:.4f} ms)"
+            blocking.append(f"{what}: device time (CUDA graph) baseline {b['graph_ms']:.4f} ms, latest "
+                            f"{r['graph_ms']:.4f} ms ({r['graph_ms'] / b['graph_ms']:.2f}x)")
+        elif not slower:
             verdict = "ok"
         elif not b["ours"]:
             verdict = "slower (torch baseline)"

@@ -160,7 +160,21 @@ def test_an_eager_slowdown_with_the_device_time_within_the_baseline_does_not_blo
     base[0]["graph_ms"] = 0.05  # a graph-timed baseline: 0.105 ms is 2.1x its device time
     latest[0]["graph_ms"] = 0.105
     rows, blocking = regression.compare_rows(base, latest)
-    assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
+    assert rows[0]["verdict"] == "BLOCKING on the device (graph 0.0500 -> 0.1050 ms)" and len(blocking) == 1
+
+
+@pytest.mark.parametrize("latest_graph, blocks", [(0.0270, True), (0.0236, False)])
+def test_a_device_slowdown_under_host_bound_eager_times_blocks(latest_graph, blocks):
+    """The H100 case: a decode launch change made rows 1.26x slower on the device (graph 0.0215
+    -> 0.0270 ms) while both eager medians were the host's (~0.1 ms), equal within 10%."""
+    base = [{"config": "c", "method": "cuda", "ours": True, "status": "ok", "ms": 0.100, "host_ms": 0.098,
+             "graph_ms": 0.0215}]
+    latest = [{**base[0], "ms": 0.102, "host_ms": 0.100, "graph_ms": latest_graph}]
+    rows, blocking = regression.compare_rows(base, latest)
+    assert (len(blocking) == 1) is blocks
+    assert rows[0]["verdict"] == ("BLOCKING on the device (graph 0.0215 -> 0.0270 ms)" if blocks else "ok")
+    if blocks:
+        assert blocking[0] == "c / cuda: device time (CUDA graph) baseline 0.0215 ms, latest 0.0270 ms (1.26x)"
 
 
 def test_a_results_csv_with_a_bad_number_names_its_line_and_column(tmp_path):
