@@ -87,8 +87,6 @@ def _by_config(rows: list[dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
-
-
 def _best_case_speedup(sdpa: dict, tri: dict) -> float:
     """sdpa / triton at the ends of their 95% intervals that favour Triton: below MIN_SPEEDUP
     the bar is missed beyond the run-to-run noise. Medians where a row has no interval or

@@ -46,6 +46,8 @@ int sel_tl_read(unsigned long long* host, int cap) {
 }
 }  // namespace selgate
 '''
+
+
 def _record(merged: str) -> str:
     """Lane 0 of each warp appends its stamps (`merged`: the merge-done stamp) and returns."""
     return ("    if (lane == 0) {\n      const unsigned slot = atomicAdd(&sel_tl_next, 1u);\n"
