@@ -117,6 +117,18 @@ def test_a_host_bound_slowdown_is_reported_but_does_not_block():
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
 
 
+def test_a_host_bound_slowdown_beyond_the_host_spread_blocks():
+    """Host-bound, but 24x slower (packed SDPA when cuDNN planned every new shape): a slower
+    host does not explain it."""
+    base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.74}]
+    stalled = [{**base[0], "ms": 65.75, "host_ms": 65.67}]
+    rows, blocking = regression.compare_rows(base, stalled)
+    assert rows[0]["verdict"].startswith("BLOCKING, host-bound beyond 4x") and len(blocking) == 1
+    assert "(24.00x)" in blocking[0]
+    within = [{**base[0], "ms": 2.74 * regression.HOST_SPREAD, "host_ms": 2.7 * regression.HOST_SPREAD}]
+    assert regression.compare_rows(base, within)[1] == []
+
+
 def test_a_latest_run_that_failed_parity_blocks_however_fast():
     base = [{"config": "c", "method": "triton", "ours": True, "status": "ok", "ms": 0.10, "parity": "ok"}]
     wrong = [{**base[0], "ms": 0.05, "parity": "FAIL max_err=3.1 > 0.002"}]

@@ -69,3 +69,22 @@ def test_single_query_attends_to_every_selected_key():
 def test_bucket_lengths():
     L = torch.tensor([0, 1, 16, 17, 64, 65, 1000])
     assert bucket_lengths(L).tolist() == [0, 16, 16, 32, 64, 128, 1024]
+
+
+def test_sdpa_never_runs_cudnn(monkeypatch):
+    """cuDNN attention plans every new shape on the host (90-160 ms a call on the H100), and
+    bucket row counts change from call to call: the packed path keeps SDPA off it."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # the default the packed path must override
+    q, k, v, r = random_inputs(B=1, S=4, S_kv=40, G=1, h=2, dtype=torch.float32, seed=5)
+    o = selection_attention_sdpa(q, k, v, r)
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
+    assert (o.double() - selection_attention_ref(q, k, v, r)).abs().max() <= 1e-5

@@ -6,11 +6,13 @@ as queries, its gathered keys padded to the bucket length and masked. The softma
 full softmax over the selected keys (never `is_causal`, which with one query attends only
 to the first key). Empty rows never reach SDPA: they stay exact zeros with `lse = -inf`.
 Autograd flows through the gather and SDPA; chunks are checkpointed under a memory budget.
+SDPA may pick any backend but cuDNN (`SDPA_BACKENDS`).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from selgate.reference.chunking import rows_per_chunk, run_chunked
 from selgate.reference.golden import DEFAULT_BUDGET_BYTES, gather_rows
@@ -18,6 +20,10 @@ from selgate.reference.ranges import expand_ranges, normalize_ranges, selected_l
 from selgate.reference.validation import check_inputs, resolve_scale
 
 MIN_BUCKET = 16
+# cuDNN attention plans each new shape on the host, and a bucket's row count changes from call
+# to call: on the H100 (torch 2.11) such calls took 90-160 ms against 2-5 ms without cuDNN
+# (bench/probes/sdpa_host.py, bench/results/h100/sdpa_host.md).
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class _GatherKV(torch.autograd.Function):
@@ -92,8 +98,10 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
             if return_lse:  # computes in acc_dtype anyway
                 o, lse = gather_rows(q_rows, k_sel, v_sel, valid, sc, acc_dtype)
                 return o.to(v.dtype), lse
-            o = F.scaled_dot_product_attention(q_rows[:, None], k_sel.to(k.dtype)[:, None], v_sel.to(v.dtype)[:, None],
-                                               attn_mask=valid[:, None, None, :], scale=sc)
+            with sdpa_kernel(SDPA_BACKENDS):
+                o = F.scaled_dot_product_attention(q_rows[:, None], k_sel.to(k.dtype)[:, None],
+                                                   v_sel.to(v.dtype)[:, None], attn_mask=valid[:, None, None, :],
+                                                   scale=sc)
             return (o[:, 0],)
 
         item = q.element_size()
