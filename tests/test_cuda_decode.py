@@ -410,3 +410,18 @@ def test_keys_beyond_int32_are_refused():
     """The tensor-core kernel counts positions in 32 bits: S_kv >= 2^31 is refused with its reason."""
     with pytest.raises(RuntimeError, match="S_kv must be below 2\\^31 keys, got 2147483648"):
         build.load_extension().plan(1, 1, 1, 4, 2 ** 31, 64, 64, 8, True, [])
+
+
+@gpu
+@pytest.mark.parametrize("B, Dk, Dv, S_kv, schedule", [
+    (64, 64, 64, 4096, 1),     # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
+    (64, 64, 64, 256, 2),      # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64)
+    (1024, 128, 64, 4096, 1),  # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
+    (1024, 128, 64, 64, 2),    # Dk > Dv, L <= 64: shared slabs (0.51-0.52x)
+    (1024, 128, 128, 4096, 2),
+])
+def test_automatic_schedule_follows_the_measured_rule(B, Dk, Dv, S_kv, schedule):
+    """The automatic launch's schedule (1 per-warp, 2 shared slabs) at shapes the H100 sweeps decided."""
+    torch.cuda.init()
+    plan = build.load_extension().plan(1, B, 1, 8, S_kv, Dk, Dv, 8, True, [])
+    assert plan[10] == schedule and plan[7] == (schedule == 2 and torch.cuda.get_device_capability()[0] >= 9)

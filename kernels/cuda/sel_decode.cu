@@ -88,6 +88,7 @@ constexpr int kMinStages = 3, kMaxStages = 6;
 constexpr int kRingBudget = 104 * 1024;  // simt: bytes of K/V ring per block (2 blocks per SM)
 constexpr int kMmaMaxWarps = 8;
 constexpr int kMmaHeads = 16;
+constexpr int kShortRowsKeys = 256;  // S_kv up to which the automatic launch always takes shared slabs
 constexpr int kMaxSplit = 8;  // portable cluster size
 constexpr int kSimtThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -996,16 +997,18 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.off_q = align16(p.off_L + 8);
   p.off_kv = align16(p.off_q + kMmaHeads * p.q_stride * int64_t(sizeof(T)));
   // Schedule: each warp streams its own slabs (1) or the block's 2 warps share each slab (2).
-  // Automatic (full H100 sweeps at 514d6fc and e1bd9f1, bench/results/h100/cuda_decode_dev.md):
+  // Automatic (full H100 sweeps at 514d6fc, e1bd9f1 and 9acb5c3, bench/results/h100/cuda_decode_dev.md):
   // shared slabs with at least one (row, head group) per SM and Dk <= Dv, where they were
-  // faster (median graph time 0.86x); per-warp slabs with fewer rows (shared slabs were up to
-  // 1.26x slower at N = 64, L = 1024: every warp runs every slab's softmax, and a lone row
-  // per SM is bound by that) and with Dk > Dv (up to 1.15x slower at N = 1024, Dk = 128,
-  // Dv = 64: the duplicated QK^T outweighs the halved p*V); and whenever the overrides ask
-  // for a launch shared slabs do not run (other warps, a split, 16-key slabs).
+  // faster (median graph time 0.86x), and whenever S_kv <= 256 bounds every row's L by 256
+  // (0.51-1.03x of per-warp slabs at L <= 256 on every shape); per-warp slabs otherwise: with
+  // fewer rows (shared slabs were up to 1.26x slower at N = 64, L = 1024: every warp runs
+  // every slab's softmax, and a lone row per SM is bound by that) and with Dk > Dv (up to
+  // 1.15x slower at N = 1024, Dk = 128, Dv = 64: the duplicated QK^T outweighs the halved
+  // p*V); and whenever the overrides ask for a launch shared slabs do not run (other warps,
+  // a split, 16-key slabs).
   const bool shared_runs = (a.tune.warps <= 0 || a.tune.warps == 2) && a.tune.split <= 1 &&
                            (a.tune.slab <= 0 || a.tune.slab == 32);
-  const bool shared_auto = shared_runs && units >= dev.sms && p.Dk <= p.Dv;
+  const bool shared_auto = shared_runs && ((units >= dev.sms && p.Dk <= p.Dv) || p.S_kv <= kShortRowsKeys);
   const int schedule = a.tune.schedule > 0 ? a.tune.schedule : shared_auto ? 2 : 1;
   SEL_CHECK(schedule == 1 || schedule == 2, "sel_decode: schedule must be 1 (per-warp slabs) or 2 (shared slabs), got ",
               schedule);
