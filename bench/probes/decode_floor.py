@@ -9,7 +9,9 @@ single K and V load at once, and write one float per program:
   - `read nodep`: the same byte count from keys [64 i, 64 i + 64), no ranges read.
 So `read dep` is close to the least time any kernel that honours the ranges can take
 (nothing but the ranges read, then the bytes, at full parallelism), and `read nodep`
-minus the copy shows the cost of the loads' layout. Timed by CUDA-graph replay over the
+minus the copy shows the cost of the loads' layout. `read dep pdl` is `read dep` with
+programmatic dependent launch, its trigger as early as it can be (right after the wait
+that must precede the ranges read), the most launch overlap such a kernel can have. Timed by CUDA-graph replay over the
 same rotating input sets as `check_h100`, beside the same-size copy, the CUDA kernel
 (automatic launch and PDL) and the Triton decode kernel.
 Usage on a GPU machine: python3 bench/probes/decode_floor.py
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from selgate.bench.timing import measure_limits
 from selgate.kernels.cuda import selection_attention_cuda
@@ -28,7 +31,10 @@ from selgate.kernels.triton.tiles import gather_keys
 
 @triton.jit
 def _read_slot(k_ptr, v_ptr, r_ptr, out_ptr, n, S_kv, D: tl.constexpr, N_PAD: tl.constexpr, BLK: tl.constexpr,
-               DEP: tl.constexpr):
+               DEP: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     d = tl.arange(0, D)
@@ -47,7 +53,7 @@ def _read_slot(k_ptr, v_ptr, r_ptr, out_ptr, n, S_kv, D: tl.constexpr, N_PAD: tl
     tl.store(out_ptr + row * tl.num_programs(1) + i, tl.sum(acc))
 
 
-def read_only(dep: bool):
+def read_only(dep: bool, pdl: bool = False):
     """A call reading the selected K/V bytes of inputs `x` (N rows, G = 1) without attention."""
     def call(x):
         N, S_kv, D = x.k.shape[0], x.k.shape[2], x.k.shape[3]
@@ -55,7 +61,8 @@ def read_only(dep: bool):
         slots = n  # NSA ranges: n blocks of L_SEL keys
         out = torch.empty(N, slots, device=x.k.device)
         _read_slot[(N, slots)](x.k, x.v, x.ranges.contiguous(), out, n, S_kv, D=D,
-                               N_PAD=max(16, triton.next_power_of_2(n)), BLK=L_SEL, DEP=dep, num_warps=4)
+                               N_PAD=max(16, triton.next_power_of_2(n)), BLK=L_SEL, DEP=dep, PDL=pdl, num_warps=4,
+                               launch_pdl=pdl)
         return out
     return call
 
@@ -65,6 +72,7 @@ def main() -> None:
     copy_gbps = measure_limits(dev, torch.bfloat16).copy_gbps
     methods = {
         "read dep": read_only(True),
+        "read dep pdl": read_only(True, pdl=True),
         "read nodep": read_only(False),
         "cuda": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True),
         "cuda pdl": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True,
