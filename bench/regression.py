@@ -11,7 +11,7 @@ latest sample was host-bound: its host issue time per call (`host_ms`) reached
 host, whose speed varies between machines (on the H100 hosts of this project the pure-torch
 gather-then-SDPA baseline ran 1.1-2.3x slower from one session to the next). Such rows are
 reported as host-bound, not blocking, up to `HOST_SPREAD` times the baseline: beyond that
-the slowdown is more than a slower host explains and blocks (packed SDPA once took 20-24x
+the slowdown is more than a slower host explains and blocks (packed SDPA once took 15-24x
 longer on the host, from cuDNN planning each new shape, and passed as host-bound).
 A kernel regression shows in the device-bound rows.
 A slowdown whose 95% interval overlaps the baseline's (latest `ms_lo` <= baseline `ms_hi`),

@@ -341,12 +341,12 @@ def test_the_floor_probe_reads_exactly_the_selected_keys():
     floor = _probe("decode_floor")
     dev = torch.device("cuda" if ON_GPU else "cpu")
     x = nsa_inputs(3, 2, 16, 4, torch.float32, seed=5, device=dev)
-    for dep in (True, False):
+    for dep, pdl in ((True, False), (False, False)) + (((True, True),) if ON_GPU else ()):  # PDL: inline PTX
         keys = [torch.cat([torch.arange(int(a), int(b)) for a, b in row]) if dep else torch.arange(256)
                 for row in x.ranges.reshape(3, -1, 2).cpu()]
         want = torch.stack([torch.stack([(x.k[r, 0, kk] + x.v[r, 0, kk]).sum() for kk in row.to(dev).split(64)])
                             for r, row in enumerate(keys)])
-        torch.testing.assert_close(floor.read_only(dep)(x), want, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(floor.read_only(dep, pdl)(x), want, rtol=1e-5, atol=1e-4)
 
 # ------------------------------------------------------------------------------ GPU
 gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device")
@@ -413,15 +413,16 @@ def test_keys_beyond_int32_are_refused():
 
 
 @gpu
-@pytest.mark.parametrize("B, Dk, Dv, S_kv, schedule", [
-    (64, 64, 64, 4096, 1),     # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
-    (64, 64, 64, 256, 2),      # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64)
-    (1024, 128, 64, 4096, 1),  # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
-    (1024, 128, 64, 64, 2),    # Dk > Dv, L <= 64: shared slabs (0.51-0.52x)
-    (1024, 128, 128, 4096, 2),
+@pytest.mark.parametrize("rows_per_sm, Dk, Dv, S_kv, schedule", [
+    (0.5, 64, 64, 4096, 1),   # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
+    (0.5, 64, 64, 256, 2),    # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64 on the H100)
+    (8, 128, 64, 4096, 1),    # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
+    (8, 128, 64, 64, 2),      # Dk > Dv, L <= 64: shared slabs (0.51-0.52x)
+    (8, 128, 128, 4096, 2),
 ])
-def test_automatic_schedule_follows_the_measured_rule(B, Dk, Dv, S_kv, schedule):
-    """The automatic launch's schedule (1 per-warp, 2 shared slabs) at shapes the H100 sweeps decided."""
-    torch.cuda.init()
+def test_automatic_schedule_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, schedule):
+    """The automatic launch's schedule (1 per-warp, 2 shared slabs) at shapes the H100 sweeps
+    decided, with the row count relative to the device's SMs (h = 8: one head group a row)."""
+    B = int(rows_per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
     plan = build.load_extension().plan(1, B, 1, 8, S_kv, Dk, Dv, 8, True, [])
     assert plan[10] == schedule and plan[7] == (schedule == 2 and torch.cuda.get_device_capability()[0] >= 9)

@@ -71,20 +71,59 @@ def test_bucket_lengths():
     assert bucket_lengths(L).tolist() == [0, 16, 16, 32, 64, 128, 1024]
 
 
-def test_sdpa_never_runs_cudnn(monkeypatch):
-    """cuDNN attention plans every new shape on the host (90-160 ms a call on the H100), and
-    bucket row counts change from call to call: the packed path keeps SDPA off it."""
+
+def _spy_sdpa(monkeypatch) -> list:
+    """Records the (cudnn, flash, efficient, math) SDPA flags in force at each SDPA call."""
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    b = torch.backends.cuda
 
     def spy(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        seen.append((b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()))
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return seen
+
+
+def test_sdpa_never_runs_cudnn_and_keeps_the_callers_choice(monkeypatch):
+    """cuDNN attention plans every new shape on the host (90-160 ms a call on the H100), and
+    bucket row counts change from call to call: SDPA runs without it, with the other
+    backends as the caller left them."""
+    seen = _spy_sdpa(monkeypatch)
     assert torch.backends.cuda.cudnn_sdp_enabled()  # the default the packed path must override
     q, k, v, r = random_inputs(B=1, S=4, S_kv=40, G=1, h=2, dtype=torch.float32, seed=5)
     o = selection_attention_sdpa(q, k, v, r)
-    assert seen and not any(seen)
+    assert seen and all(flags == (False, True, True, True) for flags in seen)
     assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
     assert (o.double() - selection_attention_ref(q, k, v, r)).abs().max() <= 1e-5
+    seen.clear()
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        selection_attention_sdpa(q, k, v, r)
+    assert seen and all(flags == (False, False, False, True) for flags in seen)
+
+
+def test_gradients_take_the_explicit_softmax(monkeypatch):
+    """SDPA's memory-efficient backward is not bitwise deterministic (dq differed in every
+    repeat on the H100): with gradients no bucket goes through SDPA."""
+    seen = _spy_sdpa(monkeypatch)
+    q, k, v, r = random_inputs(B=1, S=4, S_kv=40, G=1, h=2, dtype=torch.float32, seed=6, requires_grad=True)
+    selection_attention_sdpa(q, k, v, r).sum().backward()
+    assert seen == [] and q.grad is not None
+    with torch.no_grad():
+        selection_attention_sdpa(q, k, v, r)
+    assert seen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU determinism needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_backward_is_bitwise_deterministic_on_the_gpu(dtype):
+    q, k, v, r = (t.cuda() for t in random_inputs(B=2, S=8, S_kv=300, G=2, h=4, Dk=64, Dv=64, n=6, dtype=dtype,
+                                                    seed=7))
+    grads = []
+    for _ in range(10):
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        o = selection_attention_sdpa(qq, kk, vv, r)
+        grads.append(torch.autograd.grad(o.float().square().sum(), (qq, kk, vv)))
+    for g in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(g, grads[0]))

@@ -5,8 +5,10 @@ bucket runs as one batched attention: one "batch" entry per (b, s, g) row, its `
 as queries, its gathered keys padded to the bucket length and masked. The softmax is a
 full softmax over the selected keys (never `is_causal`, which with one query attends only
 to the first key). Empty rows never reach SDPA: they stay exact zeros with `lse = -inf`.
-Autograd flows through the gather and SDPA; chunks are checkpointed under a memory budget.
-SDPA may pick any backend but cuDNN (`SDPA_BACKENDS`).
+SDPA runs forward-only calls; with gradients (or the LSE) each bucket runs an explicit fp32
+softmax instead, because SDPA's memory-efficient backward is not bitwise deterministic (its
+dq differed in every repeat on the H100) and SPEC.md requires it. Autograd flows through the
+gather and that softmax; chunks are checkpointed under a memory budget.
 """
 from __future__ import annotations
 
@@ -20,10 +22,6 @@ from selgate.reference.ranges import expand_ranges, normalize_ranges, selected_l
 from selgate.reference.validation import check_inputs, resolve_scale
 
 MIN_BUCKET = 16
-# cuDNN attention plans each new shape on the host, and a bucket's row count changes from call
-# to call: on the H100 (torch 2.11) such calls took 90-160 ms against 2-5 ms without cuDNN
-# (bench/probes/sdpa_host.py, bench/results/h100/sdpa_host.md).
-SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class _GatherKV(torch.autograd.Function):
@@ -65,12 +63,24 @@ def bucket_lengths(L: torch.Tensor) -> torch.Tensor:
     return torch.where(L > 0, cap, 0)
 
 
+def sdpa_backends() -> list[SDPBackend]:
+    """The SDPA backends the caller has enabled, less cuDNN (MATH if that leaves none): cuDNN
+    attention plans each new shape on the host, and a bucket's row count changes from call to
+    call; on the H100 (torch 2.11) such calls took 90-160 ms against at most 4.7 ms without it
+    (bench/results/h100/sdpa_host.md). The choice is torch's process-wide SDPA state."""
+    enabled = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
+               SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
+               SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled()}
+    return [b for b, on in enabled.items() if on] or [SDPBackend.MATH]
+
+
 def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
                              budget_bytes: int = DEFAULT_BUDGET_BYTES, normalized: bool = False):
     """Selection attention through bucketed SDPA; same contract as the reference.
 
-    `normalized=True` skips normalisation when the caller already did it. With
-    `return_lse` the bucket runs an explicit softmax in fp32 (or fp64 for fp64 inputs) so the LSE is exact."""
+    `normalized=True` skips normalisation when the caller already did it. With `return_lse` or
+    gradients each bucket runs an explicit softmax in fp32 (fp64 for fp64 inputs): the LSE is
+    exact and the backward deterministic."""
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     sc = resolve_scale(scale, d.Dk)
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
@@ -81,6 +91,9 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
     qf = q.reshape(rows_total, d.h, d.Dk)
     kf = k.reshape(d.B * d.G, d.S_kv, d.Dk)
     vf = v.reshape(d.B * d.G, d.S_kv, d.Dv)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    exact = return_lse or grad  # the explicit softmax (module docstring)
+    backends = sdpa_backends()
     if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
         # dk and dv then sum in fp32 (at least) over every row, chunk and bucket, and are
         # rounded to k's dtype once (SPEC.md: no bf16 partials before the reduction)
@@ -95,10 +108,10 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
         def attend(q_rows, r_rows, bg_rows, kf, vf, Lb=Lb):
             idx, valid = expand_ranges(r_rows, Lb)  # [R, Lb]
             k_sel, v_sel = _GatherKV.apply(kf, vf, bg_rows, idx)  # in acc_dtype when gradients are wanted
-            if return_lse:  # computes in acc_dtype anyway
+            if exact:  # computes in acc_dtype anyway
                 o, lse = gather_rows(q_rows, k_sel, v_sel, valid, sc, acc_dtype)
-                return o.to(v.dtype), lse
-            with sdpa_kernel(SDPA_BACKENDS):
+                return (o.to(v.dtype), lse) if return_lse else (o.to(v.dtype),)
+            with sdpa_kernel(backends):
                 o = F.scaled_dot_product_attention(q_rows[:, None], k_sel.to(k.dtype)[:, None],
                                                    v_sel.to(v.dtype)[:, None], attn_mask=valid[:, None, None, :],
                                                    scale=sc)
@@ -119,7 +132,7 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
         o = o.index_copy(0, rows, torch.cat(done_o))
         if return_lse:
             lse = lse.index_copy(0, rows, torch.cat(done_lse))
-    elif torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    elif grad:
         o = o + sum(t.reshape(-1)[:0].sum() for t in (q, k, v))  # all rows empty: keep o in the graph, zero grads
     o = o.reshape(d.B, d.S, d.G, d.h, d.Dv)
     return (o, lse.reshape(d.B, d.S, d.G, d.h)) if return_lse else o
