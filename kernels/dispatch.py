@@ -47,8 +47,8 @@ def _normalize(ranges, d, positions, bytes_per_key: int):
 
 def _run(name: str, q, k, v, norm, scale, positions, d, st, need_lse: bool):
     """Call one backend on normalised ranges; returns `(o, lse)`. Without `need_lse` the
-    packed-SDPA path runs SDPA's forward (2-3.9x faster than its explicit softmax on the CI
-    machine's CPU for decode and prefill shapes, 2026-11-24) and `lse` is None."""
+    packed-SDPA path runs SDPA's forward (2-3.9x faster than its explicit softmax on a 2-core
+    CPU machine for decode and prefill shapes, 2026-11-24) and `lse` is None."""
     if name == "triton":
         from .triton import run_triton
         return run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions,
