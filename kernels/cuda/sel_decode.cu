@@ -10,11 +10,12 @@
 //
 // - sel_decode_mma (fp16/bf16), tensor cores (mma.sync m16n8k16, heads on the M side), a row's
 //   keys cut into 32-key slabs (16 where 32 would not fit), in one of two schedules:
-//   - shared slabs (SHARED; automatic from one row per SM when Dk <= Dv): the block's 2 warps
-//     copy each slab into one cp.async ring together (one block barrier per slab), both run
-//     the same online softmax over all of its keys, and each accumulates p*V for its half of
-//     Dv, so a row is one stream of slabs and its output needs no merge (4-5 ring stages hold
-//     the bytes a row needs in flight when there are few rows per SM);
+//   - shared slabs (SHARED; automatic from one row per SM when Dk <= Dv, and whenever
+//     S_kv <= 256, see run_mma): the block's 2 warps copy each slab into one cp.async ring
+//     together (one block barrier per slab), both run the same online softmax over all of its
+//     keys, and each accumulates p*V for its half of Dv, so a row is one stream of slabs and
+//     its output needs no merge (4-5 ring stages hold the bytes a row needs in flight when
+//     there are few rows per SM);
 //   - per-warp slabs (automatic otherwise): the slabs are dealt round-robin to the warps of
 //     the block (and, with split > 1, of the thread-block cluster that shares the row); a warp
 //     streams its slabs through a private ring with no block barrier, keeps its own running
