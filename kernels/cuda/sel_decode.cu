@@ -109,6 +109,7 @@ struct Params {
   int hpb;          // heads per block
   int head_groups;  // head groups per (b, g) row
   int split;        // mma: blocks (one cluster) per (row, head group)
+  bool early_trigger;  // mma with PDL: let the next grid launch right after griddepcontrol.wait
   int tile;         // simt: keys per tile
   int stages;       // depth of the cp.async ring (mma: per warp)
   int k_stride, v_stride, q_stride, stage_elems;  // shared-memory row strides and stage size, in elements
@@ -457,6 +458,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     ring[(r / KS) * p.stage_elems + (r % KS) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
   }
   wait_prior_grids();
+  if (p.early_trigger) allow_next_grid();
   // q: 16-byte cp.async, zero-filled for heads >= HG and columns >= Dk; begin_row waits for it.
   const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
   for (int i = tid; i < kMmaHeads * (k16 / 8); i += blockDim.x) {
@@ -613,7 +615,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   cp_async_wait<0>();
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
-  allow_next_grid();
+  if (!p.early_trigger) allow_next_grid();
   if constexpr (SHARED) {
     // Both warps ran the same softmax over every key; each writes its half of Dv, straight
     // from the accumulator fragments (rows g and g + 8, columns 2tg, 2tg + 1 of each n8 tile).
@@ -1013,8 +1015,8 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   const int schedule = a.tune.schedule > 0 ? a.tune.schedule : shared_auto ? 2 : 1;
   SEL_CHECK(schedule == 1 || schedule == 2, "sel_decode: schedule must be 1 (per-warp slabs) or 2 (shared slabs), got ",
               schedule);
-  SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 2, "sel_decode: pdl must be 0 (automatic), 1 (on) or 2 (off), got ",
-              a.tune.pdl);
+  SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 3, "sel_decode: pdl must be 0 (automatic), 1 (on), 2 (off) or 3 (on, "
+              "next grid triggered right after the wait), got ", a.tune.pdl);
   const bool shared = schedule == 2;
   auto smem_for = [&](int nw, int stages, int split, int slab) {
     const int64_t ring = int64_t(shared ? 1 : nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
@@ -1071,7 +1073,8 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   // PDL lets the launch and prologue overlap the previous kernel's tail (nothing global is
   // touched before griddepcontrol.wait). Automatic: on with shared slabs, where it was
   // measured faster; off with per-warp slabs, as those launches were measured.
-  plan.pdl = (a.tune.pdl == 1 || (a.tune.pdl == 0 && shared)) && dev.cc_major >= 9;
+  plan.pdl = (a.tune.pdl == 1 || a.tune.pdl == 3 || (a.tune.pdl == 0 && shared)) && dev.cc_major >= 9;
+  p.early_trigger = plan.pdl && a.tune.pdl == 3;
   plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
