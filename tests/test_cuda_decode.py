@@ -397,7 +397,8 @@ def test_gpu_dispatchable_errors_stay_reasons():
     ((0, 0, 0, 0, 8), 64, "slab \\(keys per warp step\\) must be 16 or 32, got 8"),
     ((0, 0, 4, 0, 0, 2), 64, "the shared-slab schedule runs 2 warps, no split and 32-key slabs, got 4 warps"),
     ((0, 0, 0, 0, 0, 3), 64, "schedule must be 1 \\(per-warp slabs\\) or 2 \\(shared slabs\\), got 3"),
-    ((0, 0, 0, 3), 64, "pdl must be 0 \\(automatic\\), 1 \\(on\\) or 2 \\(off\\), got 3")])
+    ((0, 0, 0, 4), 64, "pdl must be 0 \\(automatic\\), 1 \\(on\\), 2 \\(off\\) or 3 \\(on, next grid triggered right "
+                       "after the wait\\), got 4")])
 def test_unverified_launches_are_refused(tune, D, message):
     """Launches that crashed on the H100, or were never verified, are refused with the reason."""
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=D, Dv=D))
@@ -425,4 +426,5 @@ def test_automatic_schedule_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv,
     decided, with the row count relative to the device's SMs (h = 8: one head group a row)."""
     B = int(rows_per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
     plan = build.load_extension().plan(1, B, 1, 8, S_kv, Dk, Dv, 8, True, [])
-    assert plan[10] == schedule and plan[7] == (schedule == 2 and torch.cuda.get_device_capability()[0] >= 9)
+    pdl = 3 if schedule == 2 and torch.cuda.get_device_capability()[0] >= 9 else 0  # 3: triggered after the wait
+    assert plan[10] == schedule and plan[7] == pdl

@@ -969,7 +969,7 @@ bool launch(Kernel kernel, const Params& p, const Device& dev, const DecodePlan&
     attrs[na].val.clusterDim.z = 1;
     ++na;
   }
-  if (plan.pdl) {
+  if (plan.pdl != 0) {
     attrs[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[na].val.programmaticStreamSerializationAllowed = 1;
     ++na;
@@ -1072,9 +1072,14 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.split = split;
   // PDL lets the launch and prologue overlap the previous kernel's tail (nothing global is
   // touched before griddepcontrol.wait). Automatic: on with shared slabs, where it was
-  // measured faster; off with per-warp slabs, as those launches were measured.
-  plan.pdl = (a.tune.pdl == 1 || a.tune.pdl == 3 || (a.tune.pdl == 0 && shared)) && dev.cc_major >= 9;
-  p.early_trigger = plan.pdl && a.tune.pdl == 3;
+  // measured faster; off with per-warp slabs, as those launches were measured. The next grid
+  // is triggered right after the wait (3) rather than after the loop (1): at every issue-8
+  // grid point on the H100 that was as fast or faster (graph time / floor 1.40 against 1.42-1.43
+  // at N=256, D=64, n=8; bench/results/h100/cuda_decode_dev.md, tenth session). A grid
+  // waiting at the wait holds only its slots: the wait returns when this grid has finished.
+  const int pdl = a.tune.pdl == 0 ? (shared ? 3 : 2) : a.tune.pdl;
+  plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
+  p.early_trigger = plan.pdl == 3;
   plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
@@ -1108,7 +1113,7 @@ bool run_simt(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev
   plan.stages = p.stages;
   plan.warps = kSimtThreads / 32;
   plan.split = 1;
-  plan.pdl = false;
+  plan.pdl = 0;
   plan.threads = kSimtThreads;
   plan.smem_bytes = align16(p.off_kv + std::max(ring, red));
   plan.blocks = a.B * p.G * p.head_groups;
