@@ -1070,22 +1070,26 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.stages = stages;
   plan.warps = nw;
   plan.split = split;
-  // PDL lets the launch and prologue overlap the previous kernel's tail (nothing global is
-  // touched before griddepcontrol.wait). Automatic: on with shared slabs, where it was
-  // measured faster; off with per-warp slabs, as those launches were measured. The next grid
-  // is triggered right after the wait (3) rather than after the loop (1): at every issue-8
-  // grid point on the H100 that was as fast or faster (graph time / floor 1.40 against 1.42-1.43
-  // at N=256, D=64, n=8; bench/results/h100/cuda_decode_dev.md, tenth session). A grid
-  // waiting at the wait holds only its slots: the wait returns when this grid has finished.
-  const int pdl = a.tune.pdl == 0 ? (shared ? 3 : 2) : a.tune.pdl;
-  plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
-  p.early_trigger = plan.pdl == 3;
   plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
               plan.smem_bytes, " bytes of shared memory per block, the device allows ", dev.max_smem);
-  if (launch_it) return launch(kernel, p, dev, plan, stream);
-  return blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm);
+  SEL_TRY(blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm));
+  // PDL lets the launch and prologue overlap the previous kernel's tail (nothing global is
+  // touched before griddepcontrol.wait). Automatic: on with shared slabs, where it was
+  // measured faster; off with per-warp slabs, as those launches were measured. Where the next
+  // grid lands evenly, it is triggered right after the wait (3), not after the loop (1): all of
+  // it fits beside this grid, or an SM's capacity is no more than its even share of the blocks.
+  // Otherwise its blocks fill the slots of the SMs that finish first, several rows deep (at
+  // N = 256, Dk + Dv = 192, 3 blocks per SM: up to 1.20x slower); where it lands evenly it was
+  // as fast or faster everywhere (full H100 sweep, bench/results/h100/cuda_decode_dev.md, tenth
+  // session). A grid at the wait holds only its slots; the wait returns when this grid is done.
+  const int64_t capacity = int64_t(plan.blocks_per_sm) * dev.sms;
+  const bool lands_evenly = 2 * plan.blocks <= capacity || plan.blocks_per_sm <= (plan.blocks + dev.sms - 1) / dev.sms;
+  const int pdl = a.tune.pdl != 0 ? a.tune.pdl : !shared ? 2 : lands_evenly ? 3 : 1;
+  plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
+  p.early_trigger = plan.pdl == 3;
+  return !launch_it || launch(kernel, p, dev, plan, stream);
 }
 
 template <typename T>
