@@ -11,7 +11,7 @@ So `read dep` is close to the least time any kernel that honours the ranges can 
 (nothing but the ranges read, then the bytes, at full parallelism), and `read nodep`
 minus the copy shows the cost of the loads' layout. `read dep pdl` is `read dep` with
 programmatic dependent launch, its trigger right after the wait that must precede the
-ranges read (the CUDA kernel triggers after its loop). Timed by CUDA-graph replay over the
+ranges read (as the CUDA kernel does where the next grid lands evenly). Timed by CUDA-graph replay over the
 same rotating input sets as `check_h100`, beside the same-size copy, the CUDA kernel
 (automatic launch and PDL) and the Triton decode kernel.
 Usage on a GPU machine: python3 bench/probes/decode_floor.py

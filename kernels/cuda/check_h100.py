@@ -164,7 +164,7 @@ def parity_matrix(device) -> list[dict]:
         done = [r for r in results if r["kernel"] == kernel and r["dtype"] == str(dtype).removeprefix("torch.")]
         print(f"parity {dtype} {kernel}: {sum(r['ok'] for r in done)}/{len(done)} pass", flush=True)
     # Launch overrides of the tensor-core kernel (stages, split, warps, pdl, slab, schedule):
-    # every swept variant must compute the same function (split > 1 and pdl = 1 need SM >= 9.0).
+    # every swept variant must compute the same function (split > 1 and pdl = 1 or 3 need SM >= 9.0).
     sm90 = torch.cuda.get_device_capability(device) >= (9, 0)
     for tune in TUNE_PARITY:
         if not sm90 and (tune[1] > 1 or tune[3] == 1):
