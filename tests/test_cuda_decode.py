@@ -367,7 +367,8 @@ def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, 
 @gpu
 @pytest.mark.parametrize("tune", [(2, 1, 1, 0), (3, 2, 4, 1), (2, 4, 2, 0), (6, 3, 2, 0), (0, 2, 0, 0), (0, 4, 0, 0),
                                   (2, 1, 2, 0, 16), (3, 2, 4, 1, 16), (0, 0, 0, 0, 16), (0, 0, 0, 2, 0, 1),
-                                  (2, 0, 0, 0, 0, 2), (6, 0, 0, 2, 0, 2)])
+                                  (2, 0, 0, 0, 0, 2), (6, 0, 0, 2, 0, 2), (0, 0, 0, 3), (2, 1, 4, 3, 32, 1),
+                                  (4, 0, 0, 1, 0, 2)])
 @pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"),
                                                 (2, 256, 256, 333, "many")])
 def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
@@ -375,7 +376,7 @@ def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
     schedule, never the function."""
     from selgate.kernels.cuda.check_h100 import run_case
 
-    if (tune[1] > 1 or tune[3] == 1) and torch.cuda.get_device_capability() < (9, 0):
+    if (tune[1] > 1 or tune[3] in (1, 3)) and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("clusters and PDL need SM 9.0")
     res = run_case(h, Dk, Dv, L, dist, torch.bfloat16, "mma", seed=L + h, device=torch.device("cuda"), tune=tune)
     assert res["ok"], res

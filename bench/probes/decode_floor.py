@@ -13,7 +13,8 @@ minus the copy shows the cost of the loads' layout. `read dep pdl` is `read dep`
 programmatic dependent launch, its trigger right after the wait that must precede the
 ranges read (as the CUDA kernel does where the next grid lands evenly). Timed by CUDA-graph replay over the
 same rotating input sets as `check_h100`, beside the same-size copy, the CUDA kernel
-(automatic launch and PDL) and the Triton decode kernel.
+(automatic launch, which triggers right after the wait at every issue-8 grid point, and
+`cuda pdl`: tune pdl=1, triggered after its loop) and the Triton decode kernel.
 Usage on a GPU machine: python3 bench/probes/decode_floor.py
 """
 from __future__ import annotations

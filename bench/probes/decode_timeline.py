@@ -5,6 +5,9 @@ warp (entry, ranges and q ready, first slab landed, loop done, merge done, store
 into a device buffer, replays the issue-8 bench shapes from a CUDA graph over rotating
 inputs (as check_h100 does), and prints per call: span from first warp entry to last store,
 the gap to the next call, and median / 90th-percentile phase lengths over warps.
+Launches that trigger the next grid right after the wait (PDL mode 3, automatic wherever the
+next grid lands evenly) start their entry stamp before the wait, so their first phase holds
+the previous call's tail; time such shapes with tune pdl=1 for a clean breakdown.
 The stamps are patched into the copy by exact-text anchors, so the probe fails loudly when
 the kernel's text moves. Usage on a GPU machine: python3 bench/probes/decode_timeline.py
 """

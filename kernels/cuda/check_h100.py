@@ -167,7 +167,7 @@ def parity_matrix(device) -> list[dict]:
     # every swept variant must compute the same function (split > 1 and pdl = 1 or 3 need SM >= 9.0).
     sm90 = torch.cuda.get_device_capability(device) >= (9, 0)
     for tune in TUNE_PARITY:
-        if not sm90 and (tune[1] > 1 or tune[3] == 1):
+        if not sm90 and (tune[1] > 1 or tune[3] in (1, 3)):
             continue
         for dtype in (torch.float16, torch.bfloat16):
             for h, (Dk, Dv), L, dist in TUNE_CASES:
@@ -320,7 +320,8 @@ def sweep_markdown(rows: list[dict], copy_gbps: float) -> str:
     out = ["## Launch sweep of the tensor-core kernel (graph replay, time / HBM floor)", "",
            f"Copy bandwidth {copy_gbps:.0f} GB/s. Columns: stages/split/warps/pdl[/slab/schedule] (0 = automatic); `!` = parity "
            "failure; `refused`: the wrapper declines that launch here; `auto` = the automatic launch "
-           "(stages/split/warps/pdl/slab/schedule, blocks per SM, shared memory).", "",
+           "(stages/split/warps/pdl/slab/schedule with pdl as launched: 0 off, 1 triggered after the loop, 3 after the "
+           "wait; blocks per SM, shared memory).", "",
            "| N | h | D | n | floor us | auto | " + " | ".join(keys) + " |",
            "| --- " * (6 + len(keys)) + "|"]
     for r in rows:
@@ -367,7 +368,8 @@ def markdown(env: dict, build_s: float, parity: list[dict], rows: list[dict], co
             f"Copy bandwidth measured in this run: {copy_gbps:.0f} GB/s (read + write). `db`: do_bench median "
             "(L2 flushed before each call); `graph`: CUDA-graph replay over rotating inputs. "
             "N = B*G decode rows (G = 1), S_kv = 4L. `cuda launch`: the tensor-core kernel's automatic launch, "
-            "stages/split/warps/pdl/slab/schedule, blocks per SM, shared memory per block. `same-size copy graph`: a plain device "
+            "stages/split/warps/pdl/slab/schedule (pdl as launched: 0 off, 1 next grid triggered after the loop, 3 right after "
+            "the wait), blocks per SM, shared memory per block. `same-size copy graph`: a plain device "
             "copy moving the same bytes, graph-replayed (how close to the floor a transfer of this size gets).", "",
             "| N | h | D=Dv | n | L | cuda db | cuda graph | simt db | simt graph | sdpa db | triton db | triton graph "
             "| HBM floor | same-size copy graph | sdpa/cuda (db) | cuda/floor (db) | cuda/floor (graph) | copy/floor (graph) "

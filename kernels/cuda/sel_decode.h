@@ -13,7 +13,8 @@ struct Tune {
   int split = 0;   // blocks (one thread-block cluster, SM >= 9.0) sharing a row, 1..4 (verified; see run_mma)
   int warps = 0;   // warps per block, 1..8
   int pdl = 0;     // programmatic dependent launch (SM >= 9.0): 1 on (next grid triggered after the
-                   // loop), 2 off, 3 on (triggered right after the wait); automatic: 3 with shared slabs
+                   // loop), 2 off, 3 on (triggered right after the wait); automatic: off with per-warp
+                   // slabs; with shared slabs 3 where the next grid lands evenly, else 1 (see run_mma)
   int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
   int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab
 };
@@ -42,7 +43,7 @@ struct DecodeArgs {
 struct DecodePlan {
   int kernel = 0;  // 0 simt, 1 mma
   int slab = 0, stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0, schedule = 0;
-  int pdl = 0;  // 0 off, else the tune value that launched it (1 or 3)
+  int pdl = 0;  // PDL mode launched: 0 off, 1 next grid triggered after the loop, 3 right after the wait
   int64_t blocks = 0;
 };
 
