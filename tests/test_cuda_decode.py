@@ -164,10 +164,10 @@ def test_launch_overrides_reach_the_extension(runnable):
     assert ext.calls[0]["tune"] == [] and ext.calls[1]["tune"] == [3, 2, 4, 1]
 
 
-@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5, 6, 7, 8), (-1,)])
+@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5, 6, 7), (-1,)])
 def test_bad_launch_overrides_are_input_errors(runnable, tune):
     runnable(FakeExtension())
-    with pytest.raises(ValueError, match="^tune: expected up to 7 non-negative ints"):
+    with pytest.raises(ValueError, match="^tune: expected up to 6 non-negative ints"):
         selection_attention_cuda(*decode_inputs(), tune=tune)
 
 
@@ -368,12 +368,12 @@ def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, 
 @pytest.mark.parametrize("tune", [(2, 1, 1, 0), (3, 2, 4, 1), (2, 4, 2, 0), (6, 3, 2, 0), (0, 2, 0, 0), (0, 4, 0, 0),
                                   (2, 1, 2, 0, 16), (3, 2, 4, 1, 16), (0, 0, 0, 0, 16), (0, 0, 0, 2, 0, 1),
                                   (2, 0, 0, 0, 0, 2), (6, 0, 0, 2, 0, 2), (0, 0, 0, 3), (2, 1, 2, 3, 32, 1),
-                                  (4, 0, 0, 1, 0, 2), (0, 0, 0, 0, 0, 0, 2), (2, 1, 2, 0, 32, 1, 1)])
+                                  (4, 0, 0, 1, 0, 2)])
 @pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"),
                                                 (2, 256, 256, 333, "many")])
 def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
-    """Warps, ring depth, cluster split, PDL, keys per warp step, per-warp or shared slabs and the L2
-    prefetch change the schedule, never the function."""
+    """Warps, ring depth, cluster split, PDL, keys per warp step and per-warp or shared slabs change the
+    schedule, never the function."""
     from selgate.kernels.cuda.check_h100 import run_case
 
     if (tune[1] > 1 or tune[3] in (1, 3)) and torch.cuda.get_device_capability() < (9, 0):
@@ -398,7 +398,6 @@ def test_gpu_dispatchable_errors_stay_reasons():
     ((0, 0, 0, 0, 8), 64, "slab \\(keys per warp step\\) must be 16 or 32, got 8"),
     ((0, 0, 4, 0, 0, 2), 64, "the shared-slab schedule runs 2 warps, no split and 32-key slabs, got 4 warps"),
     ((0, 0, 0, 0, 0, 3), 64, "schedule must be 1 \\(per-warp slabs\\) or 2 \\(shared slabs\\), got 3"),
-    ((0, 0, 0, 0, 0, 0, 3), 64, "prefetch must be 0 \\(automatic\\), 1 \\(on\\) or 2 \\(off\\), got 3"),
     ((0, 0, 0, 4), 64, "pdl must be 0 \\(automatic\\), 1 \\(on\\), 2 \\(off\\) or 3 \\(on, next grid triggered right "
                        "after the wait\\), got 4")])
 def test_unverified_launches_are_refused(tune, D, message):

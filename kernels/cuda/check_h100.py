@@ -49,15 +49,14 @@ DISTS = ("few", "many", "mixed")
 VARIANTS = ((torch.float32, "simt"), (torch.float16, "simt"), (torch.bfloat16, "simt"), (torch.float16, "mma"),
             (torch.bfloat16, "mma"))
 BENCH_GRID = dict(N=(256, 1024), h=(4, 8), D=(64, 128), n=(8, 16))
-# (stages, split, warps, pdl[, slab, schedule, prefetch]) overrides checked for parity, on these (h, (Dk, Dv), L, dist) cases
+# (stages, split, warps, pdl[, slab, schedule]) overrides checked for parity, on these (h, (Dk, Dv), L, dist) cases
 TUNE_PARITY = ((2, 1, 4, 0), (6, 1, 1, 0), (3, 2, 4, 0), (2, 4, 4, 1), (3, 4, 2, 0), (2, 3, 4, 0), (4, 1, 8, 1),
                (2, 1, 4, 0, 16), (3, 2, 2, 1, 16), (2, 1, 2, 0, 32, 2), (4, 1, 2, 1, 32, 2), (4, 1, 2, 3, 32, 2),
-               (2, 1, 4, 3, 32, 1), (4, 1, 2, 3, 32, 2, 2), (2, 1, 2, 0, 32, 1, 1))
+               (2, 1, 4, 3, 32, 1))
 TUNE_CASES = ((4, (64, 64), 512, "few"), (8, (128, 128), 1000, "mixed"), (16, (192, 64), 333, "many"),
               (20, (72, 40), 129, "mixed"), (2, (64, 192), 7, "few"), (1, (256, 256), 2048, "many"))
-# variants timed side by side by --sweep: (stages, split, warps, pdl[, slab, schedule, prefetch]), 0 = automatic
-SWEEP = ((0, 0, 0, 0), (0, 0, 0, 0, 0, 0, 2), (0, 0, 0, 1), (0, 0, 0, 3), (0, 0, 0, 2), (0, 0, 0, 2, 0, 1),
-         (0, 0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 1, 2), (0, 0, 0, 3, 0, 1),
+# variants timed side by side by --sweep: (stages, split, warps, pdl[, slab, schedule]), 0 = automatic
+SWEEP = ((0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 3), (0, 0, 0, 2), (0, 0, 0, 2, 0, 1), (0, 0, 0, 0, 0, 1), (0, 0, 0, 3, 0, 1),
          (3, 0, 0, 0), (4, 0, 0, 0), (5, 0, 0, 0), (0, 0, 0, 0, 16))
 L_SEL = 64
 
@@ -282,9 +281,9 @@ def plan_of(x: Inputs, tune=()) -> str:
     ext = load_extension(x.q.device)
     B, _, G, h, Dk = x.q.shape
     dt = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}[x.q.dtype]
-    _, st, sp, w, _, smem, bps, pdl, _, slab, sched, pf = ext.plan(dt, B, G, h, x.k.shape[2], Dk, x.v.shape[3],
+    _, st, sp, w, _, smem, bps, pdl, _, slab, sched = ext.plan(dt, B, G, h, x.k.shape[2], Dk, x.v.shape[3],
                                                                x.ranges.shape[3], True, list(tune))
-    return f"{st}/{sp}/{w}/{pdl}/{slab}/{sched} {bps}/SM {smem / 1024:.0f}KB L2 {pf}"
+    return f"{st}/{sp}/{w}/{pdl}/{slab}/{sched} {bps}/SM {smem / 1024:.0f}KB"
 
 
 def sweep(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
@@ -319,10 +318,10 @@ def sweep(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
 def sweep_markdown(rows: list[dict], copy_gbps: float) -> str:
     keys = ["/".join(map(str, t)) for t in SWEEP]
     out = ["## Launch sweep of the tensor-core kernel (graph replay, time / HBM floor)", "",
-           f"Copy bandwidth {copy_gbps:.0f} GB/s. Columns: stages/split/warps/pdl[/slab/schedule/prefetch] (0 = automatic); `!` = parity "
+           f"Copy bandwidth {copy_gbps:.0f} GB/s. Columns: stages/split/warps/pdl[/slab/schedule] (0 = automatic); `!` = parity "
            "failure; `refused`: the wrapper declines that launch here; `auto` = the automatic launch "
            "(stages/split/warps/pdl/slab/schedule with pdl as launched: 0 off, 1 triggered after the loop, 3 after the "
-           "wait; blocks per SM, shared memory; L2: positions of each row prefetched into L2 at the start).", "",
+           "wait; blocks per SM, shared memory).", "",
            "| N | h | D | n | floor us | auto | " + " | ".join(keys) + " |",
            "| --- " * (6 + len(keys)) + "|"]
     for r in rows:
@@ -370,7 +369,7 @@ def markdown(env: dict, build_s: float, parity: list[dict], rows: list[dict], co
             "(L2 flushed before each call); `graph`: CUDA-graph replay over rotating inputs. "
             "N = B*G decode rows (G = 1), S_kv = 4L. `cuda launch`: the tensor-core kernel's automatic launch, "
             "stages/split/warps/pdl/slab/schedule (pdl as launched: 0 off, 1 next grid triggered after the loop, 3 right after "
-            "the wait), blocks per SM, shared memory per block, positions of each row prefetched into L2. `same-size copy graph`: a plain device "
+            "the wait), blocks per SM, shared memory per block. `same-size copy graph`: a plain device "
             "copy moving the same bytes, graph-replayed (how close to the floor a transfer of this size gets).", "",
             "| N | h | D=Dv | n | L | cuda db | cuda graph | simt db | simt graph | sdpa db | triton db | triton graph "
             "| HBM floor | same-size copy graph | sdpa/cuda (db) | cuda/floor (db) | cuda/floor (graph) | copy/floor (graph) "

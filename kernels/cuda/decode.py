@@ -55,7 +55,7 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     (dtype of v), and lse fp32 [B,1,G,h] with `return_lse`. Ranges are normalised first
     unless `normalized=True` (the kernel still clamps every read to `<= t`). `kernel`:
     "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt". `tune`:
-    optional `(stages, split, warps, pdl, slab, schedule, prefetch)` launch overrides of the tensor-core kernel, 0 =
+    optional `(stages, split, warps, pdl, slab, schedule)` launch overrides of the tensor-core kernel, 0 =
     automatic (benchmarks sweep them; results do not depend on them beyond rounding).
 
     Raises ValueError/TypeError for bad input and `BackendUnavailable` (reason "not_decode",
@@ -64,9 +64,9 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     tune = [int(x) for x in (tune or ())]
-    if len(tune) > 7 or any(x < 0 for x in tune):
-        raise ValueError(f"tune: expected up to 7 non-negative ints (stages, split, warps, pdl, slab, schedule, "
-                         f"prefetch), got {tune}")
+    if len(tune) > 6 or any(x < 0 for x in tune):
+        raise ValueError(f"tune: expected up to 6 non-negative ints (stages, split, warps, pdl, slab, schedule), "
+                         f"got {tune}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     reason = unsupported_reason(q, d)
     if reason is not None:

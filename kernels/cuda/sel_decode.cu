@@ -6,9 +6,7 @@
 // 16-byte cp.async copies into shared-memory rings (keys past the row's length are
 // zero-filled, never read). Scores live in the log2 domain (scale * log2(e) folded in once)
 // so the online softmax uses exp2f; accumulation is fp32 throughout and o and lse are
-// written once. On SM 9.0 the tensor-core kernel also asks L2 for each row's first selected
-// keys at once (`prefetch_row`, a share of half the L2 per row), so a row's bytes are not
-// requested only a ring's depth at a time.
+// written once.
 //
 // - sel_decode_mma (fp16/bf16), tensor cores (mma.sync m16n8k16, heads on the M side), a row's
 //   keys cut into 32-key slabs (16 where 32 would not fit), in one of two schedules:
@@ -112,7 +110,6 @@ struct Params {
   int head_groups;  // head groups per (b, g) row
   int split;        // mma: blocks (one cluster) per (row, head group)
   bool early_trigger;  // mma with PDL: let the next grid launch right after griddepcontrol.wait
-  int64_t prefetch_keys;  // mma: the row's first positions asked into L2 at once (0: none)
   int tile;         // simt: keys per tile
   int stages;       // depth of the cp.async ring (mma: per warp)
   int k_stride, v_stride, q_stride, stage_elems;  // shared-memory row strides and stage size, in elements
@@ -301,14 +298,6 @@ __device__ __forceinline__ void allow_next_grid() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-// Asks L2 for `bytes` (a multiple of 16) from 16-byte aligned global `src`, without waiting and
-// without touching shared memory (SM 9.0; nothing elsewhere).
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 // Barrier over the thread-block cluster, ordering shared-memory writes before remote reads.
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -328,23 +317,6 @@ __device__ __forceinline__ const float* cluster_ptr(const float* local, int rank
   __trap();
   return local;
 #endif
-}
-
-// Asks L2 for the row's selected K and V rows at positions [0, prefetch_keys), one bulk prefetch
-// per range and tensor (a range's keys are contiguous), so the whole row's bytes are requested
-// from DRAM at once rather than a ring's depth at a time; the ring's copies then mostly hit L2.
-// Only selected keys (clamped to t, as in setup_ranges) are asked for. One warp, a lane a range.
-template <typename T>
-__device__ void prefetch_row(const Params& p, const RowView<T>& rv, const unsigned char* smem, int lane) {
-  const int64_t* cum = reinterpret_cast<const int64_t*>(smem);
-  const int64_t* off = cum + p.n;
-  for (int j = lane; j < p.n; j += 32) {
-    const int64_t prev = j ? cum[j - 1] : 0, hi = min(cum[j], p.prefetch_keys);
-    if (hi <= prev) continue;
-    const int64_t key0 = off[j] + prev, keys = hi - prev;
-    prefetch_l2(rv.kg + key0 * p.Dk, static_cast<uint32_t>(keys * p.Dk * int64_t(sizeof(T))));
-    prefetch_l2(rv.vg + key0 * p.Dv, static_cast<uint32_t>(keys * p.Dv * int64_t(sizeof(T))));
-  }
 }
 
 // ---------------------------------------------------------------- tensor-core kernel
@@ -497,7 +469,6 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   cp_async_commit();
   const RowView<T> rv = begin_row<T>(p, row, smem);
   const int L = static_cast<int>(rv.L);  // <= S_kv < 2^31 (setup_ranges clamps, the host checks S_kv)
-  if (p.prefetch_keys > 0 && warp == NW - 1) prefetch_row(p, rv, smem, lane);
 
   // This warp's slabs: u, u + U, u + 2U, ... with u its index among the U warps of the row
   // (SHARED: the block's slabs, u = its rank among the U blocks of the row).
@@ -918,7 +889,7 @@ int ring_stages(int64_t stage_bytes) {
 }
 
 struct Device {
-  int id, cc_major, sms, max_smem, l2_bytes;
+  int id, cc_major, sms, max_smem;
 };
 // The current device's attributes, queried once per device: a decode step pays host time
 // for every driver call it makes.
@@ -937,7 +908,6 @@ bool current_device(Device& d) {
   SEL_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, id));
   SEL_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, id));
   SEL_CUDA(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, id));
-  SEL_CUDA(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, id));
   cache[id] = d;
   return true;
 }
@@ -1119,13 +1089,6 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   const int pdl = a.tune.pdl != 0 ? a.tune.pdl : !shared ? 2 : lands_evenly ? 3 : 1;
   plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
   p.early_trigger = plan.pdl == 3;
-  // L2 prefetch of each row's first positions (SM 9.0): half the L2 shared out over the
-  // (row, head group) units, so prefetched lines are not evicted before the ring reads them.
-  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 2, "sel_decode: prefetch must be 0 (automatic), 1 (on) or "
-              "2 (off), got ", a.tune.prefetch);
-  const bool prefetch = a.tune.prefetch != 2 && dev.cc_major >= 9;
-  p.prefetch_keys = prefetch ? int64_t(dev.l2_bytes) / 2 / (units * int64_t(p.Dk + p.Dv) * int64_t(sizeof(T))) : 0;
-  plan.prefetch_keys = p.prefetch_keys;
   return !launch_it || launch(kernel, p, dev, plan, stream);
 }
 

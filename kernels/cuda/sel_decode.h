@@ -17,7 +17,6 @@ struct Tune {
                    // slabs; with shared slabs 3 where the next grid lands evenly, else 1 (see run_mma)
   int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
   int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab
-  int prefetch = 0;  // L2 prefetch of each row's first keys (SM >= 9.0): 1 on, 2 off; automatic: on
 };
 
 // One decode call. Tensors are contiguous: q [B,1,G,h,Dk], k [B,G,S_kv,Dk],
@@ -46,7 +45,6 @@ struct DecodePlan {
   int slab = 0, stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0, schedule = 0;
   int pdl = 0;  // PDL mode launched: 0 off, 1 next grid triggered after the loop, 3 right after the wait
   int64_t blocks = 0;
-  int64_t prefetch_keys = 0;  // positions of each row asked into L2 at the start
 };
 
 // Launches on `stream`; false when it could not (an unsupported configuration or a CUDA error),
