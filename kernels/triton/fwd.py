@@ -122,15 +122,6 @@ def _attend_blocks(q, k_desc, v_desc, b, g, j, start, nfull, m_i, l_i, acc, qk_s
     return m_i, l_i, acc
 
 
-@triton.jit
-def _prefetch_l2(ptrs, nbytes):
-    """One bulk L2 prefetch (SM 9.0) of `nbytes` (a multiple of 16; 0 asks for nothing) from each
-    16-byte aligned global address in `ptrs`: requests the bytes without waiting for them."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs.to(tl.int64), nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 # Integer arguments whose values only size loops or address q, o, lse and the ranges once
 # per program: specialising on them (value 1, divisibility by 16) would compile one kernel
 # per shape. K/V strides and head dims stay specialised: they make the K/V loads vector loads.
@@ -150,7 +141,7 @@ def _sel_fwd_kernel(
     S, G, S_kv, h, Dk, Dv, n, qk_scale,
     HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
     H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
-    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr, PREFETCH: tl.constexpr = False,
+    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr,
 ):
     # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
     pid = tl.program_id(0).to(tl.int64)
@@ -171,9 +162,6 @@ def _sel_fwd_kernel(
     start = tl.minimum(tl.maximum(start, 0), lim)
     end = tl.minimum(tl.maximum(end, 0), lim)
     length = tl.maximum(end - start, 0)
-    if PREFETCH:  # every selected K and V row of the row into L2 at once (K, V rows contiguous)
-        _prefetch_l2(k_ptr + b * sk_b + g * sk_g + start.to(tl.int64) * sk_n, length * (Dk * k_ptr.dtype.element_ty.primitive_bitwidth // 8))
-        _prefetch_l2(v_ptr + b * sv_b + g * sv_g + start.to(tl.int64) * sv_n, length * (Dv * v_ptr.dtype.element_ty.primitive_bitwidth // 8))
 
     hh = tl.arange(0, H_PAD)
     dk = tl.arange(0, DK_PAD)
@@ -292,9 +280,7 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
         tma = bool(cfg.get("TMA")) and tma_supported(k, v)
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"]))),
-                "PREFETCH": bool(cfg.get("PREFETCH")) and tma and kind != "interpreter" and k.stride(2) == Dk
-                and v.stride(2) == Dv}
+                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}
     else:
         meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
