@@ -71,7 +71,6 @@ def test_bucket_lengths():
     assert bucket_lengths(L).tolist() == [0, 16, 16, 32, 64, 128, 1024]
 
 
-
 def _spy_sdpa(monkeypatch) -> list:
     """Records the (cudnn, flash, efficient, math) SDPA flags in force at each SDPA call."""
     seen = []

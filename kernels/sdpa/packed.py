@@ -93,7 +93,7 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
     vf = v.reshape(d.B * d.G, d.S_kv, d.Dv)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     exact = return_lse or grad  # the explicit softmax (module docstring)
-    backends = sdpa_backends()
+    backends = None if exact else sdpa_backends()
     if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
         # dk and dv then sum in fp32 (at least) over every row, chunk and bucket, and are
         # rounded to k's dtype once (SPEC.md: no bf16 partials before the reduction)
