@@ -11,7 +11,10 @@ So `read dep` is close to the least time any kernel that honours the ranges can 
 (nothing but the ranges read, then the bytes, at full parallelism), and `read nodep`
 minus the copy shows the cost of the loads' layout. `read dep pdl` is `read dep` with
 programmatic dependent launch, its trigger right after the wait that must precede the
-ranges read (as the CUDA kernel does where the next grid lands evenly). Timed by CUDA-graph replay over the
+ranges read (as the CUDA kernel does where the next grid lands evenly). `merge s` is `read dep
+pdl` split into s programs a row that each write an [h, Dv] fp32 partial, the last to arrive
+(a release/acquire counter) summing them in slot order into `o`: the least a split decode
+kernel with a one-kernel merge (FlashDecoding without a second launch) pays. Timed by CUDA-graph replay over the
 same rotating input sets as `check_h100`, beside the same-size copy, the CUDA kernel
 (automatic launch, which triggers right after the wait at every issue-8 grid point, and
 `cuda pdl`: tune pdl=1, triggered after its loop) and the Triton decode kernel.
@@ -54,6 +57,37 @@ def _read_slot(k_ptr, v_ptr, r_ptr, out_ptr, n, S_kv, D: tl.constexpr, N_PAD: tl
     tl.store(out_ptr + row * tl.num_programs(1) + i, tl.sum(acc))
 
 
+@triton.jit
+def _read_slot_merge(k_ptr, v_ptr, r_ptr, ws_ptr, cnt_ptr, o_ptr, n, S_kv, D: tl.constexpr, H: tl.constexpr,
+                     N_PAD: tl.constexpr, BLK: tl.constexpr, SLOTS: tl.constexpr):
+    """`read dep pdl` plus the merge a split decode kernel needs: each program writes an
+    [H, D] fp32 partial, the last of a row's programs to arrive (a release/acquire counter,
+    CUTLASS-semaphore style) sums the row's partials in slot order and writes o [H, D]."""
+    gdc_wait()
+    gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    d = tl.arange(0, D)
+    hh = tl.arange(0, H)
+    j = tl.arange(0, N_PAD)
+    start = tl.load(r_ptr + (row * n + j) * 2, mask=j < n, other=0).to(tl.int32)
+    length = tl.load(r_ptr + (row * n + j) * 2 + 1, mask=j < n, other=0).to(tl.int32) - start
+    stop = tl.cumsum(length, 0)
+    key, ok = gather_keys(i * BLK, start, stop - length, stop, tl.sum(length, 0), S_kv, BLK)
+    off = (row * S_kv + key[:, None]) * D + d[None, :]
+    acc = tl.load(k_ptr + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    acc += tl.load(v_ptr + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    part = tl.sum(acc, 0)[None, :] + hh[:, None].to(tl.float32)
+    tl.store(ws_ptr + ((row * SLOTS + i) * H + hh[:, None]) * D + d[None, :], part)
+    tl.debug_barrier()
+    if tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu") == SLOTS - 1:
+        sl = tl.arange(0, SLOTS)
+        parts = tl.load(ws_ptr + ((row * SLOTS + sl[:, None, None]) * H + hh[None, :, None]) * D + d[None, None, :],
+                        cache_modifier=".cg")
+        tl.store(o_ptr + (row * H + hh[:, None]) * D + d[None, :], tl.sum(parts, 0).to(o_ptr.dtype.element_ty))
+        tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")
+
+
 def read_only(dep: bool, pdl: bool = False):
     """A call reading the selected K/V bytes of inputs `x` (N rows, G = 1) without attention."""
     def call(x):
@@ -68,6 +102,26 @@ def read_only(dep: bool, pdl: bool = False):
     return call
 
 
+def read_merge(slots: int):
+    """`read dep pdl` split into `slots` programs a row, merged by the last to arrive."""
+    ws = {}
+
+    def call(x):
+        N, S_kv, D = x.k.shape[0], x.k.shape[2], x.k.shape[3]
+        n, H = x.ranges.shape[3], x.q.shape[3]
+        key = (N, H, D, slots, x.k.device)
+        if key not in ws:  # the counters start at 0 and every merge puts its row's back
+            ws[key] = (torch.empty(N * slots * H * D, device=x.k.device),
+                       torch.zeros(N, dtype=torch.int32, device=x.k.device))
+        part, cnt = ws[key]
+        o = torch.empty(N, H, D, dtype=x.v.dtype, device=x.k.device)
+        _read_slot_merge[(N, slots)](x.k, x.v, x.ranges.contiguous(), part, cnt, o, n, S_kv, D=D, H=H,
+                                     N_PAD=max(16, triton.next_power_of_2(n)), BLK=n * L_SEL // slots,
+                                     SLOTS=slots, num_warps=4 if slots >= 4 else 8, launch_pdl=True)
+        return o
+    return call
+
+
 def main() -> None:
     dev = torch.device("cuda")
     copy_gbps = measure_limits(dev, torch.bfloat16).copy_gbps
@@ -75,6 +129,9 @@ def main() -> None:
         "read dep": read_only(True),
         "read dep pdl": read_only(True, pdl=True),
         "read nodep": read_only(False),
+        "merge 8": read_merge(8),
+        "merge 4": read_merge(4),
+        "merge 2": read_merge(2),
         "cuda": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True),
         "cuda pdl": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True,
                                                        tune=(0, 0, 0, 1)),
