@@ -122,15 +122,6 @@ def _attend_blocks(q, k_desc, v_desc, b, g, j, start, nfull, m_i, l_i, acc, qk_s
     return m_i, l_i, acc
 
 
-@triton.jit
-def _prefetch_l2(ptrs, nbytes):
-    """One bulk L2 prefetch (SM 9.0) of `nbytes` (a multiple of 16; 0 asks for nothing) from each
-    16-byte aligned global address in `ptrs`: requests the bytes without waiting for them."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs.to(tl.int64), nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 # Integer arguments whose values only size loops or address q, o, lse and the ranges once
 # per program: specialising on them (value 1, divisibility by 16) would compile one kernel
 # per shape. K/V strides and head dims stay specialised: they make the K/V loads vector loads.
@@ -150,26 +141,13 @@ def _sel_fwd_kernel(
     S, G, S_kv, h, Dk, Dv, n, qk_scale,
     HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
     H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
-    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr, QAHEAD: tl.constexpr = 0,
-    PF_LANES: tl.constexpr = 32,
+    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr,
 ):
     # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
     pid = tl.program_id(0).to(tl.int64)
     s = pid % S
     g = (pid // S) % G
     b = pid // (S * G)
-    if QAHEAD > 0:  # q and ranges of the program QAHEAD rows on into L2 (one lane each)
-        nx = pid + QAHEAD
-        s2 = nx % S
-        g2 = (nx // S) % G
-        b2 = nx // (S * G)
-        lane = tl.arange(0, PF_LANES)
-        live = nx < tl.num_programs(0)
-        ptrs = tl.where(lane == 0, (q_ptr + b2 * sq_b + s2 * sq_s + g2 * sq_g).to(tl.int64),
-                        (r_ptr + b2 * sr_b + s2 * sr_s + g2 * sr_g).to(tl.int64))
-        nbytes = tl.where(live & (lane == 0), h * Dk * q_ptr.dtype.element_ty.primitive_bitwidth // 8,
-                          tl.where(live & (lane == 1), n * 2 * r_ptr.dtype.element_ty.primitive_bitwidth // 8, 0))
-        _prefetch_l2(ptrs, nbytes.to(tl.int32))
     if HAS_POS:
         t = tl.load(pos_ptr + b * S + s)
     else:
@@ -303,10 +281,6 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         tma = bool(cfg.get("TMA")) and tma_supported(k, v)
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
                 "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}
-        ahead = int(cfg.get("QAHEAD", 0))
-        if ahead and kind != "interpreter" and q.stride(3) == Dk and q.stride(4) == 1 \
-                and norm_ranges.stride(3) == 2 and q.data_ptr() % 16 == 0 and norm_ranges.data_ptr() % 16 == 0:
-            meta.update(QAHEAD=ahead, PF_LANES=32 * cfg["num_warps"])
     else:
         meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
