@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from selgate.conformance.cases import Inputs
 from selgate.reference import build_ranges, selected_lengths
 
 DISTS = ("few", "many", "mixed")
@@ -44,20 +45,6 @@ class Problem:
                     f"S_kv={self.S_kv} {self.dist} {self.dtype}")
         return (f"prefill B={self.B} T={self.S} G={self.G} h={self.h} D={self.D} Dv={self.Dv} "
                 f"blocks={self.n_blocks}x{self.l_sel} {self.dtype}")
-
-
-@dataclass
-class Inputs:
-    """Tensors of one input set; `ranges` are normalised (what a kernel receives)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    ranges: torch.Tensor
-    scale: float
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.ranges))
 
 
 def block_size_for(L: int, pieces: int) -> int:
@@ -121,7 +108,7 @@ def make_ranges(p: Problem, gen: torch.Generator, device) -> torch.Tensor:
 
 
 def make_inputs(p: Problem, *, seed: int, device) -> Inputs:
-    """Fresh random q, k, v and ranges for `p` (one rotating input set)."""
+    """Fresh random q, k, v and normalised ranges (what a kernel receives) for `p`: one rotating input set."""
     dtype = getattr(torch, p.dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
 

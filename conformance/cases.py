@@ -77,7 +77,8 @@ class Case:
 
 @dataclass
 class Inputs:
-    """Tensors of one case. Varlen: packed q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], local ranges."""
+    """Tensors of one case or benchmark input set (the benchmarks import it from here, so both
+    describe inputs one way). Varlen: packed q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], local ranges."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -86,6 +87,10 @@ class Inputs:
     scale: Optional[float]
     cu_seqlens_q: Optional[torch.Tensor] = None
     cu_seqlens_k: Optional[torch.Tensor] = None
+
+    def nbytes(self) -> int:
+        """Bytes of q, k, v and ranges: what an input set adds to the working set of a timing loop."""
+        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.ranges))
 
 
 def _randint(gen, lo, hi, shape):
