@@ -36,6 +36,7 @@ class Problem:
     dtype: str
     l_sel: int = 0  # prefill: selection block size
     n_blocks: int = 0  # prefill: selected blocks per row
+    kv_layout: str = "separate"  # how K and V are stored (`with_kv_layout`)
 
     @property
     def key(self) -> str:
@@ -43,8 +44,9 @@ class Problem:
         if self.kind == "decode":
             return (f"decode N={self.B} G={self.G} h={self.h} D={self.D} Dv={self.Dv} L={self.L} "
                     f"S_kv={self.S_kv} {self.dist} {self.dtype}")
+        kv = "" if self.kv_layout == "separate" else f" kv={self.kv_layout}"
         return (f"prefill B={self.B} T={self.S} G={self.G} h={self.h} D={self.D} Dv={self.Dv} "
-                f"blocks={self.n_blocks}x{self.l_sel} {self.dtype}")
+                f"blocks={self.n_blocks}x{self.l_sel} {self.dtype}{kv}")
 
 
 def block_size_for(L: int, pieces: int) -> int:
@@ -118,7 +120,27 @@ def make_inputs(p: Problem, *, seed: int, device) -> Inputs:
     q = randn(p.B, p.S, p.G, p.h, p.D)
     k = randn(p.B, p.G, p.S_kv, p.D)
     v = randn(p.B, p.G, p.S_kv, p.Dv)
-    return Inputs(q, k, v, make_ranges(p, gen, device), scale=p.D ** -0.5)
+    return with_kv_layout(Inputs(q, k, v, make_ranges(p, gen, device), scale=p.D ** -0.5), p.kv_layout)
+
+
+KV_LAYOUTS = ("separate", "group", "key")
+
+
+def with_kv_layout(x: Inputs, layout: str) -> Inputs:
+    """The same values with K and V stored as `layout`, still passed as k, v views of the SPEC
+    shapes: "separate" (as allocated), "group" (one [B, G, 2, S_kv, D] buffer: each group's K
+    then its V), "key" (one [B, G, S_kv, 2, D] buffer: each key's K and V rows adjacent).
+    Why: on the H100 the prefill forward's speed depends on where V sits relative to K
+    (bench/results/h100/triton_fwd_dev.md, eleventh session)."""
+    if layout == "separate":
+        return x
+    if layout not in KV_LAYOUTS:
+        raise ValueError(f"layout: expected one of {KV_LAYOUTS}, got {layout!r}")
+    if x.k.shape != x.v.shape:
+        raise ValueError(f"layout {layout!r}: k {tuple(x.k.shape)} and v {tuple(x.v.shape)} must have one shape")
+    dim = 2 if layout == "group" else 3
+    kv = torch.stack((x.k, x.v), dim)
+    return replace(x, k=kv.select(dim, 0), v=kv.select(dim, 1))
 
 
 def selected_key_count(ranges: torch.Tensor) -> int:

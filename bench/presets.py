@@ -2,7 +2,8 @@
 
 `issue4`: the forward issue's acceptance settings (decode bf16 N=1024, h=8, D=Dv=128,
 L in {512, 1024}; prefill bf16 B=1, T=65536, 64 heads in 4 groups, D=Dv=128, 16 blocks
-of 64). `seed`: H in {4, 8}, D, Dv in {64, 128}, L in {16..1024}, N in {64, 256, 1024},
+of 64, K and V as separate tensors, and the same with K and V stored per key, reported
+beside it). `seed`: H in {4, 8}, D, Dv in {64, 128}, L in {16..1024}, N in {64, 256, 1024},
 few/many/mixed (504 decode configurations, few timed calls each). `full`: both.
 `launch`: Triton launch variants (BLOCK_L x warps x stages) over L, for the optimiser's
 per-bucket block sizes.
@@ -37,8 +38,12 @@ def issue4_prefill(dtype: str) -> Problem:
 
 
 def issue4(dtype: str = "bfloat16") -> list[Matrix]:
+    """The prefill setting twice: K and V as separate tensors (the bar's row), and stored per key
+    (each key's K and V rows adjacent), which the H100 reads 3-4 % faster (triton_fwd_dev.md)."""
+    prefill = issue4_prefill(dtype)
     return [Matrix("issue4-decode", issue4_decode(dtype), Settings(warmup=10, iters=100, graph=True)),
-            Matrix("issue4-prefill", [issue4_prefill(dtype)], Settings(warmup=2, iters=10, max_seconds=4.0))]
+            Matrix("issue4-prefill", [prefill, dataclasses.replace(prefill, kv_layout="key")],
+                   Settings(warmup=2, iters=10, max_seconds=4.0))]
 
 
 def seed(dtype: str = "bfloat16") -> list[Matrix]:
@@ -70,7 +75,8 @@ def issue4_checks(rows: list[dict]) -> list[str]:
     """The forward issue's benchmark bars, for the rows of `rows` that measure them."""
     dtype = "bfloat16"
     decode = {p.key for p in issue4_decode(dtype)}
-    prefill = issue4_prefill(dtype).key
+    prefill = issue4_prefill(dtype)
+    prefill_key = dataclasses.replace(prefill, kv_layout="key").key
     by = {(r["config"], r["method"]): r for r in rows if r["status"] == "ok"}
     lines = []
     for (config, method), r in sorted(by.items()):
@@ -90,6 +96,9 @@ def issue4_checks(rows: list[dict]) -> list[str]:
             lines.append(f"- {verdict} {config} / {method}: {graph} the HBM floor (bar 1.5x; eager "
                          f"{r['ms']:.4f} ms = {x_floor:.2f}x, host {r['host_ms'] or 0:.4f} ms/call), "
                          f"{vs} vs gather_sdpa (bar 5x)")
-        elif config == prefill:
+        elif config == prefill.key:
             lines.append(f"- {'PASS' if r['ms'] <= 15 else 'FAIL'} {config} / {method}: {r['ms']:.2f} ms (bar 15 ms)")
+        elif config == prefill_key:
+            lines.append(f"- INFO {config} / {method}: {r['ms']:.2f} ms (K and V stored per key; the bar is judged "
+                         "on separate K and V tensors)")
     return ["", "Forward-issue bars:"] + lines if lines else []

@@ -18,7 +18,7 @@ from selgate.kernels.config import device_slug
 RESULTS_DIR = Path(os.environ.get("SELGATE_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
 
 COLUMNS = [
-    "config", "kind", "dtype", "B", "S", "G", "h", "D", "Dv", "S_kv", "L", "dist", "L_max", "method", "ours",
+    "config", "kind", "dtype", "B", "S", "G", "h", "D", "Dv", "S_kv", "L", "dist", "kv_layout", "L_max", "method", "ours",
     "status", "ms", "ms_lo", "ms_hi", "iters", "host_ms", "graph_ms", "kv_bytes", "io_bytes", "gbps", "tflops", "frac_copy",
     "frac_matmul", "speedups", "parity", "max_err", "kernel_config", "note", "device", "copy_gbps",
     "matmul_tflops", "software",

@@ -95,8 +95,9 @@ def test_presets_hold_the_issue_matrices():
     assert {p.L for p in seed} == {16, 32, 64, 128, 256, 512, 1024} and {p.dtype for p in seed} == {"bfloat16"}
     decode, prefill = (m.problems for m in PRESETS["issue4"]())
     assert {(p.B, p.h, p.D, p.Dv, p.L) for p in decode} == {(1024, 8, 128, 128, 512), (1024, 8, 128, 128, 1024)}
-    (pf,) = prefill
+    pf, pf_key = prefill
     assert (pf.B, pf.S, pf.G, pf.h, pf.D, pf.Dv, pf.l_sel, pf.n_blocks) == (1, 65536, 4, 16, 128, 128, 64, 16)
+    assert (pf.kv_layout, pf_key.kv_layout) == ("separate", "key") and pf_key.key == pf.key + " kv=key"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
@@ -111,11 +112,15 @@ def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
 
 
 def test_issue4_bars_are_checked_from_the_rows():
-    (dec, *_), (pf,) = (m.problems for m in PRESETS["issue4"]())
+    (dec, *_), (pf, pf_key) = (m.problems for m in PRESETS["issue4"]())
     rows = [{"config": dec.key, "method": "triton", "status": "ok", "ms": 0.5, "frac_copy": 0.8, "host_ms": 0.1},
             {"config": dec.key, "method": "gather_sdpa", "status": "ok", "ms": 3.0, "frac_copy": 0.1},
-            {"config": pf.key, "method": "triton", "status": "ok", "ms": 20.0, "frac_copy": 0.1}]
+            {"config": pf.key, "method": "triton", "status": "ok", "ms": 20.0, "frac_copy": 0.1},
+            {"config": pf_key.key, "method": "triton", "status": "ok", "ms": 14.0, "frac_copy": 0.1}]
     lines = issue4_checks(rows)
+    # the per-key layout is reported beside the bar's row, never judged in its place
+    assert f"- INFO {pf_key.key} / triton: 14.00 ms (K and V stored per key; the bar is judged on separate K and V " \
+        "tensors)" in lines and not any(x.startswith(f"- PASS {pf_key.key}") for x in lines)
     assert any(x.startswith(f"- PASS {dec.key} / triton: no graph timing the HBM floor (bar 1.5x; eager 0.5000 ms "
                             "= 1.25x") and "6.0x vs gather" in x for x in lines)
     assert f"- FAIL {pf.key} / triton: 20.00 ms (bar 15 ms)" in lines

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from selgate.bench.baselines import METHODS, block_indices
-from selgate.bench.inputs import decode_problem, make_inputs, prefill_problem
+from selgate.bench.inputs import decode_problem, make_inputs, prefill_problem, with_kv_layout
 from selgate.bench.parity import check_parity, poisoned
 from selgate.bench.timing import MIN_SAMPLES, median_interval, rotation_count, time_calls
 from selgate.reference import (expand_ranges, normalize_ranges, selected_keys, selected_lengths,
@@ -59,6 +60,28 @@ def test_prefill_ranges_are_causal_blocks():
     covered.scatter_(-1, torch.where(valid, idx // p.l_sel, nb + 1), True)
     listed = torch.zeros_like(covered).scatter_(-1, ids, True)
     assert torch.equal(covered[..., :nb], listed[..., :nb])
+
+
+@pytest.mark.parametrize("layout", ["separate", "group", "key"])
+def test_kv_layouts_store_the_same_values(layout):
+    """Only where K and V sit changes: the values, shapes and the problem's key (when not
+    separate) say which layout a row timed; V starts one group's K (or one key row) after K."""
+    p = prefill_problem(64, 4, 2, 8, 8, 8, 2, "float32")
+    x, y = make_inputs(p, seed=0, device=CPU), make_inputs(replace(p, kv_layout=layout), seed=0, device=CPU)
+    assert torch.equal(x.k, y.k) and torch.equal(x.v, y.v) and torch.equal(x.ranges, y.ranges)
+    assert y.k.shape == x.k.shape and y.v.shape == x.v.shape
+    if layout != "separate":
+        v_after_k = {"group": p.S_kv * p.D, "key": p.D}[layout]
+        assert y.v.data_ptr() - y.k.data_ptr() == v_after_k * y.k.element_size()
+        assert replace(p, kv_layout=layout).key == p.key + f" kv={layout}"
+
+
+def test_kv_layout_errors_are_named():
+    x = make_inputs(prefill_problem(64, 4, 2, 8, 8, 8, 2, "float32"), seed=0, device=CPU)
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        with_kv_layout(x, "stacked")
+    with pytest.raises(ValueError, match=r"k \(1, 2, 64, 8\) and v \(1, 2, 64, 4\) must have one shape"):
+        with_kv_layout(replace(x, v=x.v[..., :4]), "key")
 
 
 def test_bad_problem_arguments_are_named():
