@@ -160,6 +160,14 @@ def _unchecked(q, k, v, ranges, *, scale=None, positions=None):
                   check=False)
 
 
+def _dense_rows(q, k, v, ranges, *, scale=None, positions=None):
+    """K and V made contiguous only when their last stride is not 1, then row r addressed at
+    r * D, as a kernel that trusts its inner stride would: rows of a shared buffer go astray."""
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    k, v = (t.as_strided(t.shape, torch.empty(t.shape, device="meta").stride()) for t in (k, v))
+    return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
 def _varlen(call):
     def varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
         glob, pos = varlen_to_batched(ranges, cu_q, cu_k)
@@ -239,6 +247,8 @@ BAD_IMPLS = (
     _bad("fp32-output", _with_output(lambda q, k, v, r, o, lse: (o.float(), lse)), "dtype",
          "o returned in fp32 whatever v's dtype"),
     _bad("int32-ranges-inclusive", _int32_inclusive, "dtype", "int32 ranges read as inclusive of their end"),
+    _bad("kv-rows-assumed-dense", _dense_rows, "dtype", "k, v rows addressed at row * D whatever their row "
+         "stride (K and V sharing one buffer)"),
     _bad("no-input-checks", _unchecked, "bad_input", "malformed input used as given, no error"),
     _bad("dense-mask-times-zero", _dense_mask, "bounds",
          "unselected keys read and multiplied by a zero weight (NaN * 0 = NaN)"),

@@ -41,11 +41,13 @@ class Result:
 # --- evaluation -------------------------------------------------------------------------------
 
 def evaluate(fn, q, k, v, upstream=None) -> Result:
-    """`fn(q, k, v) -> (o, lse)` on fresh leaves; with `upstream = (do, dlse)` also the
-    gradients of `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf).
+    """`fn(q, k, v) -> (o, lse)` on fresh leaves with the inputs' strides (a clone would make
+    non-dense views contiguous); with `upstream = (do, dlse)` also the gradients of
+    `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf).
     On CUDA, the memory the outputs will take is poisoned first (`poison_cuda_cache`)."""
     grad = upstream is not None
-    leaves = [t.detach().clone().requires_grad_() if grad else t for t in (q, k, v)]
+    leaves = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t).requires_grad_()
+              if grad else t for t in (q, k, v)]
     poison_cuda_cache(q, k, v)
     with torch.set_grad_enabled(grad):
         o, lse = fn(*leaves)
@@ -279,7 +281,8 @@ def check_bounds(impl: Impl, case: Case, device) -> None:
 
 def check_dtype(impl: Impl, case: Case, device) -> None:
     """Output dtypes, shapes and device of SPEC.md; int32 and int64 ranges give bitwise-equal
-    results; non-contiguous q, k, v give correct results."""
+    results; non-contiguous q, k, v give correct results, and so do k, v whose rows share one
+    buffer (each key's K row then its V row: the storage README recommends for the prefill)."""
     inp = make_inputs(case, device)
     B, S, G, h, _ = inp.q.shape
     Dv = inp.v.shape[3]
@@ -305,6 +308,10 @@ def check_dtype(impl: Impl, case: Case, device) -> None:
             assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges")
     strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
     compare(case, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
+    Dk = inp.k.shape[3]
+    kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
+    packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))
+    compare(case, evaluate(impl_fn(impl, r64, inp.scale), *packed, up), gold, plain)
 
 
 def check_decode(impl: Impl, case: Case, device) -> None:
