@@ -86,12 +86,14 @@ class FakeExtension:
         self.error, self.calls = error, []
 
     def fwd(self, q, k, v, ranges, positions, scale, use_mma, tune=()):
-        self.calls.append(dict(q=q, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma, tune=list(tune)))
+        self.calls.append(dict(q=q, k=k, v=v, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma,
+                               tune=list(tune)))
         if self.error:
             raise self.error
         from selgate.reference.golden import gather_attention
 
-        o, lse = gather_attention(q, k, v, ranges, scale=scale)
+        B, G = q.shape[0], q.shape[2]  # k, v arrive as [B*G, S_kv, D]
+        o, lse = gather_attention(q, k.view(B, G, *k.shape[1:]), v.view(B, G, *v.shape[1:]), ranges, scale=scale)
         return o.to(v.dtype), lse.float()
 
 
@@ -179,6 +181,40 @@ def test_misaligned_views_are_copied_before_the_kernel(runnable):
     selection_attention_cuda(shifted, k, v, r)
     sent = ext.calls[0]["q"]
     assert sent.data_ptr() % 16 == 0 and torch.equal(sent, q)
+
+
+def kv_views(k, v, layout, fill=float("nan")):
+    """k, v with the same values stored as `layout`: "cache" (the first S_kv keys of a longer
+    cache whose other keys are `fill`), "packed" (each key's K row then its V row in one buffer)."""
+    B, G, S_kv, Dk = k.shape
+    Dv = v.shape[3]
+    if layout == "cache":
+        kc = torch.full((B, G, S_kv + 40, Dk), fill, dtype=k.dtype, device=k.device)
+        vc = torch.full((B, G, S_kv + 40, Dv), fill, dtype=v.dtype, device=v.device)
+        return kc[:, :, :S_kv].copy_(k), vc[:, :, :S_kv].copy_(v)
+    kv = torch.empty(B, G, S_kv, Dk + Dv, dtype=k.dtype, device=k.device)
+    return kv[..., :Dk].copy_(k), kv[..., Dk:].copy_(v)
+
+
+@pytest.mark.parametrize("layout", ["cache", "packed"])
+def test_kv_rows_are_read_in_place(runnable, layout):
+    """A narrowed KV cache or K and V rows sharing one buffer reach the kernel as they are (a
+    copy would move the whole cache on every decode step); rows the 16-byte copies cannot
+    address are copied."""
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs(Dk=16, Dv=8)
+    kk, vv = kv_views(k, v, layout)
+    assert not kk.is_contiguous() and not vv.is_contiguous()
+    o = selection_attention_cuda(q, kk, vv, r)
+    sent = ext.calls[0]
+    assert sent["k"].data_ptr() == kk.data_ptr() and sent["v"].data_ptr() == vv.data_ptr()
+    assert sent["k"].stride() == kk.flatten(0, 1).stride() and torch.equal(o, selection_attention_cuda(q, k, v, r))
+    odd = torch.empty(*k.shape[:3], 20, dtype=k.dtype)[..., :16].copy_(k)  # 40-byte rows
+    transposed = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    groups_first = k.transpose(0, 1).contiguous().transpose(0, 1)  # (B, G) do not flatten to one stride
+    for bad in (odd, transposed, groups_first):
+        selection_attention_cuda(q, bad, v, r)
+        assert ext.calls[-1]["k"].is_contiguous() and torch.equal(ext.calls[-1]["k"], k.flatten(0, 1))
 
 
 def test_failed_build_is_remembered_not_retried(monkeypatch):
@@ -380,6 +416,22 @@ def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
         pytest.skip("clusters and PDL need SM 9.0")
     res = run_case(h, Dk, Dv, L, dist, torch.bfloat16, "mma", seed=L + h, device=torch.device("cuda"), tune=tune)
     assert res["ok"], res
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["cache", "packed"])
+@pytest.mark.parametrize("dtype, kernel", [(torch.bfloat16, "mma"), (torch.float32, "simt")])
+def test_gpu_kv_views_give_the_contiguous_result(layout, dtype, kernel):
+    """K/V read in place at their strides give bitwise the result of contiguous K/V (the same
+    values read in the same order); the cache's keys past S_kv are NaN, so a read past the
+    view's keys, or a row addressed as if dense, shows."""
+    q, k, v, r = (t.cuda() for t in decode_inputs(dtype=dtype, h=8, Dk=64, Dv=128, S_kv=700, n=12, B=3, G=2, seed=4))
+    kk, vv = kv_views(k, v, layout)
+    for tune in ((), (2, 1, 4, 0), (4, 1, 2, 3, 32, 2)) if kernel == "mma" else ((),):
+        want = selection_attention_cuda(q, k, v, r, return_lse=True, kernel=kernel, tune=tune)
+        got = selection_attention_cuda(q, kk, vv, r, return_lse=True, kernel=kernel, tune=tune)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (layout, tune)
+        assert not got[0].isnan().any()
 
 
 @gpu

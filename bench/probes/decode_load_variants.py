@@ -34,6 +34,11 @@ def load(name: str):
     return build.load_patched(f"sel_ld_{slug}", {"sel_decode.cu": [(ANCHOR, ANCHOR.replace(BASE, VARIANTS[name]))]})
 
 
+def call(ext, x):
+    """One decode call straight into a built extension (k, v as [B*G, S_kv, D], as the wrapper passes them)."""
+    return ext.fwd(x.q, x.k.flatten(0, 1), x.v.flatten(0, 1), x.ranges, None, x.scale, True, [])
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--build":
         load(sys.argv[2])
@@ -50,12 +55,12 @@ def main() -> None:
         selected = N * n * L_SEL * 2 * D * 2
         sets = [nsa_inputs(N, h, D, n, torch.bfloat16, seed=s, device=dev) for s in range(rotation_count(selected, dev))]
         x = sets[0]
-        outs = {v: e.fwd(x.q, x.k, x.v, x.ranges, None, x.scale, True, [])[0] for v, e in exts.items()}
+        outs = {v: call(e, x)[0] for v, e in exts.items()}
         same = all(torch.equal(o, outs["ca"]) for o in outs.values())
         times = {v: [] for v in VARIANTS}
         for _ in range(3):
             for v, e in exts.items():
-                calls = [lambda x=x, e=e: e.fwd(x.q, x.k, x.v, x.ranges, None, x.scale, True, []) for x in sets]
+                calls = [lambda x=x, e=e: call(e, x) for x in sets]
                 times[v].append(time_graph(calls, dev).median_ms * 1e3)
         cells = " | ".join("/".join(f"{t:.1f}" for t in times[v]) for v in VARIANTS)
         print(f"| {N} | {h} | {D} | {n} | {cells} | {same} |", flush=True)

@@ -95,7 +95,7 @@ def pct(x: torch.Tensor, q: float) -> float:
 
 def probe(ext, N, h, D, n, tune=(), sets_count=4):
     sets = [nsa_inputs(N, h, D, n, torch.bfloat16, seed=s, device="cuda") for s in range(sets_count)]
-    calls = [lambda x=x: ext.fwd(x.q, x.k, x.v, x.ranges, None, x.scale, True, list(tune)) for x in sets]
+    calls = [lambda x=x: ext.fwd(x.q, x.k.flatten(0, 1), x.v.flatten(0, 1), x.ranges, None, x.scale, True, list(tune)) for x in sets]
     per_call = time_graph(calls, torch.device("cuda")).median_ms * 1e3
     ext.timeline()  # reset
     g = torch.cuda.CUDAGraph()

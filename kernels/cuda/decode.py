@@ -24,6 +24,19 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+def rows_view(t: torch.Tensor) -> torch.Tensor:
+    """K or V [B, G, S_kv, D] as the kernel reads them, [B*G, S_kv, D] at any row and key
+    strides of 16-byte multiples: a KV cache narrowed to its first S_kv keys, or K and V rows
+    sharing one buffer, are read in place rather than copied whole on every decode step.
+    Layouts whose (B, G) do not flatten to one stride, or whose rows are not 16-byte aligned,
+    are copied."""
+    t = t.flatten(0, 1)  # a view where B and G collapse, else a copy
+    item = t.element_size()
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(st * item % 16 == 0 for st in t.stride()[:2]):
+        return t
+    return aligned(t)
+
+
 def unsupported_reason(q, d) -> BackendUnavailable | None:
     """Why this validated call cannot run on the CUDA decode kernel, or None.
 
@@ -81,8 +94,8 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
     pos = None if positions is None else positions.contiguous()
     try:
-        o, lse = ext.fwd(aligned(q), aligned(k), aligned(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk), use_mma,
-                         tune)
+        o, lse = ext.fwd(aligned(q), rows_view(k), rows_view(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk),
+                         use_mma, tune)
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
     return (o, lse) if return_lse else o

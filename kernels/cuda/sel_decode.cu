@@ -105,6 +105,8 @@ struct Params {
   void* o;
   float* lse;
   int64_t G, h, S_kv;
+  int64_t k_row, v_row;  // K, V strides (elements) of a (b, g) row
+  int k_key, v_key;      // and of a key
   int Dk, Dv, n;
   int hpb;          // heads per block
   int head_groups;  // head groups per (b, g) row
@@ -235,7 +237,7 @@ __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned c
 template <typename T>
 struct RowView {
   int64_t L;    // selected keys
-  const T* kg;  // the row's K [S_kv, Dk] and V [S_kv, Dv]
+  const T* kg;  // the row's K [S_kv, Dk] and V [S_kv, Dv], keys p.k_key and p.v_key elements apart
   const T* vg;
 };
 
@@ -246,8 +248,8 @@ __device__ __forceinline__ RowView<T> begin_row(const Params& p, int64_t row, un
   setup_ranges(p, row, row / p.G, smem);
   cp_async_wait<0>();
   __syncthreads();
-  return {*reinterpret_cast<const int64_t*>(smem + p.off_L), static_cast<const T*>(p.k) + row * p.S_kv * p.Dk,
-          static_cast<const T*>(p.v) + row * p.S_kv * p.Dv};
+  return {*reinterpret_cast<const int64_t*>(smem + p.off_L), static_cast<const T*>(p.k) + row * p.k_row,
+          static_cast<const T*>(p.v) + row * p.v_row};
 }
 
 // Maps a thread's selected positions to key indices. Each thread visits its positions in
@@ -277,8 +279,8 @@ __device__ __forceinline__ void load_tile(const Params& p, const T* kg, const T*
     const int64_t pos = pos0 + jj;
     const bool valid = pos < L;
     const int64_t key = valid ? cursor.key(pos, smem, p.n) : 0;
-    const T* krow = kg + key * p.Dk;
-    const T* vrow = vg + key * p.Dv;
+    const T* krow = kg + key * p.k_key;
+    const T* vrow = vg + key * p.v_key;
     for (int c = threadIdx.x & 7; c < ckk; c += 8) cp_async16(ks + jj * p.k_stride + c * VEC, krow + c * VEC, valid);
     for (int c = threadIdx.x & 7; c < ckv; c += 8) cp_async16(vs + jj * p.v_stride + c * VEC, vrow + c * VEC, valid);
   }
@@ -410,8 +412,8 @@ __device__ __forceinline__ void load_slab(const Params& p, const RowView<T>& rv,
     const int r = (lane >> 3) + 4 * it;
     const int key = __shfl_sync(0xffffffffu, my_key, r);
     const bool valid = key >= 0;
-    const T* krow = rv.kg + static_cast<int64_t>(valid ? key : 0) * p.Dk;
-    const T* vrow = rv.vg + static_cast<int64_t>(valid ? key : 0) * p.Dv;
+    const T* krow = rv.kg + static_cast<int64_t>(valid ? key : 0) * p.k_key;
+    const T* vrow = rv.vg + static_cast<int64_t>(valid ? key : 0) * p.v_key;
     T* kd = ks + r * p.k_stride;
     T* vd = vs + r * p.v_stride;
     const int kx = r & p.k_xor, vx = r & p.v_xor;
@@ -725,8 +727,10 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
 }
 
 // ---------------------------------------------------------------- CUDA-core kernel
+// Two blocks per SM, as kRingBudget sizes the ring for: without the bound, ptxas capped the fp32
+// kernel at 64 registers and spilled 8 bytes once K/V strides became run-time values.
 template <typename T>
-__global__ void __launch_bounds__(kSimtThreads) sel_decode_simt(const Params p) {
+__global__ void __launch_bounds__(kSimtThreads, 2) sel_decode_simt(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int VEC = 16 / sizeof(T);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
@@ -1152,6 +1156,15 @@ bool plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it, De
   SEL_CHECK(a.S_kv >= 0 && a.S_kv <= 0x7fffffff, "sel_decode: S_kv must be below 2^31 keys, got ", a.S_kv);
   SEL_CHECK(a.n >= 0 && a.n <= 4096, "sel_decode: n (ranges per row) must be in [0, 4096], got ", a.n);
   SEL_CHECK(!(a.use_mma && a.dtype == Dtype::kFloat), "sel_decode: the tensor-core kernel takes fp16/bf16 only");
+  if (launch_it) {  // 16-byte copies: every K/V row starts on a 16-byte boundary
+    const int64_t item = a.dtype == Dtype::kFloat ? 4 : 2;
+    const int64_t strides[4] = {a.k_row, a.k_key, a.v_row, a.v_key};
+    for (const int64_t st : strides)
+      SEL_CHECK(st >= 0 && st * item % 16 == 0, "sel_decode: k and v row and key strides must be non-negative "
+                "multiples of 16 bytes, got ", st, " elements of ", item, " bytes");
+    SEL_CHECK(a.k_key <= 0x7fffffff && a.v_key <= 0x7fffffff, "sel_decode: k and v key strides must be below 2^31 "
+              "elements, got ", a.k_key, " and ", a.v_key);
+  }
   plan = DecodePlan{};
   if (a.B * a.G * a.h == 0) return true;
   Device dev{};
@@ -1169,6 +1182,8 @@ bool plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it, De
   p.G = a.G;
   p.h = a.h;
   p.S_kv = a.S_kv;
+  p.k_row = a.k_row, p.v_row = a.v_row;
+  p.k_key = static_cast<int>(a.k_key), p.v_key = static_cast<int>(a.v_key);
   p.Dk = a.Dk;
   p.Dv = a.Dv;
   p.n = a.n;

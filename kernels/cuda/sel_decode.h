@@ -19,9 +19,11 @@ struct Tune {
   int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab
 };
 
-// One decode call. Tensors are contiguous: q [B,1,G,h,Dk], k [B,G,S_kv,Dk],
-// v [B,G,S_kv,Dv], ranges int32/int64 [B,1,G,n,2], positions int32/int64 [B,1] or null,
-// o [B,1,G,h,Dv] (dtype of v), lse fp32 [B,1,G,h].
+// One decode call. q [B,1,G,h,Dk], ranges int32/int64 [B,1,G,n,2], positions int32/int64
+// [B,1] or null, o [B,1,G,h,Dv] (dtype of v) and lse fp32 [B,1,G,h] are contiguous; k
+// [B*G,S_kv,Dk] and v [B*G,S_kv,Dv] have unit inner stride and the row and key strides (in
+// elements; bytes a multiple of 16) in k_row, k_key, v_row, v_key: a KV cache narrowed to
+// S_kv keys, or K and V rows sharing one buffer, are read in place.
 struct DecodeArgs {
   Dtype dtype;
   bool use_mma;  // tensor-core kernel (fp16/bf16 only); otherwise the SIMT kernel
@@ -37,6 +39,7 @@ struct DecodeArgs {
   int Dk, Dv, n;
   float scale;
   Tune tune;
+  int64_t k_row = 0, k_key = 0, v_row = 0, v_key = 0;  // k, v strides (unused by sel_decode_plan)
 };
 
 // What a call launches (reported by benchmarks).

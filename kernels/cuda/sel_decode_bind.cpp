@@ -16,10 +16,18 @@ selgate::Dtype dtype_of(const at::Tensor& t) {
   }
 }
 
-void check_operand(const char* name, const at::Tensor& t, const at::Tensor& q, int64_t rank) {
+// `rows_only`: k and v need unit inner stride, 16-byte aligned rows at any other strides.
+void check_operand(const char* name, const at::Tensor& t, const at::Tensor& q, int64_t rank, bool rows_only = false) {
   TORCH_CHECK(t.is_cuda() && t.device() == q.device(), "sel_decode: ", name, " must be on ", q.device(), ", got ", t.device());
-  TORCH_CHECK(t.is_contiguous(), "sel_decode: ", name, " must be contiguous");
   TORCH_CHECK(t.dim() == rank, "sel_decode: ", name, " must be ", rank, "-D, got ", t.sizes());
+  if (!rows_only) {
+    TORCH_CHECK(t.is_contiguous(), "sel_decode: ", name, " must be contiguous");
+    return;
+  }
+  const int64_t item = t.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(2) == 1 && t.stride(0) * item % 16 == 0 &&
+              t.stride(1) * item % 16 == 0, "sel_decode: ", name, " must have unit inner stride and 16-byte aligned "
+              "rows, got strides ", t.strides(), " (", item, "-byte elements) at address ", t.data_ptr());
 }
 
 selgate::Tune tune_of(const std::vector<int64_t>& tune) {
@@ -31,22 +39,24 @@ selgate::Tune tune_of(const std::vector<int64_t>& tune) {
   return t;
 }
 
-// q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] and positions [B,1] int32/int64.
+// q [B,1,G,h,Dk], k [B*G,S_kv,Dk], v [B*G,S_kv,Dv] (read at their row and key strides), ranges
+// [B,1,G,n,2] and positions [B,1] int32/int64.
 // `tune`: optional [stages, split, warps, pdl, slab, schedule] overrides of the tensor-core kernel (0 = automatic).
 // Returns {o [B,1,G,h,Dv], lse fp32 [B,1,G,h]}.
 std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& ranges,
                             const c10::optional<at::Tensor>& positions, double scale, bool use_mma,
                             const std::vector<int64_t>& tune) {
   check_operand("q", q, q, 5);
-  check_operand("k", k, q, 4);
-  check_operand("v", v, q, 4);
+  check_operand("k", k, q, 3, true);
+  check_operand("v", v, q, 3, true);
   check_operand("ranges", ranges, q, 5);
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "sel_decode: q, k, v dtypes differ");
   TORCH_CHECK(ranges.scalar_type() == at::kLong || ranges.scalar_type() == at::kInt, "sel_decode: ranges must be int32 or int64");
-  const int64_t B = q.size(0), G = q.size(2), h = q.size(3), Dk = q.size(4), S_kv = k.size(2), Dv = v.size(3);
+  const int64_t B = q.size(0), G = q.size(2), h = q.size(3), Dk = q.size(4), S_kv = k.size(1), Dv = v.size(2);
   TORCH_CHECK(q.size(1) == 1, "sel_decode: decode only (S == 1), got S = ", q.size(1));
-  TORCH_CHECK(k.size(0) == B && k.size(1) == G && k.size(3) == Dk, "sel_decode: k ", k.sizes(), " does not match q ", q.sizes());
-  TORCH_CHECK(v.size(0) == B && v.size(1) == G && v.size(2) == S_kv, "sel_decode: v ", v.sizes(), " does not match k ", k.sizes());
+  TORCH_CHECK(k.size(0) == B * G && k.size(2) == Dk, "sel_decode: k ", k.sizes(), " is not [B*G, S_kv, Dk] for q ",
+              q.sizes());
+  TORCH_CHECK(v.size(0) == B * G && v.size(1) == S_kv, "sel_decode: v ", v.sizes(), " does not match k ", k.sizes());
   TORCH_CHECK(ranges.size(0) == B && ranges.size(1) == 1 && ranges.size(2) == G && ranges.size(4) == 2,
               "sel_decode: ranges ", ranges.sizes(), " must be [B, 1, G, n, 2]");
   const void* pos_ptr = nullptr;
@@ -67,6 +77,7 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
                            B, G, h, S_kv,
                            static_cast<int>(Dk), static_cast<int>(Dv), static_cast<int>(ranges.size(3)),
                            static_cast<float>(scale), tune_of(tune)};
+  args.k_row = k.stride(0), args.k_key = k.stride(1), args.v_row = v.stride(0), args.v_key = v.stride(1);
   char err[512];
   TORCH_CHECK(selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream(), err, sizeof(err)), err);
   return {o, lse};
