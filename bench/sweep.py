@@ -17,7 +17,7 @@ import torch
 from selgate.conformance.poison import poison_cuda_cache
 
 from .baselines import get_method, triton_config, variant_config
-from .inputs import Problem, make_inputs, selected_key_count
+from .inputs import Problem, make_inputs, selected_key_count, with_kv_layout
 from .parity import check_parity, poisoned
 from .timing import Limits, rotation_count, time_calls, time_graph
 
@@ -97,7 +97,7 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
     if not m.same_function:
         fields["parity"] = "n/a"
     elif s.parity:
-        x = sets[0] if m.reads_all_keys else poisoned(sets[0])
+        x = sets[0] if m.reads_all_keys else with_kv_layout(poisoned(sets[0]), p.kv_layout)  # the timed layout
         call = m.build(p, x)
         poison_cuda_cache(x.q, x.k, x.v)  # so an output element the method never writes likely reads NaN
         out = call()

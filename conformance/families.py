@@ -40,14 +40,26 @@ class Result:
 
 # --- evaluation -------------------------------------------------------------------------------
 
+def _leaves(tensors):
+    """Leaf copies that keep each tensor's strides and offset and the storage it shares with the
+    others (K and V rows in one buffer stay in one buffer): a gradient run sees the layout a
+    forward run sees (a clone would make non-dense views contiguous)."""
+    copies = {}
+    out = []
+    for t in tensors:
+        storage = t.untyped_storage()
+        copy = copies.setdefault(storage.data_ptr(), storage.clone())
+        out.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.shape, t.stride())
+                   .requires_grad_())
+    return out
+
+
 def evaluate(fn, q, k, v, upstream=None) -> Result:
-    """`fn(q, k, v) -> (o, lse)` on fresh leaves with the inputs' strides (a clone would make
-    non-dense views contiguous); with `upstream = (do, dlse)` also the gradients of
-    `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf).
+    """`fn(q, k, v) -> (o, lse)`, with `upstream = (do, dlse)` on fresh leaves (`_leaves`) and
+    also the gradients of `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf).
     On CUDA, the memory the outputs will take is poisoned first (`poison_cuda_cache`)."""
     grad = upstream is not None
-    leaves = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t).requires_grad_()
-              if grad else t for t in (q, k, v)]
+    leaves = _leaves((q, k, v)) if grad else (q, k, v)
     poison_cuda_cache(q, k, v)
     with torch.set_grad_enabled(grad):
         o, lse = fn(*leaves)
