@@ -18,7 +18,7 @@ import itertools
 import torch
 from triton.testing import do_bench
 
-from selgate.bench.inputs import make_inputs, prefill_problem
+from selgate.bench.inputs import make_inputs, prefill_problem, with_kv_layout
 from selgate.kernels.triton.fwd import launch_config, triton_forward
 from selgate.reference import normalize_ranges
 
@@ -64,14 +64,8 @@ base = launch_config(128, 128, 2, "prefill", dtype=torch.bfloat16, S_kv=S_kv, n=
 print("profile launch", base, flush=True)
 
 
-def interleaved(x):
-    kv = torch.empty(G, 2, S_kv, 128, dtype=x.k.dtype, device=dev)
-    kv[:, 0].copy_(x.k[0])
-    kv[:, 1].copy_(x.v[0])
-    return kv
-
-
-kvs = [interleaved(x) for x in sets]
+kvs = [with_kv_layout(x, "group") for x in sets]  # a group's K then its V: one window per group
+group_bytes = 2 * S_kv * 128 * 2
 stream = torch.cuda.current_stream().cuda_stream
 
 
@@ -79,13 +73,13 @@ def whole(x, k, v, ranges=None):
     return triton_forward(x.q, k, v, x.ranges if ranges is None else ranges, scale=x.scale, config=base)[0]
 
 
-def per_group(x, kv, ratio=None):
+def per_group(x, y, ratio=None):
     o = torch.empty(1, p.S, G, p.h, 128, dtype=x.v.dtype, device=dev)
     lse = torch.empty(1, p.S, G, p.h, dtype=torch.float32, device=dev)
     for g in range(G):
         if ratio is not None:
-            set_window(stream, kv[g].data_ptr(), min(kv[g].numel() * kv.element_size(), max_window), ratio)
-        triton_forward(x.q[:, :, g:g + 1], kv[g, 0][None, None], kv[g, 1][None, None], x.ranges[:, :, g:g + 1],
+            set_window(stream, y.k[0, g].data_ptr(), min(group_bytes, max_window), ratio)
+        triton_forward(x.q[:, :, g:g + 1], y.k[:, g:g + 1], y.v[:, g:g + 1], x.ranges[:, :, g:g + 1],
                        scale=x.scale, config=base, out=(o[:, :, g:g + 1], lse[:, :, g:g + 1]))
     if ratio is not None:
         set_window(stream, 0, 0, 0.0)
@@ -94,11 +88,11 @@ def per_group(x, kv, ratio=None):
 
 ref = whole(sets[0], sets[0].k, sets[0].v)
 variants = {"profile launch": lambda i: whole(sets[i], sets[i].k, sets[i].v),
-            "kv interleaved": lambda i: whole(sets[i], kvs[i][:, 0][None], kvs[i][:, 1][None]),
+            "kv interleaved": lambda i: whole(sets[i], kvs[i].k, kvs[i].v),
             "per group": lambda i: per_group(sets[i], kvs[i])}
-full = 2 * S_kv * 128 * 2
 for r in (1.0, 0.75, 0.5):
-    variants[f"per group + window {r}"] = (lambda r: lambda i: per_group(sets[i], kvs[i], min(r, max_persist / full)))(r)
+    variants[f"per group + window {r}"] = (lambda r: lambda i: per_group(sets[i], kvs[i],
+                                                                         min(r, max_persist / group_bytes)))(r)
 for M in (32768, 16384, 4096):
     rs = [normalize_ranges(torch.stack([x.ranges[..., 0] % M, x.ranges[..., 0] % M + x.ranges[..., 1] - x.ranges[..., 0]],
                                        -1), S_kv) for x in sets]  # each range moved below M, same length
