@@ -217,6 +217,18 @@ def test_kv_rows_are_read_in_place(runnable, layout):
         assert ext.calls[-1]["k"].is_contiguous() and torch.equal(ext.calls[-1]["k"], k.flatten(0, 1))
 
 
+def test_key_strides_past_int32_are_copied_not_sent(runnable):
+    """The kernel's key offsets are 32-bit: a K/V view whose key stride is 2^31 elements or more
+    is copied rather than refused inside the extension (the 4 GiB storage is reserved, not touched)."""
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs(B=1, G=1, S_kv=2, n=1, Dk=16, Dv=8)
+    kk = torch.empty(2 ** 31 + 16, dtype=k.dtype).as_strided(k.shape, (16, 16, 2 ** 31, 1)).copy_(k)
+    o = selection_attention_cuda(q, kk, v, r)
+    sent = ext.calls[-1]["k"]
+    assert sent.stride() == (32, 16, 1) and torch.equal(sent, k.flatten(0, 1))
+    assert torch.equal(o, selection_attention_cuda(q, k, v, r))
+
+
 def test_failed_build_is_remembered_not_retried(monkeypatch):
     attempts = []
     monkeypatch.setattr(build, "_loaded", {})

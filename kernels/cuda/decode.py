@@ -28,11 +28,12 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
     """K or V [B, G, S_kv, D] as the kernel reads them, [B*G, S_kv, D] at any row and key
     strides of 16-byte multiples: a KV cache narrowed to its first S_kv keys, or K and V rows
     sharing one buffer, are read in place rather than copied whole on every decode step.
-    Layouts whose (B, G) do not flatten to one stride, or whose rows are not 16-byte aligned,
-    are copied."""
+    Layouts whose (B, G) do not flatten to one stride, whose rows are not 16-byte aligned, or
+    whose key stride reaches 2^31 elements (the kernel's key offsets are 32-bit) are copied."""
     t = t.flatten(0, 1)  # a view where B and G collapse, else a copy
     item = t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(st * item % 16 == 0 for st in t.stride()[:2]):
+    if (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(1) < 2 ** 31
+            and all(st * item % 16 == 0 for st in t.stride()[:2])):
         return t
     return aligned(t)
 
