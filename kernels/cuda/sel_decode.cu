@@ -618,10 +618,10 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   if (!p.early_trigger) allow_next_grid();
-  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;
-  if (SHARED && p.split == 1) {
+  if constexpr (SHARED) {
     // Both warps ran the same softmax over every key; each writes its half of Dv, straight
     // from the accumulator fragments (rows g and g + 8, columns 2tg, 2tg + 1 of each n8 tile).
+    T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;
     const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
     for (int nv = 0; nv < NVW; ++nv) {
@@ -647,66 +647,48 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   float* g_s = cl + kMmaHeads;                             // [kMaxSplit][16] per-block weight
   float* o_s = g_s + kMaxSplit * kMmaHeads;                // [NW][16][OS] per-warp p*V
   float* co = o_s + NW * kMmaHeads * OS;                   // [16][OS] block p*V (split > 1)
-  if constexpr (SHARED) {
-    // The block's partial needs no fold over warps: both hold the row's running max and sum,
-    // each the p*V columns of its half of Dv.
-    if (warp == 0 && tg == 0) {
-      cm[g] = m0;
-      cm[g + 8] = m1;
-      cl[g] = l0;
-      cl[g + 8] = l1;
-    }
+  if (tg == 0) {
+    m_s[warp * 16 + g] = m0;
+    m_s[warp * 16 + g + 8] = m1;
+    l_s[warp * 16 + g] = l0;
+    l_s[warp * 16 + g + 8] = l1;
+  }
 #pragma unroll
-    for (int nv = 0; nv < NVW; ++nv) {
-      const int c = (warp * NVW + nv) * 8 + 2 * tg;
-      if (FULL || c < p.Dv) {
-        *reinterpret_cast<float2*>(co + g * OS + c) = make_float2(o[nv][0], o[nv][1]);
-        *reinterpret_cast<float2*>(co + (g + 8) * OS + c) = make_float2(o[nv][2], o[nv][3]);
-      }
+  for (int nv = 0; nv < NVW; ++nv) {
+    if (FULL || nv * 8 < p.Dv) {
+      float* r0 = o_s + (warp * 16 + g) * OS + nv * 8 + 2 * tg;
+      *reinterpret_cast<float2*>(r0) = make_float2(o[nv][0], o[nv][1]);
+      *reinterpret_cast<float2*>(r0 + 8 * OS) = make_float2(o[nv][2], o[nv][3]);
     }
-  } else {
-    if (tg == 0) {
-      m_s[warp * 16 + g] = m0;
-      m_s[warp * 16 + g + 8] = m1;
-      l_s[warp * 16 + g] = l0;
-      l_s[warp * 16 + g + 8] = l1;
-    }
-#pragma unroll
-    for (int nv = 0; nv < NVW; ++nv) {
-      if (FULL || nv * 8 < p.Dv) {
-        float* r0 = o_s + (warp * 16 + g) * OS + nv * 8 + 2 * tg;
-        *reinterpret_cast<float2*>(r0) = make_float2(o[nv][0], o[nv][1]);
-        *reinterpret_cast<float2*>(r0 + 8 * OS) = make_float2(o[nv][2], o[nv][3]);
-      }
-    }
-    __syncthreads();
-    // One thread per 8 output columns of a head: the warps' partials combined and written as
-    // one 16-byte store (Dv is a multiple of 8).
-    const int cpr = p.Dv >> 3;
-    if (p.split == 1) {
-      for (int i = tid; i < HG * cpr; i += blockDim.x) {
-        const int r = i / cpr, c = (i - r * cpr) << 3;
-        float e[kMmaMaxWarps], M, x[8];
-        const float den = warp_weights(m_s, l_s, NW, r, e, M);
-        combine8(x, o_s + r * OS + c, kMmaHeads * OS, e, NW);
-        store_vec(og + r * p.Dv + c, x, den > 0.f ? 1.f / den : 0.f);
-        if (c == 0) p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
-      }
-      return;
-    }
-    if (tid < HG) {
-      float e[kMmaMaxWarps], M;
-      cl[tid] = warp_weights(m_s, l_s, NW, tid, e, M);
-      cm[tid] = M;
-    }
+  }
+  __syncthreads();
+  // One thread per 8 output columns of a head: the warps' partials combined and written as
+  // one 16-byte store (Dv is a multiple of 8).
+  const int cpr = p.Dv >> 3;
+  T* og = static_cast<T*>(p.o) + (row * p.h + head0) * p.Dv;
+  if (p.split == 1) {
     for (int i = tid; i < HG * cpr; i += blockDim.x) {
       const int r = i / cpr, c = (i - r * cpr) << 3;
       float e[kMmaMaxWarps], M, x[8];
-      warp_weights(m_s, l_s, NW, r, e, M);
+      const float den = warp_weights(m_s, l_s, NW, r, e, M);
       combine8(x, o_s + r * OS + c, kMmaHeads * OS, e, NW);
-      *reinterpret_cast<float4*>(co + r * OS + c) = make_float4(x[0], x[1], x[2], x[3]);
-      *reinterpret_cast<float4*>(co + r * OS + c + 4) = make_float4(x[4], x[5], x[6], x[7]);
+      store_vec(og + r * p.Dv + c, x, den > 0.f ? 1.f / den : 0.f);
+      if (c == 0) p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
     }
+    return;
+  }
+  if (tid < HG) {
+    float e[kMmaMaxWarps], M;
+    cl[tid] = warp_weights(m_s, l_s, NW, tid, e, M);
+    cm[tid] = M;
+  }
+  for (int i = tid; i < HG * cpr; i += blockDim.x) {
+    const int r = i / cpr, c = (i - r * cpr) << 3;
+    float e[kMmaMaxWarps], M, x[8];
+    warp_weights(m_s, l_s, NW, r, e, M);
+    combine8(x, o_s + r * OS + c, kMmaHeads * OS, e, NW);
+    *reinterpret_cast<float4*>(co + r * OS + c) = make_float4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<float4*>(co + r * OS + c + 4) = make_float4(x[4], x[5], x[6], x[7]);
   }
   cluster_sync();  // every block's cm, cl, co are written
   if (tid < HG) {
@@ -1083,8 +1065,8 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   SEL_CHECK(split <= kMaxVerifiedSplit && (split == 1 || nw <= kMaxVerifiedSplitWarps), "sel_decode: a cluster split "
               "is verified only up to ", kMaxVerifiedSplit, " blocks of at most ", kMaxVerifiedSplitWarps,
               " warps, got split=", split, " with ", nw, " warps");
-  SEL_CHECK(!shared || (nw == 2 && slab == 32), "sel_decode: the shared-slab schedule runs 2 warps and 32-key slabs, "
-              "got ", nw, " warps, slab=", slab);
+  SEL_CHECK(!shared || (nw == 2 && split == 1 && slab == 32), "sel_decode: the shared-slab schedule runs 2 warps, no "
+              "split and 32-key slabs, got ", nw, " warps, split=", split, ", slab=", slab);
   p.split = split;
   plan.kernel = 1;
   plan.schedule = schedule;
