@@ -22,7 +22,7 @@ from . import tables
 from .baselines import METHODS, default_methods, get_method
 from .inputs import DISTS, decode_problem, prefill_problem
 from .presets import PRESETS, Matrix, issue4_checks
-from .sweep import Settings, run_sweep
+from .sweep import Settings, retime_graph, run_sweep
 from .timing import measure_limits
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
@@ -106,6 +106,24 @@ def matrices(a) -> list[Matrix]:
     return [Matrix("decode", problems, s)]
 
 
+def recheck(rows: list[dict], groups: list[Matrix], device, device_name: str, name: str) -> None:
+    """Re-time the graph rows that exceed this matrix's committed baseline (regression.recheck_graph)."""
+    from .regression import baseline_path, recheck_graph
+
+    base = baseline_path(device_name, name)
+    if device.type != "cuda" or not base.exists():
+        return
+    problems = {p.key: (p, m.settings) for m in groups for p in m.problems}
+
+    def retime(row: dict) -> float:
+        p, settings = problems[row["config"]]
+        return retime_graph(p, row["method"], device, settings)
+
+    n = recheck_graph(rows, tables.read_csv(base), retime)
+    if n:
+        print(f"re-timed the graph time of {n} rows slower than {base.name} (median of all timings kept)")
+
+
 def cmd_sel(a) -> int:
     device = torch.device(a.device)
     groups = matrices(a)
@@ -116,8 +134,10 @@ def cmd_sel(a) -> int:
         methods = a.backends or list(m.methods) or default_methods(device)
         rows += run_sweep(m.problems, methods, device, limits, m.settings, device_name,
                           budget_s=max(deadline - time.monotonic(), 0.0), desc=m.name)
+    name = a.name or a.sweep or "sel"
+    recheck(rows, groups, device, device_name, name)
     out = a.out or tables.results_dir(device_name)
-    csv_path, md_path = tables.write_tables(rows, out, a.name or a.sweep or "sel")
+    csv_path, md_path = tables.write_tables(rows, out, name)
     print("\n".join([tables.summary(rows, [csv_path, md_path]), *issue4_checks(rows)]))
     return 0
 

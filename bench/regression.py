@@ -27,6 +27,14 @@ did not get slower on the device and an eager slowdown is the host's: reported, 
 Against a baseline without graph times a device slowdown under a host-bound baseline row can
 still pass, and a slowdown of our own launcher's host code always does (host time varies too
 much between sessions to gate on); promoting a graph-timed baseline closes the first gap.
+A graph time is the median of 15 replays issued back to back, a few milliseconds in all, so a
+transient that outlasts them (a clock or power state) slows the whole sample: on the H100 two
+full sweeps of identical kernel code put 2 and 5 tiny decode rows (3.5-8 us) 1.17-2.15x above
+the baseline while the median row moved 0.1 %, and a same-machine A/B of two of them read
+within 1.5 % of the baseline. So `sel` re-times a row of ours whose graph time exceeds the
+baseline's by more than 10% `RECHECKS` more times, from fresh inputs, and keeps the median of
+all its timings (`recheck_graph`; the row's note lists them): a regression that shows in most
+timings still blocks.
 Torch baselines are shown for context (a slower torch explains a slower ratio) but never block.
 Configurations the latest run did not measure are listed, not blocking; a baseline whose
 matrix has no later run at all blocks (the release would be unmeasured), and the commits the
@@ -34,6 +42,7 @@ compared runs measured are shown, so a stale run is visible.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +52,7 @@ from . import tables
 from .timing import MIN_SAMPLES
 
 MAX_SLOWDOWN = 0.10
+RECHECKS = 2  # further graph timings of a row whose first one is beyond MAX_SLOWDOWN
 HOST_BOUND = 0.9  # host issue time / timed median from which a sample measured the host
 HOST_SPREAD = 4.0  # largest host-bound slowdown put down to the host (sessions differed up to 2.3x)
 
@@ -88,6 +98,27 @@ class Comparison:
             if len(shown) > max_rows:
                 lines.append(f"\n{len(shown) - max_rows} more rows with smaller ratios (the CSVs hold them).")
         return "\n".join(lines) + "\n"
+
+
+def recheck_graph(rows: list[dict], base: list[dict], retime, *, max_slowdown: float = MAX_SLOWDOWN,
+                  rechecks: int = RECHECKS) -> int:
+    """Re-time, `rechecks` more times with `retime(row) -> ms`, each row of ours in `rows` whose
+    graph time is more than `max_slowdown` above its `base` row's, and keep the median of all
+    its timings (module docstring). Returns how many rows were re-timed."""
+    by = {(b["config"], b["method"]): b for b in base if b.get("status") == "ok" and b.get("graph_ms") is not None}
+    n = 0
+    for r in rows:
+        b = by.get((r["config"], r["method"]))
+        if b is None or not r.get("ours") or r.get("status") != "ok" or r.get("graph_ms") is None:
+            continue
+        if r["graph_ms"] <= (1 + max_slowdown) * b["graph_ms"]:
+            continue
+        times = [r["graph_ms"]] + [retime(r) for _ in range(rechecks)]
+        r["graph_ms"] = statistics.median(times)
+        timed = ", ".join(f"{t:.4f}" for t in times)
+        r["note"] = "; ".join(filter(None, [r.get("note"), f"graph re-timed: {timed} ms, median kept"]))
+        n += 1
+    return n
 
 
 def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = MAX_SLOWDOWN):

@@ -117,12 +117,26 @@ def _measure(p, method, sets, device, s: Settings) -> dict:
     return fields
 
 
+def input_sets(p: Problem, seed: int, device: torch.device) -> list:
+    """The rotating input sets of `p`: enough that consecutive calls do not find the previous
+    call's bytes in L2."""
+    first = make_inputs(p, seed=seed, device=device)
+    return [first] + [make_inputs(p, seed=seed + i, device=device)
+                      for i in range(1, rotation_count(first.nbytes(), device))]
+
+
+def retime_graph(p: Problem, method: str, device: torch.device, s: Settings) -> float:
+    """Graph time (ms) of `method` on `p` from freshly built inputs: a second opinion on a row
+    (regression.recheck_graph)."""
+    m = get_method(method)
+    return time_graph([m.build(p, x) for x in input_sets(p, s.seed, device)], device).median_ms
+
+
 def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Limits, s: Settings,
                 device_name: str) -> list[dict]:
     """Rows for every method on problem `p` (inputs built once, rotated across calls)."""
-    first = make_inputs(p, seed=s.seed, device=device)
-    sets = [first] + [make_inputs(p, seed=s.seed + i, device=device)
-                      for i in range(1, rotation_count(first.nbytes(), device))]
+    sets = input_sets(p, s.seed, device)
+    first = sets[0]
     work = _work(p, first.ranges, first.q.element_size())
     L_max = int((first.ranges[..., 1] - first.ranges[..., 0]).sum(-1).max())
     rows = []

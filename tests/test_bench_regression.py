@@ -198,3 +198,29 @@ def test_a_results_csv_with_a_bad_number_names_its_line_and_column(tmp_path):
     bad.write_text("\n".join([lines[0], lines[1], ",".join(cells)]) + "\n")
     with pytest.raises(ValueError, match=r"bad.csv: line 3, column ms: expected a number, got 'fast'"):
         tables.read_csv(bad)
+
+
+def test_graph_rows_beyond_the_threshold_are_re_timed_and_the_median_kept():
+    """A transient that slowed one row's whole graph sample is outvoted by two more timings; a
+    slowdown that reproduces keeps blocking; rows within 10%, torch rows and rows without a
+    graph-timed baseline are not re-timed."""
+    def row(config, method="cuda", ours=True, graph=0.0036):
+        return {"config": config, "method": method, "ours": ours, "status": "ok", "ms": 0.1, "graph_ms": graph}
+
+    base = [row("transient"), row("real"), row("within"), row("torch", "sdpa", False), row("no base graph", graph=None)]
+    latest = [row("transient", graph=0.0078), row("real", graph=0.0050), row("within", graph=0.0039),
+              row("torch", "sdpa", False, graph=0.0090), row("no base graph", graph=0.0090)]
+    again = {"transient": [0.0037, 0.0036], "real": [0.0049, 0.0036]}
+    asked = []
+
+    def retime(r):
+        asked.append(r["config"])
+        return again[r["config"]].pop(0)
+
+    assert regression.recheck_graph(latest, base, retime) == 2
+    assert asked == ["transient", "transient", "real", "real"]
+    by = {r["config"]: r for r in latest}
+    assert by["transient"]["graph_ms"] == 0.0037 and by["real"]["graph_ms"] == 0.0049
+    assert by["transient"]["note"] == "graph re-timed: 0.0078, 0.0037, 0.0036 ms, median kept"
+    rows, blocking = regression.compare_rows(base, latest)
+    assert [b.split(" / ")[0] for b in blocking] == ["real"]
