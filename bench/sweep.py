@@ -126,8 +126,8 @@ def input_sets(p: Problem, seed: int, device: torch.device) -> list:
 
 
 def retime_graph(p: Problem, method: str, device: torch.device, s: Settings) -> float:
-    """Graph time (ms) of `method` on `p` from freshly built inputs: a second opinion on a row
-    (regression.recheck_graph)."""
+    """Graph time (ms) of `method` on `p` from re-allocated inputs (same seeds): a second
+    opinion on a row (regression.recheck_graph)."""
     m = get_method(method)
     return time_graph([m.build(p, x) for x in input_sets(p, s.seed, device)], device).median_ms
 

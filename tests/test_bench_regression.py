@@ -224,3 +224,16 @@ def test_graph_rows_beyond_the_threshold_are_re_timed_and_the_median_kept():
     assert by["transient"]["note"] == "graph re-timed: 0.0078, 0.0037, 0.0036 ms, median kept"
     rows, blocking = regression.compare_rows(base, latest)
     assert [b.split(" / ")[0] for b in blocking] == ["real"]
+
+
+def test_a_failed_re_timing_keeps_the_first_timing_and_the_sweep():
+    base = [{"config": "c", "method": "cuda", "ours": True, "status": "ok", "ms": 0.1, "graph_ms": 0.0036}]
+    latest = [{**base[0], "graph_ms": 0.0078, "note": "parity ok"}]
+
+    def retime(r):
+        raise RuntimeError("CUDA out of memory\nmore")
+
+    assert regression.recheck_graph(latest, base, retime) == 0
+    assert latest[0]["graph_ms"] == 0.0078
+    assert latest[0]["note"] == "parity ok; graph re-time failed (RuntimeError: CUDA out of memory), first timing kept"
+    assert len(regression.compare_rows(base, latest)[1]) == 1  # unconfirmed, still blocking
