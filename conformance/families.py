@@ -48,7 +48,9 @@ def _leaves(tensors):
     out = []
     for t in tensors:
         storage = t.untyped_storage()
-        copy = copies.setdefault(storage.data_ptr(), storage.clone())
+        if storage.data_ptr() not in copies:  # one copy per storage, however many tensors view it
+            copies[storage.data_ptr()] = storage.clone()
+        copy = copies[storage.data_ptr()]
         out.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.shape, t.stride())
                    .requires_grad_())
     return out
@@ -296,7 +298,7 @@ def check_dtype(impl: Impl, case: Case, device) -> None:
     results; non-contiguous q, k, v give correct results, and so do k, v whose rows share one
     buffer (each key's K row then its V row: the storage README recommends for the prefill)."""
     inp = make_inputs(case, device)
-    B, S, G, h, _ = inp.q.shape
+    B, S, G, h, Dk = inp.q.shape
     Dv = inp.v.shape[3]
     gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=impl.backward)
     r64, r32 = inp.ranges.to(torch.int64), inp.ranges.to(torch.int32)
@@ -320,7 +322,6 @@ def check_dtype(impl: Impl, case: Case, device) -> None:
             assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges")
     strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
     compare(case, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
-    Dk = inp.k.shape[3]
     kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
     packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))
     compare(case, evaluate(impl_fn(impl, r64, inp.scale), *packed, up), gold, plain)
