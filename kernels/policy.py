@@ -25,7 +25,7 @@ _override: list = []  # stack of capability_override() values
 ENV_FLAGS = ("NSA_USE_TRITON_SEL", "NSA_TRITON_SEL_FORCE", "NSA_SEL_TRITON_MIN_L", "NSA_FORCE_PARITY",
              "NSA_SEL_STRICT", "NSA_SEL_TRITON_ALLOW_GRAD", "NSA_SEL_VALIDATE", "NSA_SEL_CUDA",
              "NSA_SEL_CAPABILITY", "NSA_DEBUG_LOG", "NSA_SEL_TRITON_NORMALIZE",
-             "NSA_SEL_TRITON_TMA")
+             "NSA_SEL_TRITON_TMA", "NSA_SEL_TRITON_PAIRS")
 
 def env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)

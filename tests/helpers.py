@@ -1,7 +1,12 @@
-"""Random inputs for the harness's own unit tests."""
+"""Inputs and checks for the harness's own unit tests: random inputs, NaN-poisoned K/V, and
+SPEC.md's acceptance against the fp64 reference."""
 from __future__ import annotations
 
 import torch
+
+from selgate.reference import resolve_scale, selection_attention_ref
+from selgate.reference.golden import gather_attention
+from selgate.reference.ranges import expand_ranges, selected_lengths
 
 
 def random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.float64, seed=0,
@@ -16,3 +21,43 @@ def random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.floa
     for t in (q, k, v):
         t.requires_grad_(requires_grad)
     return q, k, v, ranges
+
+
+def poison_unselected(k, v, norm):
+    """NaN every key of (b, g) that none of its rows selects; returns poisoned copies."""
+    B, S, G = norm.shape[:3]
+    L_max = max(int(selected_lengths(norm).max()), 1)
+    idx, valid = expand_ranges(norm, L_max)  # [B, S, G, L]
+    used = torch.zeros(B, G, k.shape[2], dtype=torch.bool, device=k.device)
+    bi = torch.arange(B, device=k.device)[:, None, None, None].expand_as(idx)
+    gi = torch.arange(G, device=k.device)[None, None, :, None].expand_as(idx)
+    used[bi[valid], gi[valid], idx[valid]] = True
+    nan = torch.tensor(float("nan"), dtype=k.dtype, device=k.device)
+    return torch.where(used[..., None], k, nan), torch.where(used[..., None], v, nan)
+
+
+def assert_matches_reference(q, k, v, norm, o, lse, *, positions=None):
+    """SPEC.md acceptance: fp32 max 1e-5 / mean 1e-6; fp16/bf16 within 2x a plain PyTorch
+    run in that precision plus 2 eps max|ref|, mean 1e-3; -inf lse and zero o on empty rows."""
+    ref_o, ref_lse = selection_attention_ref(q, k, v, norm, positions=positions, return_lse=True)
+    assert o.dtype == v.dtype and lse.dtype == torch.float32
+    empty = ~torch.isfinite(ref_lse)
+    assert torch.isfinite(o).all(), "non-finite output where the reference is finite"
+    assert bool((lse[empty] == float("-inf")).all()) and bool((o[empty] == 0).all())
+    assert torch.isfinite(lse[~empty]).all()
+    err_o = (o.double() - ref_o).abs()
+    err_lse = (lse.double() - ref_lse)[~empty].abs()
+    if q.dtype == torch.float32:
+        for name, err in (("o", err_o), ("lse", err_lse)):
+            if err.numel():
+                assert err.max() <= 1e-5 and err.mean() <= 1e-6, f"{name}: max {err.max():.3g} mean {err.mean():.3g}"
+        return
+    sc = resolve_scale(None, q.shape[-1])
+    low_o, low_lse = gather_attention(q, k, v, norm, scale=sc, dtype=q.dtype)
+    eps = torch.finfo(q.dtype).eps
+    for name, err, low, ref in (("o", err_o, low_o, ref_o), ("lse", err_lse, low_lse[~empty], ref_lse[~empty])):
+        if not err.numel():
+            continue
+        low_err = (low.double() - ref).abs().max()
+        bound = 2 * low_err + 2 * eps * ref.abs().max()
+        assert err.max() <= bound and err.mean() <= 1e-3, f"{name}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g}"

@@ -9,11 +9,9 @@ import os
 import pytest
 import torch
 
-from selgate.reference import normalize_ranges, resolve_scale, selection_attention_ref
-from selgate.reference.golden import gather_attention
-from selgate.reference.ranges import expand_ranges, selected_lengths
+from selgate.reference import normalize_ranges, resolve_scale
 from selgate.reference.varlen import pack_sequences, varlen_to_batched
-from tests.helpers import random_inputs
+from tests.helpers import assert_matches_reference, poison_unselected, random_inputs
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
@@ -35,46 +33,6 @@ SHAPES = {
     "prefill_dk8_h16": (1, 6, 2, 16, 8, 24, 40, 3),
     "h1_short_kv": (2, 7, 1, 1, 32, 8, 5, 2),
 }
-
-
-def poison_unselected(k, v, norm):
-    """NaN every key of (b, g) that none of its rows selects; returns poisoned copies."""
-    B, S, G = norm.shape[:3]
-    L_max = max(int(selected_lengths(norm).max()), 1)
-    idx, valid = expand_ranges(norm, L_max)  # [B, S, G, L]
-    used = torch.zeros(B, G, k.shape[2], dtype=torch.bool, device=k.device)
-    bi = torch.arange(B, device=k.device)[:, None, None, None].expand_as(idx)
-    gi = torch.arange(G, device=k.device)[None, None, :, None].expand_as(idx)
-    used[bi[valid], gi[valid], idx[valid]] = True
-    nan = torch.tensor(float("nan"), dtype=k.dtype, device=k.device)
-    return torch.where(used[..., None], k, nan), torch.where(used[..., None], v, nan)
-
-
-def assert_matches_reference(q, k, v, norm, o, lse, *, positions=None):
-    """SPEC.md acceptance: fp32 max 1e-5 / mean 1e-6; fp16/bf16 within 2x a plain PyTorch
-    run in that precision plus 2 eps max|ref|, mean 1e-3; -inf lse and zero o on empty rows."""
-    ref_o, ref_lse = selection_attention_ref(q, k, v, norm, positions=positions, return_lse=True)
-    assert o.dtype == v.dtype and lse.dtype == torch.float32
-    empty = ~torch.isfinite(ref_lse)
-    assert torch.isfinite(o).all(), "non-finite output where the reference is finite"
-    assert bool((lse[empty] == float("-inf")).all()) and bool((o[empty] == 0).all())
-    assert torch.isfinite(lse[~empty]).all()
-    err_o = (o.double() - ref_o).abs()
-    err_lse = (lse.double() - ref_lse)[~empty].abs()
-    if q.dtype == torch.float32:
-        for name, err in (("o", err_o), ("lse", err_lse)):
-            if err.numel():
-                assert err.max() <= 1e-5 and err.mean() <= 1e-6, f"{name}: max {err.max():.3g} mean {err.mean():.3g}"
-        return
-    sc = resolve_scale(None, q.shape[-1])
-    low_o, low_lse = gather_attention(q, k, v, norm, scale=sc, dtype=q.dtype)
-    eps = torch.finfo(q.dtype).eps
-    for name, err, low, ref in (("o", err_o, low_o, ref_o), ("lse", err_lse, low_lse[~empty], ref_lse[~empty])):
-        if not err.numel():
-            continue
-        low_err = (low.double() - ref).abs().max()
-        bound = 2 * low_err + 2 * eps * ref.abs().max()
-        assert err.max() <= bound and err.mean() <= 1e-3, f"{name}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g}"
 
 
 def _inputs(shape, dtype, seed):

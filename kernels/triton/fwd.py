@@ -18,6 +18,9 @@ addresses, so the SMs skip the per-key address arithmetic and masks, and such a 
 holds only selected keys. Each range's remainder still takes the masked gather path in
 TAIL_L tiles. Measured on the H100, prefill T=65536: 16.5 ms against 17.4 ms for the
 gather path (rotating inputs), 16.6 against 21.2 ms with L2 flushed before each call.
+
+With `PAIRS` (the H100 profile's prefill) calls that pairs.py supports go to its Gluon kernel
+instead, which serves two neighbouring rows a program and loads the tiles both select once.
 """
 from __future__ import annotations
 
@@ -218,7 +221,8 @@ def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=No
     """BLOCK_L, num_warps, num_stages, TMA and TAIL_L for one call of `kind` ("decode",
     "prefill" or "interpreter", whose small tiles make tiny test rows span several tiles).
     TMA comes from `triton_fwd.<kind>.tma` (env NSA_SEL_TRITON_TMA); such a kind skips tuned
-    entries, which time the gather path.
+    entries, which time the gather path. PAIRS (pairs.py's kernel where it applies) comes
+    from `triton_fwd.<kind>.pairs` (env NSA_SEL_TRITON_PAIRS).
 
     Chosen by `tuning.fwd_config`, cached per (kind, Dk, Dv, L bucket of (S_kv, n), dtype):
     env `NSA_SEL_TRITON_FWD_CONFIG` > persisted tuned config (`configs/tuned/`) > the
@@ -278,6 +282,13 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
             tune=lambda default: tuning.tune_fwd(
                 lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
+        if cfg.get("PAIRS"):
+            from . import pairs  # Gluon: imported only where a profile turns the pair kernel on
+
+            if pairs.unsupported(q, k, v, positions) is None:
+                record_launch("triton_fwd")
+                record_launch("triton_fwd_pairs")
+                return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
         tma = bool(cfg.get("TMA")) and tma_supported(k, v)
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
                 "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}

@@ -59,6 +59,7 @@ ENV_TUNED = "NSA_SEL_TUNED"
 ENV_TUNED_DIR = "NSA_SEL_TUNED_DIR"
 ENV_RANGE_LEN = "NSA_SEL_RANGE_LEN"
 ENV_TMA = "NSA_SEL_TRITON_TMA"
+ENV_PAIRS = "NSA_SEL_TRITON_PAIRS"
 DEFAULT_RANGE_LEN = 64
 FWD_KEYS = ("BLOCK_L", "num_warps", "num_stages")
 BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "dq_tma", "dq_tail_n", "block_n", "block_m", "warps", "stages",
@@ -206,8 +207,9 @@ class _State:
         self.last: dict = {}
         self.env_fwd = os.environ.get(ENV_FWD)  # read once per state: no environ access per call
         self.env_bwd = os.environ.get(ENV_BWD)
-        self.tma = {kind: env_flag(ENV_TMA, bool(raw.get("tma", False)))  # per kind, read once
-                    for kind, raw in owner["triton_fwd"].items() if isinstance(raw, dict) and "block_l" in raw}
+        kinds = {kind: raw for kind, raw in owner["triton_fwd"].items() if isinstance(raw, dict) and "block_l" in raw}
+        self.tma = {kind: env_flag(ENV_TMA, bool(raw.get("tma", False))) for kind, raw in kinds.items()}  # read once
+        self.pairs = {kind: env_flag(ENV_PAIRS, bool(raw.get("pairs", False))) for kind, raw in kinds.items()}
 
 
 _state: _State | None = None
@@ -329,7 +331,7 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
         cfg, source = (None if tma else _lookup(st, "fwd", kind, Dk, Dv, dtype, b)) or \
             profile_fwd_config(st.owner, Dk, Dv, item, kind, b)
         tail = int(st.owner["triton_fwd"][kind].get("tail_l", cfg["BLOCK_L"]))
-        return {**cfg, "TMA": tma, "TAIL_L": max(MIN_DOT, tail)}, source
+        return {**cfg, "TMA": tma, "TAIL_L": max(MIN_DOT, tail), "PAIRS": st.pairs.get(kind, False)}, source
 
     return _select("fwd", key, resolve, tune, FWD_KEYS, ENV_FWD, env)
 
