@@ -60,4 +60,5 @@ def assert_matches_reference(q, k, v, norm, o, lse, *, positions=None):
             continue
         low_err = (low.double() - ref).abs().max()
         bound = 2 * low_err + 2 * eps * ref.abs().max()
-        assert err.max() <= bound and err.mean() <= 1e-3, f"{name}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g}"
+        assert err.max() <= bound and err.mean() <= 1e-3, \
+            f"{name}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g}"

@@ -170,7 +170,8 @@ def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkey
 def test_the_profile_turns_the_pair_kernel_on_per_kind_and_the_env_flag_overrides_it(cfg, monkeypatch):
     """`pairs: true` (the H100's prefill) sends supported calls to pairs.py; other kinds keep
     fwd.py; NSA_SEL_TRITON_PAIRS=0|1 overrides the profile, read once per state."""
-    write_profile(cfg, "triton_fwd:\n  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, pairs: true}\n"
+    write_profile(cfg, "triton_fwd:\n"
+                       "  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, pairs: true}\n"
                        "  decode: {block_l: 16, num_warps: 4, num_stages: 1}\n")
     assert tuning.fwd_config(16, 16, 4, "interpreter", dtype=torch.float32, S_kv=70, n=4)["PAIRS"] is True
     assert tuning.fwd_config(16, 16, 4, "decode", dtype=torch.float32, S_kv=70, n=4)["PAIRS"] is False

@@ -24,6 +24,8 @@ instead, which serves two neighbouring rows a program and loads the tiles both s
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -254,6 +256,17 @@ def tma_descriptors(k, v, block_l: int):
                                   [1, 1, block_l, max(MIN_DOT, triton.next_power_of_2(x.shape[3]))]) for x in (k, v))
 
 
+@functools.cache
+def _pair_kernel():
+    """pairs.py, imported where a profile turns it on; None (this kernel serves) where this
+    Triton has no Gluon."""
+    try:
+        from . import pairs
+    except ImportError:
+        return None
+    return pairs
+
+
 def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None, config=None, _tuner=None):
     """Raw launch of the forward kernel on already-normalised ranges (no checks, no autograd).
 
@@ -282,13 +295,11 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
             tune=lambda default: tuning.tune_fwd(
                 lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
-        if cfg.get("PAIRS"):
-            from . import pairs  # Gluon: imported only where a profile turns the pair kernel on
-
-            if pairs.unsupported(q, k, v, positions) is None:
-                record_launch("triton_fwd")
-                record_launch("triton_fwd_pairs")
-                return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
+        pairs = _pair_kernel() if cfg.get("PAIRS") else None
+        if pairs is not None and pairs.unsupported(q, k, v, positions) is None:
+            record_launch("triton_fwd")
+            record_launch("triton_fwd_pairs")
+            return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
         tma = bool(cfg.get("TMA")) and tma_supported(k, v)
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
                 "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}

@@ -92,8 +92,10 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
                  sl_b, sl_s, sl_g, sl_h, S, G, S_kv, h, n, qk_scale,
                  H: gl.constexpr, D: gl.constexpr, N_PAD: gl.constexpr, BL: gl.constexpr, STAGES: gl.constexpr,
                  TAIL: gl.constexpr, SMEM: gl.constexpr, ITEM: gl.constexpr, R: gl.constexpr):
-    # Layouts: MMA puts row r of the program on warp r; RNG holds [R, N_PAD] range tables (a
-    # row a warp); RK the same tables replicated in every warp (reductions stay in a warp).
+    """Rows c*R .. c*R + R - 1 of one (b, g). The key arithmetic is tiles.py's (block_key,
+    gather_keys) written again with explicit layouts: Gluon cannot call triton.jit functions.
+    Layouts: MMA puts row r on warp r; RNG holds [R, N_PAD] range tables (a row a warp); RK the
+    same tables replicated in every warp, so the per-step key lookups reduce within a warp."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[R, 1, 1], instr_shape=[1, 16, 8])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -107,8 +109,8 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
     nch = gl.cdiv(S, R)
     c = pid % nch
     bg = pid // nch
-    b = bg // G
-    g = bg % G
+    b = (bg // G).to(gl.int64)  # int64: every stride product below may pass 2^31
+    g = (bg % G).to(gl.int64)
     rowbase = bg * S_kv
 
     rr = gl.arange(0, R, layout=gl.SliceLayout(1, RNG))
@@ -117,7 +119,7 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
     row_ok = s < S
     t = s + S_kv - S
     lim = gl.minimum(gl.maximum(t + 1, 0), S_kv)
-    rrow = r_ptr + b.to(gl.int64) * sr_b + s[:, None].to(gl.int64) * sr_s + g * sr_g + j[None, :] * sr_j
+    rrow = r_ptr + b * sr_b + s[:, None].to(gl.int64) * sr_s + g * sr_g + j[None, :] * sr_j
     rm = row_ok[:, None] & (j[None, :] < n)
     start = gl.load(rrow, mask=rm, other=0).to(gl.int32)
     end = gl.load(rrow + 1, mask=rm, other=0).to(gl.int32)
@@ -160,8 +162,8 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
     h3 = gl.arange(0, H, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
     d3 = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     s3 = c * R + r3
-    qm = (s3 < S)[:, None, None] & (h3 < h)[None, :, None] & (d3 < D)[None, None, :]
-    qoff = (b.to(gl.int64) * sq_b + s3[:, None, None].to(gl.int64) * sq_s + g * sq_g
+    qm = (s3 < S)[:, None, None] & (h3 < h)[None, :, None] & (d3 < D)[None, None, :]  # full-shape mask
+    qoff = (b * sq_b + s3[:, None, None].to(gl.int64) * sq_s + g * sq_g
             + h3[None, :, None].to(gl.int64) * sq_h + d3[None, None, :])
     q = gl.load(q_ptr + qoff, mask=qm, other=0.0)
     q_op = gl.convert_layout(q, A_OP)
@@ -236,10 +238,10 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
     o = gl.convert_layout(acc / gl.expand_dims(l_safe, 2), L3)
     lse = gl.convert_layout(gl.where(nonempty, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf")),
                             gl.SliceLayout(2, L3))
-    ooff = (b.to(gl.int64) * so_b + s3[:, None, None].to(gl.int64) * so_s + g * so_g
+    ooff = (b * so_b + s3[:, None, None].to(gl.int64) * so_s + g * so_g
             + h3[None, :, None].to(gl.int64) * so_h + d3[None, None, :])
     gl.store(o_ptr + ooff, o.to(o_ptr.dtype.element_ty), mask=qm)
-    loff = b.to(gl.int64) * sl_b + s3[:, None].to(gl.int64) * sl_s + g * sl_g + h3[None, :] * sl_h
+    loff = b * sl_b + s3[:, None].to(gl.int64) * sl_s + g * sl_g + h3[None, :] * sl_h
     gl.store(lse_ptr + loff, lse, mask=(s3 < S)[:, None] & (h3 < h)[None, :])
 
 
@@ -255,8 +257,8 @@ def layout_problem(q, k, v, positions) -> str | None:
     """fp16/bf16, Dk == Dv in HEAD_DIMS, h <= 16, no explicit positions, and K and V each
     addressable as one [B*G*S_kv, D] row table (the (b, g) strides collapse onto the key
     stride) on 16-byte boundaries; None when all hold."""
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"dtype {q.dtype}"
+    if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
+        return f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
     B, S, G, h, Dk = q.shape
     if h > HEADS or Dk not in HEAD_DIMS or v.shape[3] != Dk:
         return f"h={h}, Dk={Dk}, Dv={v.shape[3]}"
