@@ -111,7 +111,10 @@ struct Params {
   int hpb;          // heads per block
   int head_groups;  // head groups per (b, g) row
   int split;        // mma: blocks (one cluster) per (row, head group)
-  bool early_trigger;  // mma with PDL: let the next grid launch right after griddepcontrol.wait
+  int trigger;      // mma with PDL: the next grid may launch 0 after the loop, 1 right after
+                    // griddepcontrol.wait, 2 halfway through the row's slabs
+  int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 also the row's
+                    // first keys, 4 as 3 with the keys kept (evict_last)
   int tile;         // simt: keys per tile
   int stages;       // depth of the cp.async ring (mma: per warp)
   int k_stride, v_stride, q_stride, stage_elems;  // shared-memory row strides and stage size, in elements
@@ -300,6 +303,40 @@ __device__ __forceinline__ void allow_next_grid() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// L2 prefetch of every 128-byte line of [ptr, ptr + bytes), lines i, i + step, ...: a hint
+// (no register is written, no memory-model effect), so it may run before griddepcontrol.wait;
+// L2 is coherent, so a line the previous grid writes afterwards is seen by later loads.
+__device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes, int i, int step, bool keep) {
+  const uintptr_t end = reinterpret_cast<uintptr_t>(ptr) + bytes;
+  for (uintptr_t x = (reinterpret_cast<uintptr_t>(ptr) & ~uintptr_t(127)) + uintptr_t(i) * 128; x < end;
+       x += uintptr_t(step) * 128) {
+    if (keep) {
+      asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(x));
+    } else {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(x));
+    }
+  }
+}
+
+// What a block will read first, asked of L2 before the wait: the row's ranges, its q heads and,
+// with prefetch >= 3 and no positions (t = S_kv - 1), its first kSpecKeys keys, which NSA
+// always selects (block 0); elsewhere those bytes are read for nothing.
+constexpr int kSpecKeys = 64;
+template <typename T>
+__device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int head0, int HG) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t rsz = p.ranges_i64 ? 8 : 4;
+  prefetch_l2(static_cast<const char*>(p.ranges) + row * p.n * 2 * rsz, p.n * 2 * rsz, tid, nt, true);
+  prefetch_l2(static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk, int64_t(HG) * p.Dk * sizeof(T), tid, nt, true);
+  if (p.prefetch < 3 || p.positions) return;
+  const T* kg = static_cast<const T*>(p.k) + row * p.k_row;
+  const T* vg = static_cast<const T*>(p.v) + row * p.v_row;
+  for (int64_t j = tid; j < min(int64_t(kSpecKeys), p.S_kv); j += nt) {
+    prefetch_l2(kg + j * p.k_key, int64_t(p.Dk) * sizeof(T), 0, 1, p.prefetch == 4);
+    prefetch_l2(vg + j * p.v_key, int64_t(p.Dv) * sizeof(T), 0, 1, p.prefetch == 4);
+  }
+}
+
 // Barrier over the thread-block cluster, ordering shared-memory writes before remote reads.
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -459,8 +496,9 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     const int w = k16 - p.Dk, r = i / w;
     ring[(r / KS) * p.stage_elems + (r % KS) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
   }
+  if (p.prefetch >= 2 && rank == 0) prefetch_row<T>(p, row, head0, HG);
   wait_prior_grids();
-  if (p.early_trigger) allow_next_grid();
+  if (p.trigger == 1) allow_next_grid();
   // q: 16-byte cp.async, zero-filled for heads >= HG and columns >= Dk; begin_row waits for it.
   const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
   for (int i = tid; i < kMmaHeads * (k16 / 8); i += blockDim.x) {
@@ -511,6 +549,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   int slot = 0, next = p.stages - 1;
 
   for (int i = 0; i < count; ++i) {
+    if (p.trigger == 2 && i == count / 2) allow_next_grid();
     cp_async_wait_pending(p.stages - 2);
     // Every copy of slab i landed and every reader is done with slab i - 1: the warp's own
     // (per-warp slabs), or the block's (SHARED).
@@ -617,7 +656,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   cp_async_wait<0>();
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
-  if (!p.early_trigger) allow_next_grid();
+  if (p.trigger == 0 || (p.trigger == 2 && count == 0)) allow_next_grid();
   if constexpr (SHARED) {
     // Both warps ran the same softmax over every key; each writes its half of Dv, straight
     // from the accumulator fragments (rows g and g + 8, columns 2tg, 2tg + 1 of each n8 tile).
@@ -1019,8 +1058,11 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   const int schedule = a.tune.schedule > 0 ? a.tune.schedule : shared_auto ? 2 : 1;
   SEL_CHECK(schedule == 1 || schedule == 2, "sel_decode: schedule must be 1 (per-warp slabs) or 2 (shared slabs), got ",
               schedule);
-  SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 3, "sel_decode: pdl must be 0 (automatic), 1 (on), 2 (off) or 3 (on, "
-              "next grid triggered right after the wait), got ", a.tune.pdl);
+  SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 4, "sel_decode: pdl must be 0 (automatic), 1 (on), 2 (off), 3 (on, "
+              "next grid triggered right after the wait) or 4 (on, triggered halfway), got ", a.tune.pdl);
+  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 4, "sel_decode: prefetch must be in [0, 4], got ",
+            a.tune.prefetch);
+  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : 1;
   const bool shared = schedule == 2;
   auto smem_for = [&](int nw, int stages, int split, int slab) {
     const int64_t ring = int64_t(shared ? 1 : nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
@@ -1092,7 +1134,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   const bool lands_evenly = 2 * plan.blocks <= capacity || plan.blocks_per_sm <= (plan.blocks + dev.sms - 1) / dev.sms;
   const int pdl = a.tune.pdl != 0 ? a.tune.pdl : !shared ? 2 : lands_evenly ? 3 : 1;
   plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
-  p.early_trigger = plan.pdl == 3;
+  p.trigger = plan.pdl == 3 ? 1 : plan.pdl == 4 ? 2 : 0;
   return !launch_it || launch(kernel, p, dev, plan, stream);
 }
 

@@ -17,6 +17,7 @@ struct Tune {
                    // slabs; with shared slabs 3 where the next grid lands evenly, else 1 (see run_mma)
   int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
   int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab
+  int prefetch = 0;  // L2 prefetch before the wait: 1 none, 2 ranges and q, 3 also the first keys, 4 kept
 };
 
 // One decode call. q [B,1,G,h,Dk], ranges int32/int64 [B,1,G,n,2], positions int32/int64
