@@ -78,8 +78,8 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     tune = [int(x) for x in (tune or ())]
-    if len(tune) > 7 or any(x < 0 for x in tune):
-        raise ValueError(f"tune: expected up to 7 non-negative ints (stages, split, warps, pdl, slab, schedule, prefetch), "
+    if len(tune) > 8 or any(x < 0 for x in tune):
+        raise ValueError(f"tune: expected up to 8 non-negative ints (stages, split, warps, pdl, slab, schedule, prefetch, occupancy), "
                          f"got {tune}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     reason = unsupported_reason(q, d)

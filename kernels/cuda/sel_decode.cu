@@ -932,7 +932,7 @@ int ring_stages(int64_t stage_bytes) {
 }
 
 struct Device {
-  int id, cc_major, sms, max_smem;
+  int id, cc_major, sms, max_smem, smem_per_sm;
 };
 // The current device's attributes, queried once per device: a decode step pays host time
 // for every driver call it makes.
@@ -951,6 +951,7 @@ bool current_device(Device& d) {
   SEL_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, id));
   SEL_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, id));
   SEL_CUDA(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, id));
+  SEL_CUDA(cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, id));
   cache[id] = d;
   return true;
 }
@@ -1117,6 +1118,12 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.warps = nw;
   plan.split = split;
   plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
+  // Occupancy cap (override): pad the block's shared memory so at most `occupancy` blocks fit an
+  // SM (1 KB per block is the driver's reservation).
+  SEL_CHECK(a.tune.occupancy >= 0, "sel_decode: occupancy must be >= 0, got ", a.tune.occupancy);
+  if (a.tune.occupancy > 0)
+    plan.smem_bytes = std::max<int64_t>(plan.smem_bytes, std::min<int64_t>(dev.max_smem,
+                                        (dev.smem_per_sm / (a.tune.occupancy + 1) + 16) & ~int64_t(15)));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
               plan.smem_bytes, " bytes of shared memory per block, the device allows ", dev.max_smem);

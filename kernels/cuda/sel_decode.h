@@ -18,6 +18,7 @@ struct Tune {
   int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
   int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab
   int prefetch = 0;  // L2 prefetch before the wait: 1 none, 2 ranges and q, 3 also the first keys, 4 kept
+  int occupancy = 0;  // at most this many blocks per SM (shared memory padded); 0 no cap
 };
 
 // One decode call. q [B,1,G,h,Dk], ranges int32/int64 [B,1,G,n,2], positions int32/int64

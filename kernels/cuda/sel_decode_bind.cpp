@@ -31,10 +31,10 @@ void check_operand(const char* name, const at::Tensor& t, const at::Tensor& q, i
 }
 
 selgate::Tune tune_of(const std::vector<int64_t>& tune) {
-  TORCH_CHECK(tune.size() <= 7, "sel_decode: tune is [stages, split, warps, pdl, slab, schedule, prefetch], got ", tune.size(),
+  TORCH_CHECK(tune.size() <= 8, "sel_decode: tune is [stages, split, warps, pdl, slab, schedule, prefetch, occupancy], got ", tune.size(),
               " values");
   selgate::Tune t;
-  int* fields[] = {&t.stages, &t.split, &t.warps, &t.pdl, &t.slab, &t.schedule, &t.prefetch};
+  int* fields[] = {&t.stages, &t.split, &t.warps, &t.pdl, &t.slab, &t.schedule, &t.prefetch, &t.occupancy};
   for (size_t i = 0; i < tune.size(); ++i) *fields[i] = static_cast<int>(tune[i]);
   return t;
 }
