@@ -113,8 +113,8 @@ struct Params {
   int split;        // mma: blocks (one cluster) per (row, head group)
   int trigger;      // mma with PDL: the next grid may launch 0 after the loop, 1 right after
                     // griddepcontrol.wait, 2 halfway through the row's slabs
-  int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 also the row's
-                    // first keys, 4 as 3 with the keys kept (evict_last)
+  int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 also keys
+                    // [0, 64), 4 and 5 also the first 64 and 128 selected keys (see prefetch_row)
   int tile;         // simt: keys per tile
   int stages;       // depth of the cp.async ring (mma: per warp)
   int k_stride, v_stride, q_stride, stage_elems;  // shared-memory row strides and stage size, in elements
@@ -318,9 +318,11 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes, int 
   }
 }
 
-// What a block will read first, asked of L2 before the wait: the row's ranges, its q heads and,
-// with prefetch >= 3 and no positions (t = S_kv - 1), its first kSpecKeys keys, which NSA
-// always selects (block 0); elsewhere those bytes are read for nothing.
+// What a block will read first, asked of L2 before the wait: the row's ranges, its q heads and
+// (prefetch 3) its first kSpecKeys keys, which NSA always selects (block 0), or (4, 5) the keys
+// of its first kSpecKeys or 2 * kSpecKeys selected positions, found from ranges read before the
+// wait: they may be stale (the previous grid may still write them), which costs only a wasted
+// prefetch, since the kernel reads them again after the wait. Every address stays in [0, S_kv).
 constexpr int kSpecKeys = 64;
 template <typename T>
 __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int head0, int HG) {
@@ -328,12 +330,37 @@ __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int h
   const int64_t rsz = p.ranges_i64 ? 8 : 4;
   prefetch_l2(static_cast<const char*>(p.ranges) + row * p.n * 2 * rsz, p.n * 2 * rsz, tid, nt, true);
   prefetch_l2(static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk, int64_t(HG) * p.Dk * sizeof(T), tid, nt, true);
-  if (p.prefetch < 3 || p.positions) return;
   const T* kg = static_cast<const T*>(p.k) + row * p.k_row;
   const T* vg = static_cast<const T*>(p.v) + row * p.v_row;
-  for (int64_t j = tid; j < min(int64_t(kSpecKeys), p.S_kv); j += nt) {
-    prefetch_l2(kg + j * p.k_key, int64_t(p.Dk) * sizeof(T), 0, 1, p.prefetch == 4);
-    prefetch_l2(vg + j * p.v_key, int64_t(p.Dv) * sizeof(T), 0, 1, p.prefetch == 4);
+  auto keys = [&](int64_t k0, int64_t count, int i, int step) {
+    for (int64_t j = i; j < count; j += step) {
+      prefetch_l2(kg + (k0 + j) * p.k_key, int64_t(p.Dk) * sizeof(T), 0, 1, false);
+      prefetch_l2(vg + (k0 + j) * p.v_key, int64_t(p.Dv) * sizeof(T), 0, 1, false);
+    }
+  };
+  if (p.prefetch == 3 && !p.positions) keys(0, min(int64_t(kSpecKeys), p.S_kv), tid, nt);
+  if (p.prefetch < 4 || tid >= 32) return;
+  const int64_t want = p.prefetch == 4 ? kSpecKeys : 2 * kSpecKeys;
+  int64_t carry = 0;
+  for (int base = 0; base < p.n && carry < want; base += 32) {
+    const int j = base + tid;
+    int64_t s = 0, len = 0;
+    if (j < p.n) {
+      const int64_t at = (row * p.n + j) * 2;
+      s = p.ranges_i64 ? static_cast<const volatile int64_t*>(p.ranges)[at] : static_cast<const volatile int32_t*>(p.ranges)[at];
+      const int64_t e = p.ranges_i64 ? static_cast<const volatile int64_t*>(p.ranges)[at + 1]
+                                     : static_cast<const volatile int32_t*>(p.ranges)[at + 1];
+      s = min(max(s, int64_t(0)), p.S_kv);
+      len = max(min(max(e, int64_t(0)), p.S_kv) - s, int64_t(0));
+    }
+    int64_t x = len;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
+      if (tid >= o) x += y;
+    }
+    keys(s, min(len, max(want - (carry + x - len), int64_t(0))), 0, 1);
+    carry += __shfl_sync(0xffffffffu, x, 31);
   }
 }
 
@@ -1061,7 +1088,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
               schedule);
   SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 4, "sel_decode: pdl must be 0 (automatic), 1 (on), 2 (off), 3 (on, "
               "next grid triggered right after the wait) or 4 (on, triggered halfway), got ", a.tune.pdl);
-  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 4, "sel_decode: prefetch must be in [0, 4], got ",
+  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 5, "sel_decode: prefetch must be in [0, 5], got ",
             a.tune.prefetch);
   p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : 1;
   const bool shared = schedule == 2;
