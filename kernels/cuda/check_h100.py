@@ -56,9 +56,9 @@ TUNE_PARITY = ((2, 1, 4, 0), (6, 1, 1, 0), (3, 2, 4, 0), (2, 4, 4, 1), (3, 4, 2,
 TUNE_CASES = ((4, (64, 64), 512, "few"), (8, (128, 128), 1000, "mixed"), (16, (192, 64), 333, "many"),
               (20, (72, 40), 129, "mixed"), (2, (64, 192), 7, "few"), (1, (256, 256), 2048, "many"))
 # variants timed side by side by --sweep: (stages, split, warps, pdl[, slab, schedule]), 0 = automatic
-SWEEP = ((0, 0, 0, 0), (0, 0, 0, 0, 0, 0, 3, 2), (3, 0, 0, 0, 0, 0, 3, 2), (5, 0, 0, 0, 0, 0, 3, 2),
-         (0, 0, 0, 0, 0, 0, 4, 2), (0, 0, 0, 0, 0, 0, 5, 2), (5, 0, 0, 0, 0, 0, 5, 2), (0, 0, 0, 4, 0, 0, 3, 2),
-         (0, 0, 0, 0, 0, 0, 2, 2))
+SWEEP = ((0, 0, 0, 0), (0, 0, 0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0, 1, 2), (0, 0, 0, 0, 0, 0, 3, 2),
+         (0, 0, 0, 0, 0, 0, 4, 2), (0, 0, 0, 0, 0, 0, 5, 2), (0, 0, 0, 4, 0, 0, 4, 2), (5, 0, 0, 0, 0, 0, 4, 2),
+         (0, 0, 0, 0, 0, 0, 3))
 L_SEL = 64
 
 
@@ -276,15 +276,15 @@ def bench(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
 
 
 def plan_of(x: Inputs, tune=()) -> str:
-    """The tensor-core launch for x: stages/split/warps/pdl/slab/schedule, blocks per SM, smem KB."""
+    """The tensor-core launch for x: stages/split/warps/pdl/slab/schedule/prefetch, blocks per SM, smem KB."""
     from .build import load_extension
 
     ext = load_extension(x.q.device)
     B, _, G, h, Dk = x.q.shape
     dt = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}[x.q.dtype]
-    _, st, sp, w, _, smem, bps, pdl, _, slab, sched = ext.plan(dt, B, G, h, x.k.shape[2], Dk, x.v.shape[3],
+    _, st, sp, w, _, smem, bps, pdl, _, slab, sched, pf = ext.plan(dt, B, G, h, x.k.shape[2], Dk, x.v.shape[3],
                                                                x.ranges.shape[3], True, list(tune))
-    return f"{st}/{sp}/{w}/{pdl}/{slab}/{sched} {bps}/SM {smem / 1024:.0f}KB"
+    return f"{st}/{sp}/{w}/{pdl}/{slab}/{sched}/{pf} {bps}/SM {smem / 1024:.0f}KB"
 
 
 def sweep(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
@@ -319,9 +319,9 @@ def sweep(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
 def sweep_markdown(rows: list[dict], copy_gbps: float) -> str:
     keys = ["/".join(map(str, t)) for t in SWEEP]
     out = ["## Launch sweep of the tensor-core kernel (graph replay, time / HBM floor)", "",
-           f"Copy bandwidth {copy_gbps:.0f} GB/s. Columns: stages/split/warps/pdl[/slab/schedule] (0 = automatic); `!` = parity "
+           f"Copy bandwidth {copy_gbps:.0f} GB/s. Columns: stages/split/warps/pdl[/slab/schedule/prefetch/occupancy] (0 = automatic); `!` = parity "
            "failure; `refused`: the wrapper declines that launch here; `auto` = the automatic launch "
-           "(stages/split/warps/pdl/slab/schedule with pdl as launched: 0 off, 1 triggered after the loop, 3 after the "
+           "(stages/split/warps/pdl/slab/schedule/prefetch with pdl as launched: 0 off, 1 triggered after the loop, 3 after the "
            "wait; blocks per SM, shared memory).", "",
            "| N | h | D | n | floor us | auto | " + " | ".join(keys) + " |",
            "| --- " * (6 + len(keys)) + "|"]
@@ -369,7 +369,7 @@ def markdown(env: dict, build_s: float, parity: list[dict], rows: list[dict], co
             f"Copy bandwidth measured in this run: {copy_gbps:.0f} GB/s (read + write). `db`: do_bench median "
             "(L2 flushed before each call); `graph`: CUDA-graph replay over rotating inputs. "
             "N = B*G decode rows (G = 1), S_kv = 4L. `cuda launch`: the tensor-core kernel's automatic launch, "
-            "stages/split/warps/pdl/slab/schedule (pdl as launched: 0 off, 1 next grid triggered after the loop, 3 right after "
+            "stages/split/warps/pdl/slab/schedule/prefetch (pdl as launched: 0 off, 1 next grid triggered after the loop, 3 right after "
             "the wait), blocks per SM, shared memory per block. `same-size copy graph`: a plain device "
             "copy moving the same bytes, graph-replayed (how close to the floor a transfer of this size gets).", "",
             "| N | h | D=Dv | n | L | cuda db | cuda graph | simt db | simt graph | sdpa db | triton db | triton graph "

@@ -113,8 +113,8 @@ struct Params {
   int split;        // mma: blocks (one cluster) per (row, head group)
   int trigger;      // mma with PDL: the next grid may launch 0 after the loop, 1 right after
                     // griddepcontrol.wait, 2 halfway through the row's slabs
-  int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 also keys
-                    // [0, 64), 4 and 5 also the first 64 and 128 selected keys (see prefetch_row)
+  int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 to 5 also keys
+                    // [0, 64) (see prefetch_row)
   int tile;         // simt: keys per tile
   int stages;       // depth of the cp.async ring (mma: per warp)
   int k_stride, v_stride, q_stride, stage_elems;  // shared-memory row strides and stage size, in elements
@@ -318,11 +318,25 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes, int 
   }
 }
 
+// Bulk L2 prefetch of [ptr, ptr + bytes) (16-byte aligned, a multiple of 16 bytes), with an
+// evict_last policy when `keep`; a hint, like prefetch_l2.
+__device__ __forceinline__ void prefetch_bulk(const void* ptr, int bytes, bool keep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (keep) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(ptr), "r"(bytes), "l"(policy)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
+  }
+#endif
+}
+
 // What a block will read first, asked of L2 before the wait: the row's ranges, its q heads and
-// (prefetch 3) its first kSpecKeys keys, which NSA always selects (block 0), or (4, 5) the keys
-// of its first kSpecKeys or 2 * kSpecKeys selected positions, found from ranges read before the
-// wait: they may be stale (the previous grid may still write them), which costs only a wasted
-// prefetch, since the kernel reads them again after the wait. Every address stays in [0, S_kv).
+// (prefetch >= 3, no positions so t = S_kv - 1) its first kSpecKeys keys, which NSA always
+// selects (block 0); for other ranges those bytes are read for nothing. 3: one line prefetch per
+// 128 bytes; 4: bulk prefetches (one per contiguous K or V run); 5: as 4, kept (evict_last).
 constexpr int kSpecKeys = 64;
 template <typename T>
 __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int head0, int HG) {
@@ -330,37 +344,26 @@ __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int h
   const int64_t rsz = p.ranges_i64 ? 8 : 4;
   prefetch_l2(static_cast<const char*>(p.ranges) + row * p.n * 2 * rsz, p.n * 2 * rsz, tid, nt, true);
   prefetch_l2(static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk, int64_t(HG) * p.Dk * sizeof(T), tid, nt, true);
+  if (p.prefetch < 3 || p.positions) return;
   const T* kg = static_cast<const T*>(p.k) + row * p.k_row;
   const T* vg = static_cast<const T*>(p.v) + row * p.v_row;
-  auto keys = [&](int64_t k0, int64_t count, int i, int step) {
-    for (int64_t j = i; j < count; j += step) {
-      prefetch_l2(kg + (k0 + j) * p.k_key, int64_t(p.Dk) * sizeof(T), 0, 1, false);
-      prefetch_l2(vg + (k0 + j) * p.v_key, int64_t(p.Dv) * sizeof(T), 0, 1, false);
+  const int nk = static_cast<int>(min(int64_t(kSpecKeys), p.S_kv));
+  if (p.prefetch == 3) {
+    for (int j = tid; j < nk; j += nt) {
+      prefetch_l2(kg + int64_t(j) * p.k_key, int64_t(p.Dk) * sizeof(T), 0, 1, false);
+      prefetch_l2(vg + int64_t(j) * p.v_key, int64_t(p.Dv) * sizeof(T), 0, 1, false);
     }
-  };
-  if (p.prefetch == 3 && !p.positions) keys(0, min(int64_t(kSpecKeys), p.S_kv), tid, nt);
-  if (p.prefetch < 4 || tid >= 32) return;
-  const int64_t want = p.prefetch == 4 ? kSpecKeys : 2 * kSpecKeys;
-  int64_t carry = 0;
-  for (int base = 0; base < p.n && carry < want; base += 32) {
-    const int j = base + tid;
-    int64_t s = 0, len = 0;
-    if (j < p.n) {
-      const int64_t at = (row * p.n + j) * 2;
-      s = p.ranges_i64 ? static_cast<const volatile int64_t*>(p.ranges)[at] : static_cast<const volatile int32_t*>(p.ranges)[at];
-      const int64_t e = p.ranges_i64 ? static_cast<const volatile int64_t*>(p.ranges)[at + 1]
-                                     : static_cast<const volatile int32_t*>(p.ranges)[at + 1];
-      s = min(max(s, int64_t(0)), p.S_kv);
-      len = max(min(max(e, int64_t(0)), p.S_kv) - s, int64_t(0));
-    }
-    int64_t x = len;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
-      if (tid >= o) x += y;
-    }
-    keys(s, min(len, max(want - (carry + x - len), int64_t(0))), 0, 1);
-    carry += __shfl_sync(0xffffffffu, x, 31);
+    return;
+  }
+  const bool keep = p.prefetch == 5;
+  const int kb = p.Dk * int(sizeof(T)), vb = p.Dv * int(sizeof(T));
+  if (tid == 0) {
+    if (p.k_key == p.Dk) prefetch_bulk(kg, nk * kb, keep);
+    if (p.v_key == p.Dv) prefetch_bulk(vg, nk * vb, keep);
+  }
+  for (int j = tid; j < nk; j += nt) {
+    if (p.k_key != p.Dk) prefetch_bulk(kg + int64_t(j) * p.k_key, kb, keep);
+    if (p.v_key != p.Dv) prefetch_bulk(vg + int64_t(j) * p.v_key, vb, keep);
   }
 }
 
@@ -1088,9 +1091,6 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
               schedule);
   SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 4, "sel_decode: pdl must be 0 (automatic), 1 (on), 2 (off), 3 (on, "
               "next grid triggered right after the wait) or 4 (on, triggered halfway), got ", a.tune.pdl);
-  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 5, "sel_decode: prefetch must be in [0, 5], got ",
-            a.tune.prefetch);
-  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : 1;
   const bool shared = schedule == 2;
   auto smem_for = [&](int nw, int stages, int split, int slab) {
     const int64_t ring = int64_t(shared ? 1 : nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
@@ -1145,18 +1145,31 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   plan.warps = nw;
   plan.split = split;
   plan.smem_bytes = align16(smem_for(nw, stages, split, slab));
-  // Occupancy cap (override): pad the block's shared memory so at most `occupancy` blocks fit an
-  // SM (1 KB per block is the driver's reservation).
-  SEL_CHECK(a.tune.occupancy >= 0, "sel_decode: occupancy must be >= 0, got ", a.tune.occupancy);
-  if (a.tune.occupancy > 0)
-    plan.smem_bytes = std::max<int64_t>(plan.smem_bytes, std::min<int64_t>(dev.max_smem,
-                                        (dev.smem_per_sm / (a.tune.occupancy + 1) + 16) & ~int64_t(15)));
   plan.blocks = units * split;
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
               plan.smem_bytes, " bytes of shared memory per block, the device allows ", dev.max_smem);
+  SEL_CHECK(a.tune.occupancy >= 0, "sel_decode: occupancy must be >= 0, got ", a.tune.occupancy);
+  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 5, "sel_decode: prefetch must be in [0, 5], got ",
+            a.tune.prefetch);
   SEL_TRY(blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm));
+  const bool pdl_runs = dev.cc_major >= 9 && a.tune.pdl != 2;
+  const int64_t share = (plan.blocks + dev.sms - 1) / dev.sms;  // blocks per SM, spread evenly
+  // Tail landing (automatic, shared slabs with PDL): where the grid is one wave of at least 2
+  // blocks per SM and an SM could hold more, its shared memory is padded so an SM holds just its
+  // even share. The next grid's blocks then land only as this grid's finish, in its tail, where
+  // DRAM has bandwidth to spare, and their L2 prefetch of the rows' first keys runs there (N = 256,
+  // Dk = Dv = 64: 1.29-1.30x the HBM floor against 1.41-1.42x; bench/results/h100/cuda_decode_dev.md,
+  // fourteenth session). Where the next grid lands early instead, prefetched keys were evicted
+  // before use by this grid's stream and read twice (1.44-1.47x).
+  int occupancy = a.tune.occupancy;
+  if (occupancy == 0 && shared && pdl_runs && plan.blocks <= int64_t(plan.blocks_per_sm) * dev.sms && share >= 2)
+    occupancy = static_cast<int>(share);
+  if (occupancy > 0 && occupancy < plan.blocks_per_sm) {  // 1 KB per block is the driver's reservation
+    plan.smem_bytes = static_cast<int>(std::min<int64_t>(dev.max_smem, (dev.smem_per_sm / (occupancy + 1) + 16) & ~int64_t(15)));
+    SEL_TRY(blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm));
+  }
   // PDL lets the launch and prologue overlap the previous kernel's tail (nothing global is
-  // touched before griddepcontrol.wait). Automatic: on with shared slabs, where it was
+  // read before griddepcontrol.wait). Automatic: on with shared slabs, where it was
   // measured faster; off with per-warp slabs, as those launches were measured. Where the next
   // grid lands evenly, it is triggered right after the wait (3), not after the loop (1): all of
   // it fits beside this grid, or an SM's capacity is no more than its even share of the blocks.
@@ -1165,10 +1178,15 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   // as fast or faster everywhere (full H100 sweep, bench/results/h100/cuda_decode_dev.md, tenth
   // session). A grid at the wait holds only its slots; the wait returns when this grid is done.
   const int64_t capacity = int64_t(plan.blocks_per_sm) * dev.sms;
-  const bool lands_evenly = 2 * plan.blocks <= capacity || plan.blocks_per_sm <= (plan.blocks + dev.sms - 1) / dev.sms;
+  const bool in_tail = plan.blocks_per_sm <= share;  // the next grid lands only as this one's blocks finish
+  const bool lands_evenly = 2 * plan.blocks <= capacity || in_tail;
   const int pdl = a.tune.pdl != 0 ? a.tune.pdl : !shared ? 2 : lands_evenly ? 3 : 1;
   plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
   p.trigger = plan.pdl == 3 ? 1 : plan.pdl == 4 ? 2 : 0;
+  // L2 prefetch before the wait (automatic): the ranges, q and first keys where the next grid
+  // lands in this one's tail (see above); none elsewhere.
+  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : plan.pdl != 0 && shared && in_tail ? 4 : 1;
+  plan.prefetch = p.prefetch;
   return !launch_it || launch(kernel, p, dev, plan, stream);
 }
 

@@ -17,7 +17,7 @@ struct Tune {
                    // slabs; with shared slabs 3 where the next grid lands evenly, else 1 (see run_mma)
   int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
   int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab
-  int prefetch = 0;  // L2 prefetch before the wait: 1 none, 2 ranges and q, 3 also keys [0, 64), 4/5 also the first 64/128 selected
+  int prefetch = 0;  // L2 prefetch before the wait: 1 none, 2 ranges and q, 3-5 also keys [0, 64) (lines, bulk, bulk kept)
   int occupancy = 0;  // at most this many blocks per SM (shared memory padded); 0 no cap
 };
 
@@ -49,6 +49,7 @@ struct DecodePlan {
   int kernel = 0;  // 0 simt, 1 mma
   int slab = 0, stages = 0, split = 0, warps = 0, threads = 0, smem_bytes = 0, blocks_per_sm = 0, schedule = 0;
   int pdl = 0;  // PDL mode launched: 0 off, 1 next grid triggered after the loop, 3 right after the wait
+  int prefetch = 1;  // L2 prefetch before the wait (Tune::prefetch); 1 none
   int64_t blocks = 0;
 };
 

@@ -84,7 +84,7 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 // The launch fwd would make for these shapes: {kernel (0 simt, 1 mma), stages, split, warps,
-// threads, smem bytes, blocks per SM, pdl, blocks, slab, schedule}. Needs a current CUDA device.
+// threads, smem bytes, blocks per SM, pdl, blocks, slab, schedule, prefetch}. Needs a current CUDA device.
 std::vector<int64_t> plan(int64_t dtype, int64_t B, int64_t G, int64_t h, int64_t S_kv, int64_t Dk, int64_t Dv,
                           int64_t n, bool use_mma, const std::vector<int64_t>& tune) {
   selgate::DecodeArgs args{static_cast<selgate::Dtype>(dtype), use_mma, nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -94,7 +94,7 @@ std::vector<int64_t> plan(int64_t dtype, int64_t B, int64_t G, int64_t h, int64_
   char err[512];
   TORCH_CHECK(selgate::sel_decode_plan(args, pl, err, sizeof(err)), err);
   return {pl.kernel, pl.stages, pl.split, pl.warps, pl.threads, pl.smem_bytes, pl.blocks_per_sm, pl.pdl, pl.blocks,
-          pl.slab, pl.schedule};
+          pl.slab, pl.schedule, pl.prefetch};
 }
 
 }  // namespace
