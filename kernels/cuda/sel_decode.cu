@@ -236,12 +236,23 @@ __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned c
   }
 }
 
+// What both kernels know about their row once its ranges are in shared memory.
+template <typename T>
+struct RowView {
+  int64_t L;    // selected keys
+  const T* kg;  // the row's K [S_kv, Dk] and V [S_kv, Dv], keys p.k_key and p.v_key elements apart
+  const T* vg;
+};
+
 // Shared prologue of both kernels: the row's ranges into shared memory (warp 0), every
-// thread's earlier cp.async copies (q) landed but the last `pending` groups, one block barrier.
-__device__ __forceinline__ void begin_row(const Params& p, int64_t row, unsigned char* smem, int pending) {
+// thread's earlier cp.async copies (q) landed, then one block barrier.
+template <typename T>
+__device__ __forceinline__ RowView<T> begin_row(const Params& p, int64_t row, unsigned char* smem) {
   setup_ranges(p, row, row / p.G, smem);
-  cp_async_wait_pending(pending);
+  cp_async_wait<0>();
   __syncthreads();
+  return {*reinterpret_cast<const int64_t*>(smem + p.off_L), static_cast<const T*>(p.k) + row * p.k_row,
+          static_cast<const T*>(p.v) + row * p.v_row};
 }
 
 // Maps a thread's selected positions to key indices. Each thread visits its positions in
@@ -307,19 +318,25 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes, int 
   }
 }
 
-// Bulk L2 prefetch of [ptr, ptr + bytes) (16-byte aligned, a multiple of 16 bytes); a hint,
-// like prefetch_l2.
-__device__ __forceinline__ void prefetch_bulk(const void* ptr, int bytes) {
+// Bulk L2 prefetch of [ptr, ptr + bytes) (16-byte aligned, a multiple of 16 bytes), with an
+// evict_last policy when `keep`; a hint, like prefetch_l2.
+__device__ __forceinline__ void prefetch_bulk(const void* ptr, int bytes, bool keep) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
+  if (keep) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(ptr), "r"(bytes), "l"(policy)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
+  }
 #endif
 }
 
 // What a block will read first, asked of L2 before the wait: the row's ranges, its q heads and
 // (prefetch >= 3, no positions so t = S_kv - 1) its first kSpecKeys keys, which NSA always
 // selects (block 0); for other ranges those bytes are read for nothing. 3: one line prefetch per
-// 128 bytes; 4 and 5: bulk prefetches (one per contiguous K or V run); 5 also copies those keys
-// into the ring speculatively (sel_decode_mma).
+// 128 bytes; 4: bulk prefetches (one per contiguous K or V run); 5: as 4, kept (evict_last).
 constexpr int kSpecKeys = 64;
 template <typename T>
 __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int head0, int HG) {
@@ -338,14 +355,15 @@ __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int h
     }
     return;
   }
+  const bool keep = p.prefetch == 5;
   const int kb = p.Dk * int(sizeof(T)), vb = p.Dv * int(sizeof(T));
   if (tid == 0) {
-    if (p.k_key == p.Dk) prefetch_bulk(kg, nk * kb);
-    if (p.v_key == p.Dv) prefetch_bulk(vg, nk * vb);
+    if (p.k_key == p.Dk) prefetch_bulk(kg, nk * kb, keep);
+    if (p.v_key == p.Dv) prefetch_bulk(vg, nk * vb, keep);
   }
   for (int j = tid; j < nk; j += nt) {
-    if (p.k_key != p.Dk) prefetch_bulk(kg + int64_t(j) * p.k_key, kb);
-    if (p.v_key != p.Dv) prefetch_bulk(vg + int64_t(j) * p.v_key, vb);
+    if (p.k_key != p.Dk) prefetch_bulk(kg + int64_t(j) * p.k_key, kb, keep);
+    if (p.v_key != p.Dv) prefetch_bulk(vg + int64_t(j) * p.v_key, vb, keep);
   }
 }
 
@@ -450,19 +468,19 @@ __device__ __forceinline__ void combine8(float* x, const float* src, int stride,
 // pass, so each instruction moves whole 128-byte lines. 16-byte chunk c of slab row r lands
 // at chunk c ^ (r & xor). The chunk loops run to the compile-time widths DKB/DVB, guarded by
 // the real ones unless FULL (Dk == DKB and Dv == DVB).
-template <typename T, int DKB, int DVB, int KS, bool FULL, typename KeyOf>
-__device__ __forceinline__ void load_slab(const Params& p, const T* kg, const T* vg, int pos0, int L, T* ks, T* vs,
-                                          KeyOf key_of, int lane) {
+template <typename T, int DKB, int DVB, int KS, bool FULL>
+__device__ __forceinline__ void load_slab(const Params& p, const RowView<T>& rv, int pos0, int L, T* ks, T* vs,
+                                          const unsigned char* smem, KeyCursor& cursor, int lane) {
   const int ckk = p.Dk >> 3, ckv = p.Dv >> 3, c0 = lane & 7;
   const int mine = pos0 + lane % KS;
-  const int my_key = mine < L ? static_cast<int>(key_of(mine)) : -1;  // keys < S_kv < 2^31
+  const int my_key = mine < L ? static_cast<int>(cursor.key(mine, smem, p.n)) : -1;  // keys < S_kv < 2^31
 #pragma unroll
   for (int it = 0; it < KS / 4; ++it) {
     const int r = (lane >> 3) + 4 * it;
     const int key = __shfl_sync(0xffffffffu, my_key, r);
     const bool valid = key >= 0;
-    const T* krow = kg + static_cast<int64_t>(valid ? key : 0) * p.k_key;
-    const T* vrow = vg + static_cast<int64_t>(valid ? key : 0) * p.v_key;
+    const T* krow = rv.kg + static_cast<int64_t>(valid ? key : 0) * p.k_key;
+    const T* vrow = rv.vg + static_cast<int64_t>(valid ? key : 0) * p.v_key;
     T* kd = ks + r * p.k_stride;
     T* vd = vs + r * p.v_stride;
     const int kx = r & p.k_xor, vx = r & p.v_xor;
@@ -519,51 +537,27 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     cp_async16(qs + r * p.q_stride + c, valid ? qg + r * p.Dk + c : qg, valid);
   }
   cp_async_commit();
-  const int kv_off = KS * p.k_stride;  // V rows follow the slab's K rows
-  const T* kg = static_cast<const T*>(p.k) + row * p.k_row;
-  const T* vg = static_cast<const T*>(p.v) + row * p.v_row;
-  auto copy = [&](int stage, int pos, int L, auto key_of) {  // SHARED: warp w copies slab rows [w * KS / 2, (w + 1) * KS / 2)
-    T* ks = ring + stage * p.stage_elems;
-    if constexpr (SHARED) {
-      constexpr int KH = KS / 2;
-      load_slab<T, DKB, DVB, KH, FULL>(p, kg, vg, pos + warp * KH, L, ks + warp * KH * p.k_stride,
-                                       ks + kv_off + warp * KH * p.v_stride, key_of, lane);
-    } else {
-      load_slab<T, DKB, DVB, KS, FULL>(p, kg, vg, pos, L, ks, ks + kv_off, key_of, lane);
-    }
-  };
-  // Speculative first slabs (prefetch 5, shared slabs, t = S_kv - 1): keys [0, kSpecKeys), which
-  // NSA always selects first, are copied while the ranges are read; kept only if the row's first
-  // range is [0, >= kSpecKeys), else waited for and copied again from the ranges.
-  constexpr int kSpecSlabs = kSpecKeys / KS;
-  const bool spec = SHARED && p.prefetch == 5 && !p.positions && p.S_kv >= kSpecKeys && p.stages > kSpecSlabs;
-  if (spec) {
-    for (int s = 0; s < kSpecSlabs; ++s) {
-      copy(s, s * KS, kSpecKeys, [](int pos) { return pos; });
-      cp_async_commit();
-    }
-  }
-  begin_row(p, row, smem, spec ? kSpecSlabs : 0);
-  const int L = static_cast<int>(*reinterpret_cast<const int64_t*>(smem + p.off_L));  // <= S_kv < 2^31 (clamped)
-  int first = 0;  // slabs already in the ring
-  if (spec) {
-    const int64_t* cum = reinterpret_cast<const int64_t*>(smem);
-    if (p.n > 0 && cum[0] >= kSpecKeys && cum[p.n] == 0) {  // range 0 is [0, >= kSpecKeys): the copies are the row's
-      first = kSpecSlabs;
-    } else {
-      cp_async_wait<0>();
-      __syncthreads();
-    }
-  }
+  const RowView<T> rv = begin_row<T>(p, row, smem);
+  const int L = static_cast<int>(rv.L);  // <= S_kv < 2^31 (setup_ranges clamps, the host checks S_kv)
 
   // This warp's slabs: u, u + U, u + 2U, ... with u its index among the U warps of the row
   // (SHARED: the block's slabs, u = its rank among the U blocks of the row).
   const int nslabs = (L + KS - 1) / KS;
   const int U = SHARED ? p.split : p.split * NW, u = SHARED ? rank : rank * NW + warp;
   const int count = u < nslabs ? (nslabs - 1 - u) / U + 1 : 0;
+  const int kv_off = KS * p.k_stride;  // V rows follow the slab's K rows
   KeyCursor cursor;
-  auto load = [&](int stage, int pos) { copy(stage, pos, L, [&](int x) { return cursor.key(x, smem, p.n); }); };
-  for (int s = first; s < p.stages - 1; ++s) {
+  auto load = [&](int stage, int pos) {  // SHARED: warp w copies slab rows [w * KS / 2, (w + 1) * KS / 2)
+    T* ks = ring + stage * p.stage_elems;
+    if constexpr (SHARED) {
+      constexpr int KH = KS / 2;
+      load_slab<T, DKB, DVB, KH, FULL>(p, rv, pos + warp * KH, L, ks + warp * KH * p.k_stride,
+                                       ks + kv_off + warp * KH * p.v_stride, smem, cursor, lane);
+    } else {
+      load_slab<T, DKB, DVB, KS, FULL>(p, rv, pos, L, ks, ks + kv_off, smem, cursor, lane);
+    }
+  };
+  for (int s = 0; s < p.stages - 1; ++s) {
     if (s < count) load(s, (u + s * U) * KS);
     cp_async_commit();
   }
@@ -831,10 +825,10 @@ __global__ void __launch_bounds__(kSimtThreads, 2) sel_decode_simt(const Params 
     m_run[i] = -INFINITY;
     l_run[i] = 0.f;
   }
-  begin_row(p, row, smem, 0);
-  const int64_t L = *reinterpret_cast<const int64_t*>(smem + p.off_L);
-  const T* kg = static_cast<const T*>(p.k) + row * p.k_row;
-  const T* vg = static_cast<const T*>(p.v) + row * p.v_row;
+  const RowView<T> rv = begin_row<T>(p, row, smem);
+  const int64_t L = rv.L;
+  const T* kg = rv.kg;
+  const T* vg = rv.vg;
   const int64_t ntiles = (L + TL - 1) / TL;
   KeyCursor cursor;
   for (int s = 0; s < p.stages - 1; ++s) {
@@ -1191,7 +1185,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.trigger = plan.pdl == 3 ? 1 : plan.pdl == 4 ? 2 : 0;
   // L2 prefetch before the wait (automatic): the ranges, q and first keys where the next grid
   // lands in this one's tail (see above); none elsewhere.
-  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : plan.pdl != 0 && shared && in_tail ? 5 : 1;
+  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : plan.pdl != 0 && shared && in_tail ? 4 : 1;
   plan.prefetch = p.prefetch;
   return !launch_it || launch(kernel, p, dev, plan, stream);
 }
