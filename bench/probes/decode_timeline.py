@@ -1,13 +1,12 @@
 """Where a CUDA decode call spends its time: per-warp timestamps inside the tensor-core kernel.
 
-Builds a private copy of the extension whose kernel stamps %globaltimer at six points per
-warp (entry, ranges and q ready, first slab landed, loop done, merge done, stores issued)
-into a device buffer, replays the issue-8 bench shapes from a CUDA graph over rotating
-inputs (as check_h100 does), and prints per call: span from first warp entry to last store,
-the gap to the next call, and median / 90th-percentile phase lengths over warps.
-Launches that trigger the next grid right after the wait (PDL mode 3, automatic wherever the
-next grid lands evenly) start their entry stamp before the wait, so their first phase holds
-the previous call's tail; time such shapes with tune pdl=1 for a clean breakdown.
+Builds a private copy of the extension whose kernel stamps %globaltimer at seven points per
+warp (entry, griddepcontrol.wait returned, ranges and q ready, first slab landed, loop done,
+merge done, stores issued) into a device buffer, replays the issue-8 bench shapes from a CUDA
+graph over rotating inputs (as check_h100 does), and prints per call: span from first warp
+entry to last store, the gap to the next call, the time from the previous call's last store to
+this call's first wait return, and median / 90th-percentile phase lengths over warps. With PDL
+a block may enter long before its wait returns (its `pre-wait` phase).
 The stamps are patched into the copy by exact-text anchors, so the probe fails loudly when
 the kernel's text moves. Usage on a GPU machine: python3 bench/probes/decode_timeline.py
 """
@@ -58,7 +57,7 @@ def _record(merged: str) -> str:
             "        e[0] = (unsigned long long)blockIdx.x | ((unsigned long long)warp << 32) | "
             "((unsigned long long)sel_smid() << 40);\n"
             f"        e[1] = tl0; e[2] = tl1; e[3] = tl2 ? tl2 : tl1; e[4] = tl3; e[5] = {merged}; e[6] = sel_now(); "
-            "e[7] = 0;\n      }\n    }\n    return;\n")
+            "e[7] = tlw;\n      }\n    }\n    return;\n")
 
 
 PATCHES = [  # (anchor, replacement) applied once each to sel_decode.cu
@@ -66,6 +65,7 @@ PATCHES = [  # (anchor, replacement) applied once each to sel_decode.cu
     ("  extern __shared__ __align__(16) unsigned char smem[];\n  constexpr int NV = DVB / 8;",
      "  extern __shared__ __align__(16) unsigned char smem[];\n  const unsigned long long tl0 = sel_now();\n"
      "  unsigned long long tl2 = 0;\n  constexpr int NV = DVB / 8;"),
+    ("  wait_prior_grids();\n", "  wait_prior_grids();\n  const unsigned long long tlw = sel_now();\n"),
     ("  const int L = static_cast<int>(rv.L);", "  const int L = static_cast<int>(rv.L);\n  const unsigned long long tl1 = sel_now();"),
     ("    if (next == p.stages) next = 0;\n", "    if (i == 0) tl2 = sel_now();\n    if (next == p.stages) next = 0;\n"),
     ("  cp_async_wait<0>();\n  l0 = quad_sum(l0);", "  const unsigned long long tl3 = sel_now();\n  cp_async_wait<0>();\n"
@@ -108,11 +108,14 @@ def probe(ext, N, h, D, n, tune=(), sets_count=4):
     warps_per_call = tl.shape[0] // 8
     tl = tl[: 8 * warps_per_call].view(8, warps_per_call, 8)
     t = tl[:, :, 1:7].double() / 1e3  # us
+    tw = tl[:, :, 7].double() / 1e3  # after griddepcontrol.wait
     starts, ends = t[:, :, 0].min(1).values, t[:, :, 5].max(1).values
     spans = ends - starts
     gaps = starts[1:] - ends[:-1]
+    wake = tw.min(1).values[1:] - ends[:-1]  # previous call's last store to this call's first wait return
     body = t[2:7]  # steady-state calls
-    ph = {"ranges+q": body[..., 1] - body[..., 0], "first slab": body[..., 2] - body[..., 1],
+    bw = tw[2:7]
+    ph = {"pre-wait": bw - body[..., 0], "ranges+q": body[..., 1] - bw, "first slab": body[..., 2] - body[..., 1],
           "stream": body[..., 3] - body[..., 2], "merge": body[..., 4] - body[..., 3],
           "store": body[..., 5] - body[..., 4]}
     entry_lag = body[..., 0] - body[..., 0].min(1, keepdim=True).values
@@ -120,7 +123,8 @@ def probe(ext, N, h, D, n, tune=(), sets_count=4):
     sm = (tl[0, :, 0] >> 40).long()
     blocks_per_sm = torch.bincount(sm).float()
     out = (f"N={N} h={h} D={D} n={n} tune={list(tune) or 'auto'}: graph {per_call:.1f} us/call; span med "
-           f"{spans[2:7].median():.1f} us, gap med {gaps[1:].median():.2f} us; warps/call {warps_per_call}, "
+           f"{spans[2:7].median():.1f} us, gap med {gaps[1:].median():.2f} us, last store to first wait return med "
+           f"{wake[1:].median():.2f} us, wait returns spread med {(tw.max(1).values - tw.min(1).values)[2:7].median():.2f} us; warps/call {warps_per_call}, "
            f"warps per SM min/max {blocks_per_sm[blocks_per_sm > 0].min():.0f}/{blocks_per_sm.max():.0f}\n")
     out += "  phase (us) median / p90 / max: " + "; ".join(
         f"{k} {pct(v, .5):.2f}/{pct(v, .9):.2f}/{float(v.max()):.2f}" for k, v in ph.items())
@@ -132,11 +136,10 @@ def probe(ext, N, h, D, n, tune=(), sets_count=4):
 
 def main() -> int:
     ext = patched_extension()
-    shapes = [(256, 4, 64, 8), (256, 8, 128, 8), (256, 4, 64, 16), (1024, 8, 64, 8), (1024, 8, 128, 16)]
-    for shape in shapes:
-        print(probe(ext, *shape), flush=True)
-    for tune in ((0, 0, 0, 1),):
-        print(probe(ext, 256, 4, 64, 8, tune), flush=True)
+    shapes = [(256, 4, 64, 8), (256, 8, 64, 8), (256, 4, 64, 16), (1024, 8, 64, 8)]
+    for shape in shapes:  # the automatic launch, and the launch of before tail landing (occupancy not capped)
+        for tune in ((), (0, 0, 0, 0, 0, 0, 1, 6)):
+            print(probe(ext, *shape, tune=tune), flush=True)
     return 0
 
 
