@@ -113,9 +113,8 @@ struct Params {
   int split;        // mma: blocks (one cluster) per (row, head group)
   int trigger;      // mma with PDL: the next grid may launch 0 after the loop, 1 right after
                     // griddepcontrol.wait, 2 halfway through the row's slabs
-  int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 to 5 also keys
-                    // [0, 64) (see prefetch_unit)
-  int pf_stride;    // prefetch 5: units a block prefetches for are pf_stride apart
+  int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 and 4 also keys
+                    // [0, 64) (see prefetch_row)
   int tile;         // simt: keys per tile
   int stages;       // depth of the cp.async ring (mma: per warp)
   int k_stride, v_stride, q_stride, stage_elems;  // shared-memory row strides and stage size, in elements
@@ -327,20 +326,17 @@ __device__ __forceinline__ void prefetch_bulk(const void* ptr, int bytes) {
 #endif
 }
 
-// What a (row, head group) unit will read first, asked of L2 before the wait: the row's ranges,
-// the group's q heads and (prefetch >= 3, no positions so t = S_kv - 1) the row's first kSpecKeys
-// keys, which NSA always selects (block 0); for other ranges those bytes are read for nothing.
-// 3: one line prefetch per 128 bytes; 4 and 5: bulk prefetches (one per contiguous K or V run).
+// What a block will read first, asked of L2 before the wait: the row's ranges, its q heads and
+// (prefetch >= 3, no positions so t = S_kv - 1) its first kSpecKeys keys, which NSA always
+// selects (block 0); for other ranges those bytes are read for nothing. 3: one line prefetch per
+// 128 bytes; 4: bulk prefetches (one per contiguous K or V run).
 constexpr int kSpecKeys = 64;
 template <typename T>
-__device__ __forceinline__ void prefetch_unit(const Params& p, int64_t unit) {
+__device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, int head0, int HG) {
   const int tid = threadIdx.x, nt = blockDim.x;
-  const int64_t row = unit / p.head_groups;
-  const int head0 = static_cast<int>(unit % p.head_groups) * p.hpb;
-  const int64_t HG = min(int64_t(p.hpb), p.h - head0);
   const int64_t rsz = p.ranges_i64 ? 8 : 4;
   prefetch_l2(static_cast<const char*>(p.ranges) + row * p.n * 2 * rsz, p.n * 2 * rsz, tid, nt, true);
-  prefetch_l2(static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk, HG * p.Dk * int64_t(sizeof(T)), tid, nt, true);
+  prefetch_l2(static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk, int64_t(HG) * p.Dk * sizeof(T), tid, nt, true);
   if (p.prefetch < 3 || p.positions) return;
   const T* kg = static_cast<const T*>(p.k) + row * p.k_row;
   const T* vg = static_cast<const T*>(p.v) + row * p.v_row;
@@ -522,16 +518,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     const int w = k16 - p.Dk, r = i / w;
     ring[(r / KS) * p.stage_elems + (r % KS) * p.k_stride + p.Dk + i % w] = from_float<T>(0.f);
   }
-  // Prefetch 5: the blocks dispatched first (units below pf_stride, which land in the previous
-  // grid's tail) also prefetch for the units pf_stride, 2 pf_stride, ... after theirs, which land
-  // only when the previous grid's last blocks finish.
-  if (p.prefetch >= 2 && rank == 0) {
-    if (p.prefetch < 5) {
-      prefetch_unit<T>(p, unit);
-    } else if (unit < p.pf_stride) {
-      for (int64_t w = unit; w < gridDim.x / p.split; w += p.pf_stride) prefetch_unit<T>(p, w);
-    }
-  }
+  if (p.prefetch >= 2 && rank == 0) prefetch_row<T>(p, row, head0, HG);
   wait_prior_grids();
   if (p.trigger == 1) allow_next_grid();
   // q: 16-byte cp.async, zero-filled for heads >= HG and columns >= Dk; begin_row waits for it.
@@ -1154,7 +1141,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   SEL_CHECK(plan.smem_bytes <= dev.max_smem, "sel_decode: ", nw, " warps with ", stages, "-deep rings need ",
               plan.smem_bytes, " bytes of shared memory per block, the device allows ", dev.max_smem);
   SEL_CHECK(a.tune.occupancy >= 0, "sel_decode: occupancy must be >= 0, got ", a.tune.occupancy);
-  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 5, "sel_decode: prefetch must be in [0, 5], got ",
+  SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 4, "sel_decode: prefetch must be in [0, 4], got ",
             a.tune.prefetch);
   SEL_TRY(blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm));
   const bool pdl_runs = dev.cc_major >= 9 && a.tune.pdl != 2;
@@ -1190,8 +1177,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.trigger = plan.pdl == 3 ? 1 : plan.pdl == 4 ? 2 : 0;
   // L2 prefetch before the wait (automatic): the ranges, q and first keys where the next grid
   // lands in this one's tail (see above); none elsewhere.
-  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : plan.pdl != 0 && shared && in_tail ? 5 : 1;
-  p.pf_stride = static_cast<int>((units + plan.blocks_per_sm - 1) / plan.blocks_per_sm);
+  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : plan.pdl != 0 && shared && in_tail ? 4 : 1;
   plan.prefetch = p.prefetch;
   return !launch_it || launch(kernel, p, dev, plan, stream);
 }

@@ -17,7 +17,7 @@ struct Tune {
                    // slabs; with shared slabs 3 where the next grid lands evenly, else 1 (see run_mma)
   int slab = 0;    // keys per warp step of the tensor-core kernel, 16 or 32
   int schedule = 0;  // 1: each warp streams its own slabs; 2: the block's 2 warps share each slab
-  int prefetch = 0;  // L2 prefetch before the wait: 1 none, 2 ranges and q, 3-5 also keys [0, 64) (lines, bulk, bulk also for later blocks)
+  int prefetch = 0;  // L2 prefetch before the wait: 1 none, 2 ranges and q, 3 and 4 also keys [0, 64) (lines, bulk)
   int occupancy = 0;  // at most this many blocks per SM (shared memory padded); 0 no cap
 };
 
