@@ -20,7 +20,7 @@ import torch
 from selgate.kernels.cuda import build, decode, selection_attention_cuda
 from selgate.kernels.errors import BackendUnavailable
 from selgate.reference import normalize_ranges
-from tests.helpers import random_inputs
+from tests.helpers import assert_matches_reference, poison_unselected, random_inputs
 
 ON_GPU = torch.cuda.is_available()
 
@@ -166,10 +166,10 @@ def test_launch_overrides_reach_the_extension(runnable):
     assert ext.calls[0]["tune"] == [] and ext.calls[1]["tune"] == [3, 2, 4, 1]
 
 
-@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5, 6, 7), (-1,)])
+@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5, 6, 7, 8, 9), (-1,)])
 def test_bad_launch_overrides_are_input_errors(runnable, tune):
     runnable(FakeExtension())
-    with pytest.raises(ValueError, match="^tune: expected up to 6 non-negative ints"):
+    with pytest.raises(ValueError, match="^tune: expected up to 8 non-negative ints"):
         selection_attention_cuda(*decode_inputs(), tune=tune)
 
 
@@ -447,6 +447,20 @@ def test_gpu_kv_views_give_the_contiguous_result(layout, dtype, kernel):
 
 
 @gpu
+@pytest.mark.parametrize("prefetch", [1, 2, 3, 4])
+def test_gpu_prefetched_first_keys_are_only_a_hint(prefetch):
+    """The tail-landing launch asks L2 for keys [0, 64) before its wait (NSA's block 0); rows that
+    select none of them (NaN here, with every other unselected key) still match the reference."""
+    q, k, v, _ = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, h=4, Dk=64, Dv=64, S_kv=700, n=2, B=3, seed=5))
+    r = torch.tensor([[100, 300], [400, 451]], dtype=torch.int32, device="cuda").expand(3, 1, 2, 2, 2).contiguous()
+    norm = normalize_ranges(r, k.shape[2])
+    kp, vp = poison_unselected(k, v, norm)
+    assert kp[:, :, :64].isnan().all()
+    o, lse = selection_attention_cuda(q, kp, vp, r, return_lse=True, kernel="mma", tune=(0, 0, 0, 3, 0, 2, prefetch, 2))
+    assert_matches_reference(q, k, v, norm, o, lse)
+
+
+@gpu
 def test_gpu_dispatchable_errors_stay_reasons():
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.float16, Dk=12))
     assert reason_of(q, k, v, r).reason == "head_dim"
@@ -463,7 +477,8 @@ def test_gpu_dispatchable_errors_stay_reasons():
     ((0, 0, 4, 0, 0, 2), 64, "the shared-slab schedule runs 2 warps, no split and 32-key slabs, got 4 warps"),
     ((0, 0, 0, 0, 0, 3), 64, "schedule must be 1 \\(per-warp slabs\\) or 2 \\(shared slabs\\), got 3"),
     ((0, 0, 0, 4), 64, "pdl must be 0 \\(automatic\\), 1 \\(on\\), 2 \\(off\\) or 3 \\(on, next grid triggered right "
-                       "after the wait\\), got 4")])
+                       "after the wait\\), got 4"),
+    ((0, 0, 0, 0, 0, 0, 5), 64, "prefetch must be in \\[0, 4\\], got 5")])
 def test_unverified_launches_are_refused(tune, D, message):
     """Launches that crashed on the H100, or were never verified, are refused with the reason."""
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=D, Dv=D))
@@ -479,26 +494,30 @@ def test_keys_beyond_int32_are_refused():
 
 
 @gpu
-@pytest.mark.parametrize("rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps", [
-    (0.5, 64, 64, 4096, 1, 0, None),  # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
-    (0.5, 64, 64, 256, 2, 3, 6),      # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64 on the H100)
-    (8, 128, 64, 4096, 1, 0, None),   # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
-    (8, 128, 64, 64, 2, 3, 5),        # Dk > Dv, L <= 64: shared slabs (0.51-0.52x)
-    (8, 128, 128, 4096, 2, 3, 4),     # 4 blocks per SM, at most the even share of 8: early trigger
-    (2, 64, 64, 4096, 2, 3, 6),       # the next grid fits beside this one: early trigger
-    (2, 64, 128, 4096, 2, 1, 3),      # 3 blocks per SM, share 2, next grid does not fit: trigger after the loop
+@pytest.mark.parametrize("rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps, prefetch", [
+    (0.5, 64, 64, 4096, 1, 0, None, 1),  # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
+    (0.5, 64, 64, 256, 2, 3, 6, 1),      # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64 on the H100)
+    (8, 128, 64, 4096, 1, 0, None, 1),   # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
+    (8, 128, 64, 64, 2, 3, 5, 4),        # Dk > Dv, L <= 64: shared slabs (0.51-0.52x); two waves, so the next
+                                         # grid lands in this one's tail: prefetch
+    (8, 128, 128, 4096, 2, 3, 4, 4),     # 4 blocks per SM, at most the even share of 8: early trigger, prefetch
+    (2, 64, 64, 4096, 2, 3, 2, 4),       # one wave, room for 6 per SM: capped at the share of 2 (tail landing)
+    (3, 64, 64, 4096, 2, 3, 3, 4),       # the same at a share of 3
+    (2, 64, 128, 4096, 2, 3, 2, 4),      # 3 per SM capped at 2: the next grid no longer lands unevenly
 ])
-def test_automatic_launch_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps):
-    """The automatic launch's schedule (1 per-warp, 2 shared slabs) and PDL (0 off, 1 next grid
-    triggered after the loop, 3 right after the wait) at shapes the H100 sweeps decided, with
-    the row count relative to the device's SMs (h = 8: one head group a row). The PDL mode of
-    shared slabs depends on the blocks an SM holds (`bps` on the H100), so another count skips it."""
+def test_automatic_launch_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps, prefetch):
+    """The automatic launch's schedule (1 per-warp, 2 shared slabs), PDL (0 off, 1 next grid
+    triggered after the loop, 3 right after the wait), blocks per SM (capped at the even share for
+    tail landing) and L2 prefetch (1 none, 4 ranges, q and first keys) at shapes the H100 sweeps
+    decided, with the row count relative to the device's SMs (h = 8: one head group a row). The
+    PDL mode of shared slabs depends on the blocks an SM holds (`bps` on the H100), so another
+    count skips it."""
     B = int(rows_per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
     plan = build.load_extension().plan(1, B, 1, 8, S_kv, Dk, Dv, 8, True, [])
     assert plan[10] == schedule
     if torch.cuda.get_device_capability()[0] < 9:
-        assert plan[7] == 0  # PDL needs SM 9.0
+        assert plan[7] == 0 and plan[11] == 1  # PDL needs SM 9.0, the prefetch needs PDL
     elif bps is not None and plan[6] != bps:
         pytest.skip(f"schedule checked; the PDL mode was measured at {bps} blocks per SM, this device holds {plan[6]}")
     else:
-        assert plan[7] == pdl
+        assert (plan[7], plan[11]) == (pdl, prefetch)

@@ -69,8 +69,9 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     (dtype of v), and lse fp32 [B,1,G,h] with `return_lse`. Ranges are normalised first
     unless `normalized=True` (the kernel still clamps every read to `<= t`). `kernel`:
     "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt". `tune`:
-    optional `(stages, split, warps, pdl, slab, schedule)` launch overrides of the tensor-core kernel, 0 =
-    automatic (benchmarks sweep them; results do not depend on them beyond rounding).
+    optional `(stages, split, warps, pdl, slab, schedule, prefetch, occupancy)` launch overrides of the
+    tensor-core kernel, 0 = automatic (benchmarks sweep them; results do not depend on them beyond
+    rounding).
 
     Raises ValueError/TypeError for bad input and `BackendUnavailable` (reason "not_decode",
     "dtype", "head_dim", "ranges", "no_cuda", "device", "capability", "build" or "launch")
@@ -79,8 +80,8 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     tune = [int(x) for x in (tune or ())]
     if len(tune) > 8 or any(x < 0 for x in tune):
-        raise ValueError(f"tune: expected up to 8 non-negative ints (stages, split, warps, pdl, slab, schedule, prefetch, occupancy), "
-                         f"got {tune}")
+        raise ValueError("tune: expected up to 8 non-negative ints (stages, split, warps, pdl, slab, schedule, "
+                         f"prefetch, occupancy), got {tune}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     reason = unsupported_reason(q, d)
     if reason is not None:

@@ -111,8 +111,7 @@ struct Params {
   int hpb;          // heads per block
   int head_groups;  // head groups per (b, g) row
   int split;        // mma: blocks (one cluster) per (row, head group)
-  int trigger;      // mma with PDL: the next grid may launch 0 after the loop, 1 right after
-                    // griddepcontrol.wait, 2 halfway through the row's slabs
+  bool early_trigger;  // mma with PDL: let the next grid launch right after griddepcontrol.wait
   int prefetch;     // mma: L2 prefetch before the wait: 1 none, 2 ranges and q, 3 and 4 also keys
                     // [0, 64) (see prefetch_row)
   int tile;         // simt: keys per tile
@@ -520,7 +519,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   }
   if (p.prefetch >= 2 && rank == 0) prefetch_row<T>(p, row, head0, HG);
   wait_prior_grids();
-  if (p.trigger == 1) allow_next_grid();
+  if (p.early_trigger) allow_next_grid();
   // q: 16-byte cp.async, zero-filled for heads >= HG and columns >= Dk; begin_row waits for it.
   const T* qg = static_cast<const T*>(p.q) + (row * p.h + head0) * p.Dk;
   for (int i = tid; i < kMmaHeads * (k16 / 8); i += blockDim.x) {
@@ -571,7 +570,6 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   int slot = 0, next = p.stages - 1;
 
   for (int i = 0; i < count; ++i) {
-    if (p.trigger == 2 && i == count / 2) allow_next_grid();
     cp_async_wait_pending(p.stages - 2);
     // Every copy of slab i landed and every reader is done with slab i - 1: the warp's own
     // (per-warp slabs), or the block's (SHARED).
@@ -678,7 +676,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
   cp_async_wait<0>();
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
-  if (p.trigger == 0 || (p.trigger == 2 && count == 0)) allow_next_grid();
+  if (!p.early_trigger) allow_next_grid();
   if constexpr (SHARED) {
     // Both warps ran the same softmax over every key; each writes its half of Dv, straight
     // from the accumulator fragments (rows g and g + 8, columns 2tg, 2tg + 1 of each n8 tile).
@@ -1081,8 +1079,8 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   const int schedule = a.tune.schedule > 0 ? a.tune.schedule : shared_auto ? 2 : 1;
   SEL_CHECK(schedule == 1 || schedule == 2, "sel_decode: schedule must be 1 (per-warp slabs) or 2 (shared slabs), got ",
               schedule);
-  SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 4, "sel_decode: pdl must be 0 (automatic), 1 (on), 2 (off), 3 (on, "
-              "next grid triggered right after the wait) or 4 (on, triggered halfway), got ", a.tune.pdl);
+  SEL_CHECK(a.tune.pdl >= 0 && a.tune.pdl <= 3, "sel_decode: pdl must be 0 (automatic), 1 (on), 2 (off) or 3 (on, "
+              "next grid triggered right after the wait), got ", a.tune.pdl);
   const bool shared = schedule == 2;
   auto smem_for = [&](int nw, int stages, int split, int slab) {
     const int64_t ring = int64_t(shared ? 1 : nw) * stages * slab * (p.k_stride + p.v_stride) * int64_t(sizeof(T));
@@ -1174,7 +1172,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   const bool lands_evenly = 2 * plan.blocks <= capacity || in_tail;
   const int pdl = a.tune.pdl != 0 ? a.tune.pdl : !shared ? 2 : lands_evenly ? 3 : 1;
   plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
-  p.trigger = plan.pdl == 3 ? 1 : plan.pdl == 4 ? 2 : 0;
+  p.early_trigger = plan.pdl == 3;
   // L2 prefetch before the wait (automatic): the ranges, q and first keys where the next grid
   // lands in this one's tail (see above); none elsewhere.
   p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : plan.pdl != 0 && shared && in_tail ? 4 : 1;

@@ -31,8 +31,8 @@ void check_operand(const char* name, const at::Tensor& t, const at::Tensor& q, i
 }
 
 selgate::Tune tune_of(const std::vector<int64_t>& tune) {
-  TORCH_CHECK(tune.size() <= 8, "sel_decode: tune is [stages, split, warps, pdl, slab, schedule, prefetch, occupancy], got ", tune.size(),
-              " values");
+  TORCH_CHECK(tune.size() <= 8, "sel_decode: tune is [stages, split, warps, pdl, slab, schedule, prefetch, occupancy], "
+              "got ", tune.size(), " values");
   selgate::Tune t;
   int* fields[] = {&t.stages, &t.split, &t.warps, &t.pdl, &t.slab, &t.schedule, &t.prefetch, &t.occupancy};
   for (size_t i = 0; i < tune.size(); ++i) *fields[i] = static_cast<int>(tune[i]);
@@ -41,7 +41,8 @@ selgate::Tune tune_of(const std::vector<int64_t>& tune) {
 
 // q [B,1,G,h,Dk], k [B*G,S_kv,Dk], v [B*G,S_kv,Dv] (read at their row and key strides), ranges
 // [B,1,G,n,2] and positions [B,1] int32/int64.
-// `tune`: optional [stages, split, warps, pdl, slab, schedule] overrides of the tensor-core kernel (0 = automatic).
+// `tune`: optional [stages, split, warps, pdl, slab, schedule, prefetch, occupancy] overrides of the tensor-core
+// kernel (0 = automatic).
 // Returns {o [B,1,G,h,Dv], lse fp32 [B,1,G,h]}.
 std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& ranges,
                             const c10::optional<at::Tensor>& positions, double scale, bool use_mma,
@@ -84,7 +85,8 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 // The launch fwd would make for these shapes: {kernel (0 simt, 1 mma), stages, split, warps,
-// threads, smem bytes, blocks per SM, pdl, blocks, slab, schedule, prefetch}. Needs a current CUDA device.
+// threads, smem bytes, blocks per SM, pdl, blocks, slab, schedule, prefetch}. Needs a current CUDA
+// device.
 std::vector<int64_t> plan(int64_t dtype, int64_t B, int64_t G, int64_t h, int64_t S_kv, int64_t Dk, int64_t Dv,
                           int64_t n, bool use_mma, const std::vector<int64_t>& tune) {
   selgate::DecodeArgs args{static_cast<selgate::Dtype>(dtype), use_mma, nullptr, nullptr, nullptr, nullptr, nullptr,
