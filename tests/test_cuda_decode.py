@@ -498,12 +498,13 @@ def test_keys_beyond_int32_are_refused():
     (0.5, 64, 64, 4096, 1, 0, None, 1),  # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
     (0.5, 64, 64, 256, 2, 3, 6, 1),      # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64 on the H100)
     (8, 128, 64, 4096, 1, 0, None, 1),   # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
-    (8, 128, 64, 64, 2, 3, 5, 4),        # Dk > Dv, L <= 64: shared slabs (0.51-0.52x); two waves, so the next
-                                         # grid lands in this one's tail: prefetch
-    (8, 128, 128, 4096, 2, 3, 4, 4),     # 4 blocks per SM, at most the even share of 8: early trigger, prefetch
+    (8, 128, 64, 64, 2, 3, 5, 1),        # Dk > Dv, L <= 64: shared slabs (0.51-0.52x)
+    (8, 128, 128, 4096, 2, 3, 4, 1),     # 4 blocks per SM, at most the even share of 8: early trigger; no
+                                         # prefetch (it only cost at N = 1024)
     (2, 64, 64, 4096, 2, 3, 2, 4),       # one wave, room for 6 per SM: capped at the share of 2 (tail landing)
     (3, 64, 64, 4096, 2, 3, 3, 4),       # the same at a share of 3
     (2, 64, 128, 4096, 2, 3, 2, 4),      # 3 per SM capped at 2: the next grid no longer lands unevenly
+    (2, 64, 64, 128, 2, 3, 6, 1),        # S_kv <= 128: no tail landing (the prefetched keys outweigh the rows)
 ])
 def test_automatic_launch_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps, prefetch):
     """The automatic launch's schedule (1 per-warp, 2 shared slabs), PDL (0 off, 1 next grid

@@ -90,6 +90,7 @@ constexpr int kRingBudget = 104 * 1024;  // simt: bytes of K/V ring per block (2
 constexpr int kMmaMaxWarps = 8;
 constexpr int kMmaHeads = 16;
 constexpr int kShortRowsKeys = 256;  // S_kv up to which the automatic launch always takes shared slabs
+constexpr int kTailLandingKeys = 256;  // S_kv from which the automatic launch may land in the tail (run_mma)
 constexpr int kMaxSplit = 8;  // portable cluster size
 constexpr int kSimtThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -1142,18 +1143,24 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   SEL_CHECK(a.tune.prefetch >= 0 && a.tune.prefetch <= 4, "sel_decode: prefetch must be in [0, 4], got ",
             a.tune.prefetch);
   SEL_TRY(blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm));
-  const bool pdl_runs = dev.cc_major >= 9 && a.tune.pdl != 2;
   const int64_t share = (plan.blocks + dev.sms - 1) / dev.sms;  // blocks per SM, spread evenly
-  // Tail landing (automatic, shared slabs with PDL): where the grid is one wave of at least 2
-  // blocks per SM and an SM could hold more, its shared memory is padded so an SM holds just its
-  // even share. The next grid's blocks then land only as this grid's finish, in its tail, where
-  // DRAM has bandwidth to spare, and their L2 prefetch of the rows' first keys runs there (N = 256,
-  // Dk = Dv = 64: 1.29-1.30x the HBM floor against 1.41-1.42x; bench/results/h100/cuda_decode_dev.md,
-  // fourteenth session). Where the next grid lands early instead, prefetched keys were evicted
-  // before use by this grid's stream and read twice (1.44-1.47x).
-  int occupancy = a.tune.occupancy;
-  if (occupancy == 0 && shared && pdl_runs && plan.blocks <= int64_t(plan.blocks_per_sm) * dev.sms && share >= 2)
-    occupancy = static_cast<int>(share);
+  // Tail landing (automatic, shared slabs with PDL, SM >= 9.0): where the grid is one wave of at
+  // least 2 blocks per SM, an SM could hold more, and rows may be long (S_kv >= kTailLandingKeys),
+  // its shared memory is padded so an SM holds just its even share, and each block asks L2 for its
+  // row's ranges, q and first 64 keys before its wait (prefetch 4). The next grid's blocks then land
+  // only as this grid's finish, and their prefetches run in its tail, where DRAM has bandwidth to
+  // spare. Measured on the H100 (bench/results/h100/cuda_decode_dev.md, fourteenth session): N = 256,
+  // Dk = Dv = 64, L = 512: 1.29-1.30x the HBM floor against 1.41-1.42x; full sweep, N = 256 and
+  // S_kv >= 256: 0.84-1.04x the previous launch's graph time (geomean 0.94 over 120 rows). Not
+  // elsewhere: with S_kv <= 128 the 64 prefetched keys outweigh rows of 16-32 (geomean 1.08, up to
+  // 1.23x slower); where the next grid already lands only in the tail (N = 1024) the prefetch alone
+  // was up to 1.39x slower at L <= 64 and gained nothing at L >= 128 (geomean 1.01); where it lands
+  // early, the prefetched keys were evicted by this grid's stream and read twice (1.44-1.47x at
+  // N = 256, D = 64, L = 512).
+  const bool tail = a.tune.occupancy == 0 && shared && dev.cc_major >= 9 && a.tune.pdl != 2 &&
+                    plan.blocks <= int64_t(plan.blocks_per_sm) * dev.sms && share >= 2 &&
+                    share < plan.blocks_per_sm && p.S_kv >= kTailLandingKeys;
+  const int occupancy = a.tune.occupancy > 0 ? a.tune.occupancy : tail ? static_cast<int>(share) : 0;
   if (occupancy > 0 && occupancy < plan.blocks_per_sm) {  // 1 KB per block is the driver's reservation
     plan.smem_bytes = static_cast<int>(std::min<int64_t>(dev.max_smem, (dev.smem_per_sm / (occupancy + 1) + 16) & ~int64_t(15)));
     SEL_TRY(blocks_per_sm(kernel, dev.id, plan.threads, plan.smem_bytes, plan.blocks_per_sm));
@@ -1168,14 +1175,11 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   // as fast or faster everywhere (full H100 sweep, bench/results/h100/cuda_decode_dev.md, tenth
   // session). A grid at the wait holds only its slots; the wait returns when this grid is done.
   const int64_t capacity = int64_t(plan.blocks_per_sm) * dev.sms;
-  const bool in_tail = plan.blocks_per_sm <= share;  // the next grid lands only as this one's blocks finish
-  const bool lands_evenly = 2 * plan.blocks <= capacity || in_tail;
+  const bool lands_evenly = 2 * plan.blocks <= capacity || plan.blocks_per_sm <= share;
   const int pdl = a.tune.pdl != 0 ? a.tune.pdl : !shared ? 2 : lands_evenly ? 3 : 1;
   plan.pdl = pdl != 2 && dev.cc_major >= 9 ? pdl : 0;
   p.early_trigger = plan.pdl == 3;
-  // L2 prefetch before the wait (automatic): the ranges, q and first keys where the next grid
-  // lands in this one's tail (see above); none elsewhere.
-  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : plan.pdl != 0 && shared && in_tail ? 4 : 1;
+  p.prefetch = a.tune.prefetch > 0 ? a.tune.prefetch : tail && plan.pdl != 0 ? 4 : 1;
   plan.prefetch = p.prefetch;
   return !launch_it || launch(kernel, p, dev, plan, stream);
 }
