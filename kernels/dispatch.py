@@ -12,7 +12,8 @@ One ladder, walked in this order, each rung leaving the fast path with a reason 
 7. flags: NSA_USE_TRITON_SEL=0 goes to sdpa ("disabled").
 NSA_TRITON_SEL_FORCE=1 skips the ADR rule, min-L and NSA_USE_TRITON_SEL. For decode, the
 CUDA kernel is tried before Triton when NSA_SEL_CUDA=1 or `backend="cuda"`. A backend that
-raises hands over to the next rung (sdpa last) unless strict mode forbids it.
+raises hands over to the next rung (sdpa last) unless strict mode forbids it, or unless it
+is the backend the caller named and the error is a malformed setting (`ConfigError`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from selgate.reference.ranges import normalize_ranges, selected_lengths, validat
 from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
-from .errors import BackendUnavailable, StrictModeError
+from .errors import BackendUnavailable, ConfigError, StrictModeError
 from .policy import capability, capability_overridden, env_flag, interpreting, settings, triton_unsupported
 from .sdpa import selection_attention_sdpa
 from .stats import debug, device_counter, record_call, record_fallback
@@ -35,13 +36,15 @@ def _normalize(ranges, d, positions, bytes_per_key: int):
     """`(normalised ranges, counted)`. CUDA tensors take one Triton launch that also adds
     the call's selected tokens and K/V bytes to the device counters (`counted`); the torch
     formulation's ~30 small ops cost ~1 ms of host time per decode step on the H100 host.
-    NSA_SEL_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too."""
+    NSA_SEL_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too, and so does an S_kv
+    past the launch's packed sort key (MAX_S_KV)."""
     if ranges.is_cuda and env_flag("NSA_SEL_TRITON_NORMALIZE", True):
-        from .triton.normalize import normalize_ranges_triton
+        from .triton.normalize import MAX_S_KV, normalize_ranges_triton
 
-        norm = normalize_ranges_triton(ranges, d.S_kv, positions, counter=device_counter(ranges.device),
-                                       kv_bytes_per_key=bytes_per_key)
-        return norm, True
+        if d.S_kv <= MAX_S_KV:
+            norm = normalize_ranges_triton(ranges, d.S_kv, positions, counter=device_counter(ranges.device),
+                                           kv_bytes_per_key=bytes_per_key)
+            return norm, True
     return normalize_ranges(ranges, d.S_kv, positions), False
 
 
@@ -137,9 +140,10 @@ def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", r
         except Exception as e:
             if strict:
                 raise StrictModeError(f"backend {name!r} failed and strict mode forbids falling back: {e}") from e
-            if i == len(chain) - 1:
-                raise
-            reason = e.reason if isinstance(e, BackendUnavailable) else "error"
+            if i == len(chain) - 1 or (isinstance(e, ConfigError) and name == backend):
+                raise  # a backend named by the caller never hides its malformed configuration
+            reason = (e.reason if isinstance(e, BackendUnavailable)
+                      else "config" if isinstance(e, ConfigError) else "error")
             record_fallback(name, reason, f"{type(e).__name__}: {e}", error=not isinstance(e, BackendUnavailable))
             continue
         record_call(name, norm, bytes_per_key, counted=counted)

@@ -12,3 +12,8 @@ class BackendUnavailable(RuntimeError):
 
 class StrictModeError(RuntimeError):
     """Strict mode: the requested backend could not run, and falling back is forbidden."""
+
+
+class ConfigError(ValueError):
+    """A malformed setting (an environment variable or a config value), named in the message.
+    An explicitly requested backend raises it; `auto` falls back with reason 'config'."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import load_config
+from .errors import ConfigError
 from .stats import record_capability
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,7 +36,7 @@ def env_flag(name: str, default: bool) -> bool:
         return True
     if raw.lower() in _FALSE:
         return False
-    raise ValueError(f"{name}: expected one of {_TRUE + _FALSE}, got {raw!r}")
+    raise ConfigError(f"{name}: expected one of {_TRUE + _FALSE}, got {raw!r}")
 
 
 def env_int(name: str, default: int) -> int:
@@ -45,7 +46,7 @@ def env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
+        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,14 @@ They share no range logic, so their agreement (to 1e-12) also checks `normalize_
 Semantics decided where SPEC.md is silent:
 - a query whose position `t` is negative (S > S_kv) selects nothing: `o = 0`, `lse = -inf`;
 - `scale` may be any finite float, negative included, as in FlashAttention;
-- the result is fp64 whatever the input dtype; gradients flow back in the inputs' dtype.
+- the result is fp64 whatever the input dtype; gradients flow back in the inputs' dtype;
+- `n = 0` or `S_kv = 0`: every row is empty (`o = 0`, `lse = -inf`, zero gradients);
+- a non-empty row whose scaled scores are not all finite at the top (its largest score is
+  NaN, +inf, or every score is -inf: a NaN in q or in a selected key, an infinite key) has
+  `lse = NaN`, and its `o` is NaN: softmax is undefined there (inf / inf, 0 / 0), and NaN,
+  unlike -inf, cannot be mistaken for an empty row. Every backend follows this: an online
+  softmax gets NaN in its running sum in exactly these cases. A selected score of -inf next
+  to a finite one is an ordinary zero weight.
 """
 from __future__ import annotations
 
@@ -22,18 +29,21 @@ DEFAULT_BUDGET_BYTES = 1 << 30
 
 def _softmax_attend(scores: torch.Tensor, valid: torch.Tensor, v_sel: torch.Tensor):
     """Masked softmax over the last dim of `scores` [..., h, L] and its product with
-    `v_sel` [..., L, Dv]. Rows with no valid key give `o = 0`, `lse = -inf` and no gradient."""
+    `v_sel` [..., L, Dv]. Rows with no valid key give `o = 0`, `lse = -inf` and no gradient;
+    a non-empty row whose largest score is not finite gives `lse = NaN` (module docstring)."""
     valid = valid.unsqueeze(-2)
     masked = scores.masked_fill(~valid, float("-inf"))
     m = masked.amax(-1, keepdim=True).detach()
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    finite = torch.isfinite(m)
+    m = torch.where(finite, m, torch.zeros_like(m))
     e = torch.where(valid, torch.exp(masked - m), torch.zeros_like(masked))
     denom = e.sum(-1, keepdim=True)
-    nonempty = denom > 0
-    p = e / torch.where(nonempty, denom, torch.ones_like(denom))
+    nonempty = valid.any(-1, keepdim=True)
+    safe = torch.where(nonempty, denom, torch.ones_like(denom))
+    p = e / safe
     o = p @ v_sel
-    lse = torch.where(nonempty, m + torch.log(torch.where(nonempty, denom, torch.ones_like(denom))),
-                      torch.full_like(denom, float("-inf")))
+    lse = torch.where(finite, m + torch.log(safe), torch.full_like(denom, float("nan")))
+    lse = torch.where(nonempty, lse, torch.full_like(denom, float("-inf")))
     return o, lse.squeeze(-1)
 
 
@@ -86,6 +96,16 @@ def mask_attention(q, k, v, ranges, *, scale: float, positions=None):
     return o, lse
 
 
+def _no_keys(q, k, v):
+    """Every row empty (no range slot, or no key): `o = 0`, `lse = -inf`, fp64, with a zero
+    gradient for q, k and v (an empty sum keeps them in the graph; `0 * x` would be NaN for NaN x)."""
+    B, S, G, h, _ = q.shape
+    zero = sum(t.reshape(-1)[:0].double().sum() for t in (q, k, v))
+    o = torch.zeros(B, S, G, h, v.shape[-1], dtype=torch.float64, device=q.device) + zero
+    lse = torch.full((B, S, G, h), float("-inf"), dtype=torch.float64, device=q.device) + zero
+    return o, lse
+
+
 def selection_attention_ref(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
                             formulation: str = "gather", budget_bytes: int = DEFAULT_BUDGET_BYTES):
     """Golden selection attention in fp64 (SPEC.md); differentiable in q, k and v.
@@ -94,11 +114,13 @@ def selection_attention_ref(q, k, v, ranges, *, scale=None, positions=None, retu
     (dense, tiny shapes). Returns `o` fp64, or `(o, lse)` with `return_lse`."""
     dims = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     sc = resolve_scale(scale, dims.Dk)
-    if formulation == "gather":
+    if formulation not in ("gather", "mask"):
+        raise ValueError(f"formulation: expected 'gather' or 'mask', got {formulation!r}")
+    if dims.n == 0 or dims.S_kv == 0:
+        o, lse = _no_keys(q, k, v)
+    elif formulation == "gather":
         norm = normalize_ranges(ranges, dims.S_kv, positions)
         o, lse = gather_attention(q, k, v, norm, scale=sc, budget_bytes=budget_bytes)
-    elif formulation == "mask":
-        o, lse = mask_attention(q, k, v, ranges, scale=sc, positions=positions)
     else:
-        raise ValueError(f"formulation: expected 'gather' or 'mask', got {formulation!r}")
+        o, lse = mask_attention(q, k, v, ranges, scale=sc, positions=positions)
     return (o, lse) if return_lse else o

@@ -39,10 +39,29 @@ def _need_tensor(name: str, t) -> None:
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
 
 
+def _need_data(name: str, t: torch.Tensor) -> None:
+    if t.is_meta:
+        raise ValueError(f"{name}: a meta tensor {tuple(t.shape)} holds no data; expected a CPU or CUDA tensor")
+
+
+def _check_positions_fit(positions: torch.Tensor) -> None:
+    """Every backend computes the key bound `t + 1` in int64, which wraps for t = 2^63 - 1 and
+    would turn the row silently empty. int32 positions cannot wrap; int64 ones cost a host read,
+    skipped while a CUDA stream is capturing (the eager warm-up call before a capture checks)."""
+    if positions.dtype != torch.int64 or positions.numel() == 0:
+        return
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    top = int(positions.max())
+    if top == torch.iinfo(torch.int64).max:
+        raise ValueError(f"positions: max {top} = 2^63 - 1 overflows t + 1 in int64; expected t < 2^63 - 1")
+
+
 def check_inputs(q, k, v, ranges, *, scale=None, positions=None) -> Dims:
     """Validate shapes, dtypes and devices of a selection-attention call; return its dims."""
     for name, t in (("q", q), ("k", k), ("v", v), ("ranges", ranges)):
         _need_tensor(name, t)
+        _need_data(name, t)
     _need_rank("q", q, "[B, S, G, h, Dk]")
     _need_rank("k", k, "[B, G, S_kv, Dk]")
     _need_rank("v", v, "[B, G, S_kv, Dv]")
@@ -79,12 +98,14 @@ def check_inputs(q, k, v, ranges, *, scale=None, positions=None) -> Dims:
             raise ValueError(f"scale: expected a finite float, got {scale}")
     if positions is not None:
         _need_tensor("positions", positions)
+        _need_data("positions", positions)
         if positions.dtype not in INDEX_DTYPES:
             raise TypeError(f"positions: expected int32 or int64, got {positions.dtype}")
         if tuple(positions.shape) != (B, S):
             raise ValueError(f"positions: expected shape [B={B}, S={S}], got {tuple(positions.shape)}")
         if positions.device != q.device:
             raise ValueError(f"positions: on {positions.device}, but q is on {q.device}")
+        _check_positions_fit(positions)
     return Dims(B=B, S=S, G=G, h=h, Dk=Dk, S_kv=S_kv, Dv=Dv, n=ranges.shape[3])
 
 

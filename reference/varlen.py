@@ -25,6 +25,12 @@ def unpack_sequences(packed: torch.Tensor, cu_seqlens: torch.Tensor, dim: int = 
     return [packed.narrow(dim, a, b - a) for a, b in zip(cu[:-1], cu[1:])]
 
 
+def _need_cu_tensor(name: str, cu) -> None:
+    if not isinstance(cu, torch.Tensor) or cu.is_meta:
+        got = f"a meta tensor {tuple(cu.shape)}" if isinstance(cu, torch.Tensor) else type(cu).__name__
+        raise TypeError(f"{name}: expected a 1-D int32/int64 torch.Tensor of offsets, got {got}")
+
+
 def _check_cu(name: str, cu: torch.Tensor, total: int) -> None:
     if cu.dim() != 1 or cu.numel() < 2 or cu.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name}: expected a 1-D int32/int64 tensor of >= 2 offsets, got {cu.dtype} {tuple(cu.shape)}")
@@ -37,7 +43,10 @@ def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqle
     """Map sequence-local ranges [1, T_q, G, n, 2] to global ranges and positions [1, T_q].
 
     Within sequence i, query `s` sits at `t = s + len_k(i) - len_q(i)` (SPEC.md). `T_kv`
-    (the packed keys' length) is checked against `cu_seqlens_k[-1]` when given."""
+    (the packed keys' length) is checked against `cu_seqlens_k[-1]` when given. Global
+    ranges keep the dtype of `ranges`, int64 where T_kv passes int32."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _need_cu_tensor(name, cu)
     T_q = ranges.shape[1]
     _check_cu("cu_seqlens_q", cu_seqlens_q, T_q)
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
@@ -55,5 +64,7 @@ def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqle
     local = normalize_ranges(ranges, T_kv, t_local[None]).to(torch.int64)
     shift = cu_k[seq][None, :, None, None, None]
     real = (local[..., 1:2] > local[..., 0:1])
-    glob = torch.where(real, local + shift, 0).to(ranges.dtype)
+    # int32 ranges stay int32 unless a packed key offset passes it (they would wrap)
+    dtype = ranges.dtype if T_kv <= torch.iinfo(torch.int32).max else torch.int64
+    glob = torch.where(real, local + shift, 0).to(dtype)
     return glob, (t_local + cu_k[seq])[None]

@@ -693,8 +693,8 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     }
     if (warp == 0 && tg == 0) {
       float* lse = p.lse + row * p.h + head0;
-      if (g < HG) lse[g] = l0 > 0.f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
-      if (g + 8 < HG) lse[g + 8] = l1 > 0.f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
+      if (g < HG) lse[g] = l0 != 0.f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
+      if (g + 8 < HG) lse[g + 8] = l1 != 0.f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
     }
     return;
   }
@@ -733,7 +733,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
       const float den = warp_weights(m_s, l_s, NW, r, e, M);
       combine8(x, o_s + r * OS + c, kMmaHeads * OS, e, NW);
       store_vec(og + r * p.Dv + c, x, den > 0.f ? 1.f / den : 0.f);
-      if (c == 0) p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
+      if (c == 0) p.lse[row * p.h + head0 + r] = den != 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
     }
     return;
   }
@@ -770,7 +770,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     const float inv = den > 0.f ? 1.f / den : 0.f;
 #pragma unroll
     for (int rk = 0; rk < kMaxSplit; ++rk) g_s[rk * 16 + r] = bm[rk] * inv;
-    if (rank == 0) p.lse[row * p.h + head0 + r] = den > 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
+    if (rank == 0) p.lse[row * p.h + head0 + r] = den != 0.f ? (M + log2f(den)) * kLn2 : -INFINITY;
   }
   __syncthreads();
   for (int i = rank * blockDim.x + tid; i < HG * p.Dv; i += p.split * blockDim.x) {

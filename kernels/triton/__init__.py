@@ -10,7 +10,7 @@ from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 
 from .autograd import selection_attention_triton_autograd
-from .fwd import triton_forward
+from .fwd import INT32_MAX, triton_forward
 
 
 def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
@@ -36,6 +36,8 @@ def run_triton(q, k, v, norm, *, scale: float, positions, allow_grad: bool):
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if grad and not allow_grad:
         raise BackendUnavailable("grad", "inputs require grad and NSA_SEL_TRITON_ALLOW_GRAD is off")
+    if grad and k.shape[2] > INT32_MAX:
+        raise BackendUnavailable("S_kv", f"k: S_kv={k.shape[2]} > 2^31 - 1; the Triton backward counts keys in int32")
     run = selection_attention_triton_autograd if grad else triton_forward
     return run(q, k, v, norm, scale=scale, positions=positions)
 

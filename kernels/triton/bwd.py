@@ -41,7 +41,7 @@ from selgate.reference.ranges import key_limit
 from selgate.reference.validation import check_inputs
 
 from . import tuning
-from .fwd import tma_descriptors, tma_supported
+from .fwd import INT32_MAX, tma_descriptors, tma_supported
 from .tiles import block_key, gather_keys
 
 LOG2E = 1.4426950408889634
@@ -419,6 +419,8 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     overrides keys of `launch_config` (tests shrink tiles, benchmarks sweep): tuning knobs
     that never change the math."""
     d = check_inputs(q, k, v, norm_ranges, scale=scale, positions=positions)
+    if d.S_kv > INT32_MAX:
+        raise ValueError(f"k: S_kv={d.S_kv} > 2^31 - 1; the Triton backward counts keys in int32")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"q: the Triton backward takes fp16, bf16 or fp32, got {q.dtype}")
     for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):

@@ -38,6 +38,7 @@ from .tiles import block_key, gather_keys
 
 LOG2E = 1.4426950408889634
 MIN_DOT = 16  # tl.dot needs every dimension >= 16
+INT32_MAX = 2**31 - 1  # larger S_kv compiles the kernel with 64-bit key counts (KEY64)
 
 
 @triton.jit
@@ -146,7 +147,7 @@ def _sel_fwd_kernel(
     S, G, S_kv, h, Dk, Dv, n, qk_scale,
     HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
     H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
-    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr,
+    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr, KEY64: tl.constexpr,
 ):
     # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
     pid = tl.program_id(0).to(tl.int64)
@@ -157,13 +158,17 @@ def _sel_fwd_kernel(
         t = tl.load(pos_ptr + b * S + s)
     else:
         t = s + S_kv - S
-    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv).to(tl.int32)  # keys >= lim are never read
+    lim = tl.minimum(tl.maximum(t + 1, 0), S_kv)  # keys >= lim are never read
 
     # The row's ranges, clamped to [0, lim); start/stop of each range in tile positions.
     j = tl.arange(0, N_PAD)
     r_row = r_ptr + b * sr_b + s * sr_s + g * sr_g + j * sr_j
-    start = tl.load(r_row, mask=j < n, other=0).to(tl.int32)
-    end = tl.load(r_row + 1, mask=j < n, other=0).to(tl.int32)
+    start = tl.load(r_row, mask=j < n, other=0)
+    end = tl.load(r_row + 1, mask=j < n, other=0)
+    if KEY64:  # S_kv >= 2^31: key counts would wrap in int32
+        lim, start, end = lim.to(tl.int64), start.to(tl.int64), end.to(tl.int64)
+    else:
+        lim, start, end = lim.to(tl.int32), start.to(tl.int32), end.to(tl.int32)
     start = tl.minimum(tl.maximum(start, 0), lim)
     end = tl.minimum(tl.maximum(end, 0), lim)
     length = tl.maximum(end - start, 0)
@@ -193,7 +198,7 @@ def _sel_fwd_kernel(
         m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i, l_i, acc,
                                        qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
 
-    nonempty = l_i > 0
+    nonempty = l_i != 0  # NaN (a NaN or infinite score) is not empty: lse and o stay NaN
     l_safe = tl.where(nonempty, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
@@ -237,7 +242,10 @@ def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=No
 
 def tma_supported(k, v) -> bool:
     """Whether K and V can be read through tensor descriptors: SM >= 9.0 (or the
-    interpreter) and every row on a 16-byte boundary."""
+    interpreter), at least one key (a descriptor's shape must be positive) and every row
+    on a 16-byte boundary."""
+    if k.shape[2] == 0:
+        return False
     if k.device.type == "cuda":
         if torch.cuda.get_device_capability(k.device)[0] < 9:
             return False
@@ -289,6 +297,7 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         return o, lse
     q, k, v, norm_ranges = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, norm_ranges))
     kind = tuning.kind_of(q.device, S)
+    key64 = S_kv > INT32_MAX
     if _tuner is None:
         cfg = config or launch_config(
             Dk, Dv, q.element_size(), kind, dtype=q.dtype, S_kv=S_kv, n=n,
@@ -300,7 +309,7 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
             record_launch("triton_fwd")
             record_launch("triton_fwd_pairs")
             return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
-        tma = bool(cfg.get("TMA")) and tma_supported(k, v)
+        tma = bool(cfg.get("TMA")) and not key64 and tma_supported(k, v)  # TMA coordinates are int32
         meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
                 "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}
     else:
@@ -318,6 +327,6 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
         DV_PAD=max(MIN_DOT, triton.next_power_of_2(Dv)),
         N_PAD=max(MIN_DOT, triton.next_power_of_2(n)),  # few compiled variants for n <= 16
-        **meta,
+        KEY64=key64, **meta,
     )
     return o, lse

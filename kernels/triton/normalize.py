@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 EMPTY = 1 << 62  # sort key of a dropped range: after every real one
+MAX_S_KV = 1 << 30  # a real range's sort key `start * 2^32 + end` stays below EMPTY
 # Range slots per program (rows x padded n): one program per row left a prefill call with
 # 262144 tiny programs and as many pairs of counter atomics on one address.
 ROW_SLOTS = 256
@@ -82,6 +83,9 @@ def normalize_ranges_triton(ranges: torch.Tensor, S_kv: int, positions=None, out
     `out` (contiguous, same shape and dtype) is written in full (tests poison it).
     `counter` (int64 [2], same device) gets the selected tokens and `kv_bytes_per_key` times
     them added."""
+    if S_kv > MAX_S_KV:
+        raise ValueError(f"S_kv: {S_kv} > 2^30, beyond the packed sort key of this kernel; "
+                         "selgate.reference.normalize_ranges takes any S_kv")
     B, S, G, n, _ = ranges.shape
     out = torch.empty(ranges.shape, dtype=ranges.dtype, device=ranges.device) if out is None else out
     if not out.is_contiguous():

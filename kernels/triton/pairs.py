@@ -233,7 +233,7 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
         m_i, l_i, acc = _softmax_pv(q_op, gl.convert_layout(kt, B_OP), gl.convert_layout(vt, B_OP), m_i, l_i, acc,
                                     qk_scale, True, ok3, MMA, A_OP, R, H, TAIL)
 
-    nonempty = l_i > 0
+    nonempty = l_i != 0  # NaN (a NaN or infinite score) is not empty: lse and o stay NaN
     l_safe = gl.where(nonempty, l_i, 1.0)
     o = gl.convert_layout(acc / gl.expand_dims(l_safe, 2), L3)
     lse = gl.convert_layout(gl.where(nonempty, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf")),

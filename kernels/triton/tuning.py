@@ -47,7 +47,8 @@ import torch
 
 from selgate.kernels import config as _config
 from selgate.kernels.config import current_device_name, device_slug, load_config
-from selgate.kernels.policy import env_flag
+from selgate.kernels.errors import ConfigError
+from selgate.kernels.policy import env_flag, env_int
 
 log = logging.getLogger("selgate.kernels")
 
@@ -80,11 +81,8 @@ def l_bucket(L: int) -> int:
 
 def range_len(cfg: dict | None = None) -> int:
     """Longest range the host assumes (NSA's l_sel): env NSA_SEL_RANGE_LEN > configs > 64."""
-    env = os.environ.get(ENV_RANGE_LEN)
-    if env:
-        return int(env)
     cfg = load_config() if cfg is None else cfg
-    return int((cfg.get("triton_tuning") or {}).get("range_len", DEFAULT_RANGE_LEN))
+    return env_int(ENV_RANGE_LEN, (cfg.get("triton_tuning") or {}).get("range_len", DEFAULT_RANGE_LEN))
 
 
 def shape_bucket(S_kv: int, n: int, rl: int | None = None) -> int:
@@ -108,10 +106,10 @@ def parse_override(text: str, keys: tuple[str, ...], env: str) -> dict:
         out = json.loads(text) if text.startswith("{") else dict(pairs)
         out = {k.strip(): int(v) for k, v in out.items()}
     except (ValueError, TypeError):
-        raise ValueError(f"{env}={text!r}: expected KEY=INT pairs separated by commas, keys from {keys}") from None
+        raise ConfigError(f"{env}={text!r}: expected KEY=INT pairs separated by commas, keys from {keys}") from None
     bad = set(out) - set(keys)
     if bad:
-        raise ValueError(f"{env}={text!r}: unknown keys {sorted(bad)}; expected some of {keys}")
+        raise ConfigError(f"{env}={text!r}: unknown keys {sorted(bad)}; expected some of {keys}")
     return out
 
 
