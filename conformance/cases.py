@@ -64,11 +64,13 @@ class Case:
     size: str
     scale: Optional[float] = None
     smoke: bool = False
+    block_size: Optional[int] = None  # selections of whole blocks (a block-index kernel's granularity)
 
     @property
     def id(self) -> str:
         sc = "" if self.scale is None else f"-sc{self.scale:g}"
-        return f"{self.shape.tag}-{self.pattern}{sc}-{DTYPE_NAMES[self.dtype]}-s{self.seed}"
+        bs = "" if self.block_size is None else f"-bs{self.block_size}"
+        return f"{self.shape.tag}-{self.pattern}{bs}{sc}-{DTYPE_NAMES[self.dtype]}-s{self.seed}"
 
     @property
     def mode(self) -> str:
@@ -101,8 +103,26 @@ def _randint(gen, lo, hi, shape):
     return lo + (u * (hi - lo)).floor().to(torch.int64)
 
 
-def raw_ranges(pattern: str, B: int, S: int, S_kv: int, G: int, h: int, n: int, gen) -> torch.Tensor:
-    """Raw (unnormalised) int64 ranges [B, S, G, n, 2] of one range pattern; see PATTERNS."""
+def block_aligned(ranges: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each non-empty range widened to whole blocks of `block_size` keys: what a kernel that
+    selects blocks can express. Empty ranges (end <= start) stay as they are; clamping to
+    `t + 1` later leaves the block that holds `t` partial, as NSA's selection does."""
+    start, end = ranges[..., 0], ranges[..., 1]
+    lo = torch.div(start, block_size, rounding_mode="floor") * block_size
+    hi = -torch.div(-end, block_size, rounding_mode="floor") * block_size
+    keep = end > start
+    return torch.stack([torch.where(keep, lo, start), torch.where(keep, hi, end)], -1)
+
+
+def raw_ranges(pattern: str, B: int, S: int, S_kv: int, G: int, h: int, n: int, gen,
+               block_size: Optional[int] = None) -> torch.Tensor:
+    """Raw (unnormalised) int64 ranges [B, S, G, n, 2] of one range pattern (see PATTERNS),
+    made of whole blocks when `block_size` is given."""
+    if block_size is not None:
+        if pattern == "builder":  # NSA's producer at the kernel's own block size
+            scores = torch.rand(B, S, G * h, math.ceil(S_kv / block_size), generator=gen)
+            return build_ranges(scores, G=G, l_sel=block_size, n=n, S_kv=S_kv, dtype=torch.int64)
+        return block_aligned(raw_ranges(pattern, B, S, S_kv, G, h, n, gen), block_size)
     shp = (B, S, G, n)
     t = (torch.arange(S) + S_kv - S)[None, :, None, None]  # query positions, broadcast over rows
     lim = (t + 1).clamp(min=1, max=S_kv)
@@ -177,7 +197,7 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
             qs.append(randn(len_q, s.G, s.h, s.Dk))
             ks.append(randn(s.G, len_k, s.Dk))
             vs.append(randn(s.G, len_k, s.Dv))
-            rs.append(raw_ranges(case.pattern, 1, len_q, len_k, s.G, s.h, s.n, gen)[0])
+            rs.append(raw_ranges(case.pattern, 1, len_q, len_k, s.G, s.h, s.n, gen, case.block_size)[0])
         q, cu_q = pack_sequences(qs, 0)
         k, cu_k = pack_sequences(ks, 1)
         v, _ = pack_sequences(vs, 1)
@@ -185,7 +205,7 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
         out = Inputs(q[None], k[None], v[None], ranges[None], case.scale, cu_q, cu_k)
     else:
         out = Inputs(randn(s.B, s.S, s.G, s.h, s.Dk), randn(s.B, s.G, s.S_kv, s.Dk), randn(s.B, s.G, s.S_kv, s.Dv),
-                     raw_ranges(case.pattern, s.B, s.S, s.S_kv, s.G, s.h, s.n, gen), case.scale)
+                     raw_ranges(case.pattern, s.B, s.S, s.S_kv, s.G, s.h, s.n, gen, case.block_size), case.scale)
     for name in ("q", "k", "v", "ranges", "cu_seqlens_q", "cu_seqlens_k"):
         t = getattr(out, name)
         if t is not None:

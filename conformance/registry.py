@@ -6,15 +6,13 @@ compared with itself.
 
 A user's implementation joins with `--impl package.module:callable`: the callable is
 `fn(q, k, v, ranges, *, scale=None)` returning `o`, or `(o, lse)` when it declares lse.
-Optional attributes on it declare capabilities (defaults in brackets): `dtypes`
-[fp16, bf16, fp32] (torch dtypes or names), `supports_lse` [False], `supports_backward`
-[False] (gradients through autograd), `modes` [("decode", "prefill")], `varlen`
-[None] (a callable `(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None)` that
-adds the varlen mode), `head_dim_multiple` [1], `max_head_dim` [None], `deterministic`
-[True], `devices` [("cpu", "cuda")], `min_capability` [None].
+What it supports and requires is declared by attributes on it or in a `--declare` YAML
+file (`declarations.py` lists the keys); the matrix fits its cases to those declarations.
 """
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import importlib
 import importlib.util
 import os
@@ -24,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from . import declarations
 from .cases import SIZES, Case
 
 LOW_AND_FP32 = (torch.float16, torch.bfloat16, torch.float32)
@@ -33,10 +32,11 @@ BF16_INTERPRETER = "triton interpreter computes bf16 wrongly, triton issue 11584
 
 @dataclass(frozen=True)
 class Xfail:
-    """A known bug: `family` fails on cases where `applies(case)`; strict, so a fix shows."""
+    """A known bug: `family` fails on the cases whose id (a bad input's name) matches the
+    fnmatch pattern `cases`; strict, so a fix shows."""
 
     family: str
-    applies: Callable[[Case], bool]
+    cases: str
     reason: str
 
 
@@ -67,14 +67,30 @@ class Impl:
     unavailable: Callable[[], Optional[str]] = lambda: None
     unsupported: dict = field(default_factory=dict)  # family -> why it does not apply, by design
     xfails: tuple = ()
+    heads_multiple_of: int = 1
+    heads_power_of_two: bool = False
+    min_heads: int = 1
+    max_heads: Optional[int] = None
+    block_size: Optional[int] = None
+    layouts: tuple = declarations.LAYOUTS
+    declared: dict = field(default_factory=dict)  # an outside kernel's declarations, as given
 
     def forward(self, q, k, v, ranges, *, scale=None, want_lse=True):
         """`(o, lse)`, lse None when the implementation declares none."""
-        out = self.call(q, k, v, ranges, scale=scale, want_lse=want_lse and self.lse)
+        out = self.call(*self._laid_out(q, k, v), ranges, scale=scale, want_lse=want_lse and self.lse)
         return _split(out, self.lse and want_lse)
 
     def forward_varlen(self, q, k, v, ranges, cu_q, cu_k, *, scale=None):
-        return _split(self.varlen(q, k, v, ranges, cu_q, cu_k, scale=scale), self.lse)
+        return _split(self.varlen(*self._laid_out(q, k, v), ranges, cu_q, cu_k, scale=scale), self.lse)
+
+    def _laid_out(self, q, k, v):
+        """Contiguous copies for a kernel that does not declare strided inputs."""
+        return (q, k, v) if "strided" in self.layouts else tuple(t.contiguous() for t in (q, k, v))
+
+    def heads_for(self, h: int) -> Optional[int]:
+        """The heads-per-group count this implementation runs a case of `h` heads at."""
+        return declarations.allowed_heads(h, multiple_of=self.heads_multiple_of, power_of_two=self.heads_power_of_two,
+                                          minimum=self.min_heads, maximum=self.max_heads)
 
 
 def _split(out, with_lse):
@@ -126,6 +142,10 @@ def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", n
         if mode not in impl.modes or (mode == "varlen" and impl.varlen is None):
             return f"{impl.name} does not declare mode {mode}"
     s = case.shape
+    if impl.heads_for(s.h) != s.h:
+        return (f"{impl.name} declares heads per group {_heads_rule(impl)}; case has {s.h}")
+    if impl.block_size is not None and case.block_size != impl.block_size:
+        return f"{impl.name} selects whole blocks of {impl.block_size} keys; case is not block-aligned"
     for name, d in (("Dk", s.Dk), ("Dv", s.Dv)):
         if d % impl.head_dim_multiple or (impl.max_head_dim and d > impl.max_head_dim):
             return (f"{impl.name} declares head dims that are multiples of {impl.head_dim_multiple}"
@@ -139,10 +159,30 @@ def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", n
     return None
 
 
-def known_bug(impl: Impl, family: str, case: Case) -> Optional[str]:
-    """The reason of a declared known bug of `impl` in `family` on `case`, or None."""
+def _heads_rule(impl: Impl) -> str:
+    rule = [f"a multiple of {impl.heads_multiple_of}"] if impl.heads_multiple_of > 1 else []
+    rule += ["a power of two"] if impl.heads_power_of_two else []
+    rule += [f">= {impl.min_heads}"] if impl.min_heads > 1 else []
+    rule += [f"<= {impl.max_heads}"] if impl.max_heads is not None else []
+    return ", ".join(rule) or "any"
+
+
+def fit(case: Case, impl: Impl) -> Case:
+    """`case` with the heads per group and the selection granularity `impl` declares, so a
+    constrained kernel meets every shape's other dimensions (an unfittable case is kept as
+    it is, and skip_reason says why it does not run)."""
+    h = impl.heads_for(case.shape.h)
+    shape = case.shape if h is None else dataclasses.replace(case.shape, h=h)
+    if shape == case.shape and case.block_size == impl.block_size:
+        return case
+    return dataclasses.replace(case, shape=shape, block_size=impl.block_size)
+
+
+def known_bug(impl: Impl, family: str, case: Case, label: Optional[str] = None) -> Optional[str]:
+    """The reason of a declared known bug of `impl` in `family` on `case` (or on the bad
+    input named `label`), or None."""
     for x in impl.xfails:
-        if x.family == family and x.applies(case):
+        if x.family == family and fnmatch.fnmatchcase(label or case.id, x.cases):
             return x.reason
     return None
 
@@ -240,59 +280,41 @@ REGISTRY = {
 
 # --- user implementations (--impl) ----------------------------------------------------------
 
-_DTYPE_BY_NAME = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16,
-                  "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
-                  "fp64": torch.float64, "float64": torch.float64}
-
-
-def _dtype(x, spec):
-    if isinstance(x, torch.dtype):
-        return x
-    if x in _DTYPE_BY_NAME:
-        return _DTYPE_BY_NAME[x]
-    raise ValueError(f"--impl {spec}: dtypes entry {x!r} is not a torch dtype or one of {sorted(_DTYPE_BY_NAME)}")
-
-
-def load_user_impl(spec: str) -> Impl:
-    """The Impl of `--impl package.module:callable`, capabilities read from its attributes."""
-    mod_name, sep, attr = spec.partition(":")
-    if not sep or not mod_name or not attr:
-        raise ValueError(f"--impl: expected 'package.module:callable' or one of {sorted(REGISTRY)}, got {spec!r}")
-    try:
-        fn = importlib.import_module(mod_name)
-        for part in attr.split("."):
-            fn = getattr(fn, part)
-    except (ImportError, AttributeError) as e:
-        raise type(e)(f"--impl {spec}: {e}") from e
-    if not callable(fn):
-        raise TypeError(f"--impl {spec}: {type(fn).__name__} is not callable")
-    varlen = getattr(fn, "varlen", None)
-    modes = tuple(getattr(fn, "modes", ("decode", "prefill"))) + (("varlen",) if varlen else ())
+def load_user_impl(spec: str, declare=None) -> Impl:
+    """The Impl of `--impl package.module:callable`: declarations from its attributes, then
+    from the `declare` YAML file, which wins key by key."""
+    fn = declarations.load_callable(spec)
+    declared = declarations.from_callable(fn, spec)
+    if declare:
+        declared.update(declarations.from_yaml(declare))
+    varlen = declared.get("varlen")
+    modes = tuple(declared.get("modes", declarations.MODES)) + (("varlen",) if varlen else ())
 
     def call(q, k, v, ranges, *, scale=None, want_lse=True):
         return fn(q, k, v, ranges, scale=scale)
 
-    return Impl(
-        name=spec, call=call, varlen=varlen, modes=modes,
-        dtypes=tuple(_dtype(d, spec) for d in getattr(fn, "dtypes", LOW_AND_FP32)),
-        lse=bool(getattr(fn, "supports_lse", False)), backward=bool(getattr(fn, "supports_backward", False)),
-        head_dim_multiple=int(getattr(fn, "head_dim_multiple", 1)), max_head_dim=getattr(fn, "max_head_dim", None),
-        deterministic=bool(getattr(fn, "deterministic", True)), devices=tuple(getattr(fn, "devices", ("cpu", "cuda"))),
-        min_capability=getattr(fn, "min_capability", None),
-    )
+    fields = {k: v for k, v in declared.items() if k not in ("modes", "varlen", "xfail")}
+    xfails = tuple(Xfail(*x) for x in declared.get("xfail", ()))
+    return Impl(name=spec, call=call, varlen=varlen, modes=modes, xfails=xfails, declared=declared, **fields)
 
 
-def resolve(spec: Optional[str]) -> list:
+def resolve(spec: Optional[str], declare=None) -> list:
     """Implementations named by `--impl`: comma-separated registry names or
-    `package.module:callable` specs; every registered one when `spec` is empty."""
-    if not spec:
+    `package.module:callable` specs; every registered one when `spec` is empty. `declare`
+    (a YAML file) declares the one `package.module:callable` among them."""
+    items = [s.strip() for s in (spec or "").split(",") if s.strip()]
+    outside = [i for i in items if i not in REGISTRY]
+    if declare and len(outside) != 1:
+        raise ValueError(f"--declare {declare}: declares one package.module:callable named by --impl; "
+                         f"--impl names {len(outside)} ({', '.join(outside) or 'none'})")
+    if not items:
         return list(REGISTRY.values())
     out = []
-    for item in (s.strip() for s in spec.split(",") if s.strip()):
+    for item in items:
         if item in REGISTRY:
             out.append(REGISTRY[item])
         elif ":" in item:
-            out.append(load_user_impl(item))
+            out.append(load_user_impl(item, declare))
         else:
             raise ValueError(f"--impl: {item!r} is neither a registered implementation {sorted(REGISTRY)} "
                              f"nor 'package.module:callable'")

@@ -1,0 +1,209 @@
+"""What an outside kernel declares about itself, read from attributes on its callable or
+from a YAML file (`--declare`), validated so that a typo is an error rather than a
+capability silently ignored. The keys (defaults in brackets):
+
+- `dtypes` [fp16, bf16, fp32]: torch dtypes or their names; fp64 adds the gradcheck family.
+- `devices` [cpu, cuda]; `min_capability` [none], e.g. "9.0".
+- `modes` [decode, prefill]; `varlen` [none]: a callable, or `package.module:callable` in
+  YAML, `(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None)`, adding mode varlen.
+- `lse` [false]: the callable returns `(o, lse)`; `backward` [false]: gradients through
+  autograd; `deterministic` [true]: repeated runs are bitwise identical.
+- `head_dim_multiple` [1], `max_head_dim` [none].
+- heads per group: `heads_multiple_of` [1], `heads_power_of_two` [false], `min_heads` [1],
+  `max_heads` [none]. The matrix fits each case's heads per group to the smallest count
+  the kernel takes, so a constrained kernel still meets every shape's other dimensions.
+- `block_size` [none]: the kernel selects whole blocks of this many keys (NSA's l_sel);
+  the matrix then generates block-aligned selections (the block holding `t` partial).
+- `layouts` [contiguous, strided, kv_shared]: input layouts taken; without `strided` the
+  matrix hands over contiguous copies and skips its strided and shared-buffer checks.
+- `max_size` [large]: the largest case size class.
+- `xfail` (YAML only) [none]: expected failures, strict: a list of `{family, cases, reason}`
+  where `cases` is an fnmatch pattern on the case id (or the bad input's name).
+
+`supports_lse` and `supports_backward` are accepted as the older names of `lse` and
+`backward`.
+"""
+from __future__ import annotations
+
+import importlib
+import types
+from pathlib import Path
+
+import torch
+import yaml
+
+DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "float32": torch.float32, "fp64": torch.float64, "float64": torch.float64}
+MODES = ("decode", "prefill")
+DEVICES = ("cpu", "cuda")
+LAYOUTS = ("contiguous", "strided", "kv_shared")
+ALIASES = {"supports_lse": "lse", "supports_backward": "backward"}
+XFAIL_KEYS = ("family", "cases", "reason")
+
+
+def load_callable(spec: str, what: str = "--impl"):
+    """`package.module:callable` (dotted attribute path allowed) imported and checked."""
+    mod_name, sep, attr = str(spec).partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"{what}: expected 'package.module:callable', got {spec!r}")
+    try:
+        fn = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except (ImportError, AttributeError) as e:
+        raise type(e)(f"{what} {spec}: {e}") from e
+    if not callable(fn):
+        raise TypeError(f"{what} {spec}: {type(fn).__name__} is not callable")
+    return fn
+
+
+def _seq(value, where, allowed=None, convert=None):
+    items = [value] if isinstance(value, (str, torch.dtype)) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"{where}: expected a non-empty list, got {value!r}")
+    out = []
+    for x in items:
+        if convert is not None:
+            x = convert(x, where)
+        elif allowed is not None and x not in allowed:
+            raise ValueError(f"{where}: {x!r} is not one of {list(allowed)}")
+        out.append(x)
+    return tuple(out)
+
+
+def _dtype(x, where):
+    if isinstance(x, torch.dtype) and x in DTYPES.values():
+        return x
+    if isinstance(x, str) and x in DTYPES:
+        return DTYPES[x]
+    raise ValueError(f"{where}: {x!r} is not a torch dtype or one of {sorted(DTYPES)}")
+
+
+def _int(value, where, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _bool(value, where):
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _capability(value, where):
+    parts = str(value).split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{where}: expected a compute capability such as \"9.0\", got {value!r}")
+    return str(value)
+
+
+def _varlen(value, where):
+    return load_callable(value, where) if isinstance(value, str) else value if callable(value) else _fail(
+        where, f"expected a callable or 'package.module:callable', got {value!r}")
+
+
+def _fail(where, what):
+    raise ValueError(f"{where}: {what}")
+
+
+def _xfails(value, where):
+    from .families import FAMILIES
+
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: expected a list of {{family, cases, reason}}, got {value!r}")
+    families = [*FAMILIES, "bad_input"]
+    out = []
+    for i, entry in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, dict) or set(entry) != set(XFAIL_KEYS):
+            raise ValueError(f"{at}: expected exactly the keys {list(XFAIL_KEYS)}, got {entry!r}")
+        if entry["family"] not in families:
+            raise ValueError(f"{at}.family: {entry['family']!r} is not one of {families}")
+        if not str(entry["reason"]).strip() or not str(entry["cases"]).strip():
+            raise ValueError(f"{at}: cases and reason must be non-empty")
+        out.append((entry["family"], str(entry["cases"]), str(entry["reason"])))
+    return tuple(out)
+
+
+def _sizes(value, where):
+    from .cases import SIZES
+
+    if value not in SIZES:
+        raise ValueError(f"{where}: expected one of {SIZES}, got {value!r}")
+    return value
+
+
+# key -> parser(value, where) giving the Impl field's value
+PARSERS = {
+    "dtypes": lambda v, w: _seq(v, w, convert=_dtype),
+    "devices": lambda v, w: _seq(v, w, DEVICES),
+    "modes": lambda v, w: _seq(v, w, MODES),
+    "varlen": _varlen,
+    "lse": _bool,
+    "backward": _bool,
+    "deterministic": _bool,
+    "head_dim_multiple": _int,
+    "max_head_dim": _int,
+    "min_capability": _capability,
+    "heads_multiple_of": _int,
+    "heads_power_of_two": _bool,
+    "min_heads": _int,
+    "max_heads": _int,
+    "block_size": _int,
+    "layouts": lambda v, w: _seq(v, w, LAYOUTS),
+    "max_size": _sizes,
+    "xfail": _xfails,
+}
+
+
+def parse(mapping: dict, where: str) -> dict:
+    """Validated declarations keyed by their canonical names; ValueError names an unknown
+    key or a bad value."""
+    out = {}
+    for key, value in mapping.items():
+        name = ALIASES.get(key, key)
+        if name not in PARSERS:
+            raise ValueError(f"{where}: unknown declaration {key!r}; known: {sorted([*PARSERS, *ALIASES])}")
+        if name in out:
+            raise ValueError(f"{where}: {key!r} declared twice (as {name!r})")
+        out[name] = PARSERS[name](value, f"{where}.{key}")
+    if "max_heads" in out and out["max_heads"] < out.get("min_heads", 1):
+        raise ValueError(f"{where}: max_heads {out['max_heads']} is below min_heads {out.get('min_heads', 1)}")
+    return out
+
+
+def from_callable(fn, spec: str) -> dict:
+    """Declarations set as attributes on a plain function (`fn.dtypes = ...`). Every
+    public attribute of a function is taken as one, so a misspelt one is an error."""
+    if isinstance(fn, types.FunctionType):
+        attrs = {k: v for k, v in vars(fn).items() if not k.startswith("_")}
+    else:  # a class instance or a JIT wrapper has attributes of its own: read only known keys
+        attrs = {k: getattr(fn, k) for k in (*PARSERS, *ALIASES) if k != "xfail" and hasattr(fn, k)}
+    if "xfail" in attrs:
+        raise ValueError(f"--impl {spec}: expected failures go in a --declare file, not on the callable")
+    return parse(attrs, f"--impl {spec}")
+
+
+def from_yaml(path) -> dict:
+    """Declarations from a YAML mapping (a `--declare` file)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise OSError(f"--declare {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"--declare {path}: not YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--declare {path}: expected a mapping of declarations, got {type(data).__name__}")
+    return parse(data, f"--declare {path}")
+
+
+def allowed_heads(h: int, *, multiple_of: int = 1, power_of_two: bool = False, minimum: int = 1,
+                  maximum: int | None = None) -> int | None:
+    """The smallest heads-per-group count >= h the constraints allow; None if none does."""
+    limit = maximum if maximum is not None else max(h, minimum) * 2 * multiple_of + 64
+    for n in range(max(h, minimum), limit + 1):
+        if n % multiple_of == 0 and (not power_of_two or n & (n - 1) == 0):
+            return n
+    return None
