@@ -242,8 +242,8 @@ def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=No
 
 def tma_supported(k, v) -> bool:
     """Whether K and V can be read through tensor descriptors: SM >= 9.0 (or the
-    interpreter), at least one key (a descriptor's shape must be positive) and every row
-    on a 16-byte boundary."""
+    interpreter), at least one key and positive strides (a descriptor takes neither an empty
+    shape nor a broadcast, stride-0, dimension) and every row on a 16-byte boundary."""
     if k.shape[2] == 0:
         return False
     if k.device.type == "cuda":
@@ -251,7 +251,7 @@ def tma_supported(k, v) -> bool:
             return False
     elif not interpreting():
         return False
-    return all(x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:3])
+    return all(x.data_ptr() % 16 == 0 and all(st > 0 and st * x.element_size() % 16 == 0 for st in x.stride()[:3])
                for x in (k, v))
 
 

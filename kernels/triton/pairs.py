@@ -273,6 +273,8 @@ def layout_problem(q, k, v, positions) -> str | None:
             return f"{name} strides {x.stride()}: (b, g) do not collapse onto the key stride"
         if x.data_ptr() % 16 or sn * x.element_size() % 16:
             return f"{name} rows not on 16-byte boundaries"
+        if sn <= 0:
+            return f"{name} key stride {sn}: a tensor descriptor needs a positive stride"
     return None
 
 
