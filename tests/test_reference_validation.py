@@ -29,7 +29,7 @@ BAD = [
     (dict(v=v0.half()), TypeError, r"v: dtype torch.float16 differs from q's torch.float64"),
     (dict(ranges=r0.float()), TypeError, r"ranges: expected int32 or int64, got torch.float32"),
     (dict(ranges=r0.to(torch.int16)), TypeError, r"ranges: expected int32 or int64, got torch.int16"),
-    (dict(ranges=r0.to("meta")), ValueError, r"ranges: on meta, but q is on cpu; all inputs must share one device"),
+    (dict(ranges=r0.to("meta")), ValueError, r"ranges: a meta tensor \(2, 5, 2, 4, 2\) holds no data; expected a CPU"),
     (dict(k=k0[:1]), ValueError, r"k: expected \[B=2, G=2, S_kv, Dk\] to match q \(2, 5, 2, 3, 8\), got \(1, 2, 23, 8\)"),
     (dict(k=k0[..., :4]), ValueError, r"k: head dim 4 differs from q's Dk=8"),
     (dict(v=v0[:, :, :7]), ValueError, r"v: expected \[B=2, G=2, S_kv=23, Dv\] to match k \(2, 2, 23, 8\), got \(2, 2, 7, 6\)"),
@@ -41,6 +41,11 @@ BAD = [
     (dict(scale=torch.tensor(0.5)), TypeError, r"scale: expected a Python float, got Tensor"),
     (dict(positions=torch.zeros(2, 4, dtype=torch.int64)), ValueError, r"positions: expected shape \[B=2, S=5\], got \(2, 4\)"),
     (dict(positions=torch.zeros(2, 5)), TypeError, r"positions: expected int32 or int64, got torch.float32"),
+    (dict(q=q0.to("meta")), ValueError, r"q: a meta tensor \(2, 5, 2, 3, 8\) holds no data; expected a CPU"),
+    (dict(positions=torch.zeros(2, 5, dtype=torch.int64, device="meta")), ValueError,
+     r"positions: a meta tensor \(2, 5\) holds no data"),
+    (dict(positions=torch.full((2, 5), 2**63 - 1)), ValueError,
+     r"positions: max 9223372036854775807 = 2\^63 - 1 overflows t \+ 1 in int64"),
 ]
 
 
