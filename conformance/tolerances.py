@@ -17,11 +17,15 @@ a YAML/JSON file, keyed by dtype name, optionally narrowed to one tensor, e.g.
 `{fp32: {max_abs: 2.0e-5}, bf16: {grad: {mean_abs: 2.0e-3}}, fp16: {dk: {factor: 4}}}`
 (tensor keys: o, lse, dq, dk, dv, and `grad` for all three gradients). Precedence:
 SPEC.md defaults < dtype-level override < `grad` override < single-tensor override.
+Every bound is a finite number >= 0: a NaN bound would pass everything (`err > nan` is
+False). The lane runner sets the variable from the lane YAML only, and the gate blocks a
+run whose overrides are not the lane YAML's.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +70,7 @@ _SPEC["bf16"] = _SPEC["fp16"]
 
 
 @functools.lru_cache(maxsize=8)
-def _parse_overrides(raw: str) -> dict:
+def parse_overrides(raw: str) -> dict:
     text = Path(raw).read_text() if raw and Path(raw).is_file() else raw
     data = yaml.safe_load(text) if text else {}
     if data is None:
@@ -85,12 +89,20 @@ def _parse_overrides(raw: str) -> dict:
             if bad:
                 raise ValueError(f"{ENV}: {dt}.{key}: unknown fields {sorted(map(str, bad))}; "
                                  f"expected tensor keys {TENSORS + ('grad',)} or fields {sorted(fields)}")
+            for name, bound_ in (val.items() if isinstance(val, dict) else [(None, val)]):
+                check_bound(bound_, f"{ENV}: {dt}.{key}" + (f".{name}" if name else ""))
     return data
+
+
+def check_bound(value, where: str) -> None:
+    """A bound is a finite number >= 0; ValueError names where it is not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: expected a finite number >= 0, got {value!r}")
 
 
 def overrides() -> dict:
     """The lane's overrides from `SELGATE_TOL_OVERRIDES` (validated; {} when unset)."""
-    return _parse_overrides(os.environ.get(ENV, ""))
+    return parse_overrides(os.environ.get(ENV, ""))
 
 
 def tolerance(dtype: torch.dtype, tensor: str) -> Tolerance:

@@ -9,7 +9,7 @@ import sys
 
 from .config import lane_names, load_lane
 from .detect import detect_lane
-from .runner import plan_lane, resolve_lane, run_plan
+from .runner import clear_out, plan_lane, record_refusal, resolve_lane, run_plan
 
 
 def _list(_args) -> int:
@@ -43,9 +43,19 @@ def _detect(args) -> int:
 
 
 def _run(args) -> int:
+    """The lane's output is emptied first; a run refused after that (a bad argument, the wrong
+    device) leaves a note naming why, so the gate blocks on it rather than on stale results."""
+    if args.lane != "auto" and args.lane not in lane_names():
+        raise ValueError(f"lane: expected one of {lane_names()} or 'auto', got {args.lane!r}")
     name, capability = resolve_lane(args.lane)
-    plan = plan_lane(load_lane(name), capability=capability, workers=args.workers, k=args.k,
-                     emulate=args.emulate, policy_only=args.policy_only, extra=args.pytest_args)
+    out_name = f"{name}-emulated" if args.emulate else name
+    clear_out(out_name)
+    try:
+        plan = plan_lane(load_lane(name), capability=capability, workers=args.workers, k=args.k,
+                         emulate=args.emulate, policy_only=args.policy_only, extra=args.pytest_args)
+    except ValueError as e:
+        record_refusal(out_name, str(e))
+        raise
     return run_plan(plan, docker=args.docker)
 
 

@@ -9,6 +9,7 @@ import yaml
 
 from selgate.conformance.cases import SIZES
 from selgate.conformance.tolerances import ENV as TOL_ENV  # the variable the matrix reads overrides from
+from selgate.conformance.tolerances import parse_overrides, check_bound
 from selgate.reports.families import FAMILIES
 
 LANE_DIR = Path(__file__).resolve().parent
@@ -45,10 +46,21 @@ def validate_lane(lane: dict, where: str) -> None:
     unknown = sorted(set(lane["required_families"]) - set(FAMILIES))
     if unknown:
         raise ValueError(f"{where}: required_families: unknown {unknown}; families are {list(FAMILIES)}")
-    for dtype, override in (lane["tolerance_overrides"] or {}).items():
-        if not isinstance(override, dict) or not str(override.get("reason", "")).strip():
-            raise ValueError(f"{where}: tolerance_overrides.{dtype}: every override needs a 'reason' "
-                             f"(with the measured error), got {override!r}")
+    overrides = lane["tolerance_overrides"] or {}
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{where}: tolerance_overrides: expected a mapping keyed by dtype, got {overrides!r}")
+    for dtype, override in overrides.items():
+        if not isinstance(override, dict) or not str(override.get("reason", "")).strip() \
+                or "measured" not in override:
+            raise ValueError(f"{where}: tolerance_overrides.{dtype}: every override needs a 'reason' and "
+                             f"'measured' (the largest error measured, per field it loosens), got {override!r}")
+        measured = override["measured"]
+        for field_, value in (measured.items() if isinstance(measured, dict) else [(None, measured)]):
+            check_bound(value, f"{where}: tolerance_overrides.{dtype}.measured" + (f".{field_}" if field_ else ""))
+    try:
+        parse_overrides(tolerance_env(lane).get(TOL_ENV, ""))
+    except ValueError as e:
+        raise ValueError(f"{where}: tolerance_overrides: {e}") from None
     for i, check in enumerate(lane["policy"]):
         if set(check) != {"name", "env", "triton_launches"} or not isinstance(check["triton_launches"], bool):
             raise ValueError(f"{where}: policy[{i}]: expected keys name, env and a boolean "
@@ -56,7 +68,8 @@ def validate_lane(lane: dict, where: str) -> None:
 
 
 def tolerance_env(lane: dict) -> dict:
-    """`{TOL_ENV: json}` with the lane's overrides minus their reasons; empty when none."""
-    overrides = {dtype: {k: v for k, v in o.items() if k != "reason"}
+    """`{TOL_ENV: json}` with the lane's overrides minus their reasons and measurements; empty
+    when none."""
+    overrides = {dtype: {k: v for k, v in o.items() if k not in ("reason", "measured")}
                  for dtype, o in (lane["tolerance_overrides"] or {}).items()}
     return {TOL_ENV: json.dumps(overrides, sort_keys=True)} if overrides else {}

@@ -1,15 +1,24 @@
 """Run one lane: pytest over the lane's paths, markers and size, on xdist workers (one GPU
 each), with a per-test timeout, JUnit into `reports/out/<lane>/junit.xml`, a Triton cache
 per lane and architecture, and the lane's own policy checks. Locally, or in Docker through
-`selgate.lanes.docker_backend`."""
+`selgate.lanes.docker_backend`.
+
+pytest runs with plugin autoloading off and its configuration file named (`-c
+pyproject.toml`): an installed plugin that deselects, `PYTEST_ADDOPTS` or an untracked
+`pytest.ini` cannot change what a lane runs."""
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from selgate.conformance.tolerances import ENV as TOL_ENV
 
 from .config import LANE_DIR, tolerance_env
 from .detect import device_capability, lane_for
@@ -17,6 +26,59 @@ from .detect import device_capability, lane_for
 ROOT = LANE_DIR.parent
 OUT_ROOT = ROOT / "reports" / "out"
 POLICY_TESTS = "lanes/test_lane_policy.py"
+REFUSED_FILE = "refused.json"
+PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.lanes.xdist_gpu", "selgate.reports.stamp")
+CONFORMANCE_PLUGIN = "selgate.conformance.plugin"   # the matrix's --impl and --size, where installed
+CONFIG_ARGS = ("-c", "pyproject.toml", "--rootdir", ".")
+CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+UNSET_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+
+
+def plugin_args(names=PLUGINS) -> list:
+    """`-p name` for each plugin a lane needs (autoloading is off), the matrix's plugin included
+    once the package provides it."""
+    present = [*names, CONFORMANCE_PLUGIN] if importlib.util.find_spec(CONFORMANCE_PLUGIN) else list(names)
+    return [arg for name in present for arg in ("-p", name)]
+
+
+def selection_args(lane: dict, *, policy_only: bool = False) -> list:
+    """The lane's own selection: its paths and policy checks, size class and markers."""
+    paths = [POLICY_TESTS] if policy_only else [*lane["paths"], POLICY_TESTS]
+    args = [*paths]
+    if not policy_only:   # the conformance matrix's size class
+        args += ["--size", lane["size"]]
+    if lane["markers"]:
+        args += ["-m", lane["markers"]]
+    return args
+
+
+def inventory_command(lane: dict) -> list:
+    """`pytest --collect-only` of the lane's whole selection, under the lane's configuration
+    and nothing else: the inventory a run of the lane must match."""
+    return [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+            *plugin_args(("pytest_timeout",)), *CONFIG_ARGS, *selection_args(lane)]
+
+
+def run_env(extra: dict) -> dict:
+    """os.environ with the lane's variables, plugin autoloading off and pytest's option
+    variables removed."""
+    env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
+    return {**env, **extra, **CLEAN_ENV}
+
+
+def clear_out(out_name: str, out_root: Path | None = None) -> Path:
+    """Empty reports/out/<out_name>/ before anything can fail, so that no earlier run's
+    results are left for the gate to read."""
+    out_dir = (out_root or OUT_ROOT) / out_name
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def record_refusal(out_name: str, error: str, out_root: Path | None = None) -> None:
+    """A run refused before pytest started leaves this note, which the gate blocks on by name."""
+    path = (out_root or OUT_ROOT) / out_name / REFUSED_FILE
+    path.write_text(json.dumps({"lane": out_name, "error": error}, indent=1) + "\n")
 
 
 def cache_root() -> Path:
@@ -73,6 +135,10 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     arch = f"sm{capability.replace('.', '')}" if capability else "cpu"
     env = {k_: str(v) for k_, v in (lane["env"] or {}).items()}
     env.update(tolerance_env(lane))
+    if os.environ.get(TOL_ENV) and os.environ[TOL_ENV] != env.get(TOL_ENV):
+        raise ValueError(f"{TOL_ENV}: set in the environment to {os.environ[TOL_ENV]!r}; only "
+                         f"lanes/{name}.yaml (tolerance_overrides, with a reason and the measured error) "
+                         f"may change a tolerance: unset it")
     if lane["device"] == "cuda" and "NSA_SEL_CUDA_BUILD" not in os.environ:
         # Each worker builds (or loads) the CUDA decode extension when it imports it during
         # collection, outside any per-test timeout that could kill a build half-way; the
@@ -85,16 +151,11 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     env["TRITON_CACHE_DIR"] = str(cache_dir)
 
     junit = f"reports/out/{out_name}/junit.xml"
-    paths = [POLICY_TESTS] if policy_only else [*lane["paths"], POLICY_TESTS]
-    args = [*paths, "-p", "selgate.lanes.xdist_gpu", "-p", "selgate.reports.stamp",
+    args = [*selection_args(lane, policy_only=policy_only), *plugin_args(), *CONFIG_ARGS,
             "-n", str(workers), "--dist", "load", "--max-worker-restart", str(lane["max_worker_restart"]),
             "--timeout", str(lane["timeout"]), "--timeout-method", "thread",
             "--junitxml", junit, "-o", "junit_family=xunit2", "-o", "console_output_style=progress",
             "-rfE"]
-    if not policy_only:   # the conformance matrix's size class (root conftest.py)
-        args += ["--size", lane["size"]]
-    if lane["markers"]:
-        args += ["-m", lane["markers"]]
     if k:
         args += ["-k", k]
     args += list(extra)
@@ -103,22 +164,19 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
 
 def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     """Run the plan; returns pytest's exit status (the gate reads the JUnit, not this)."""
-    out_dir = OUT_ROOT / plan.out_name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("junit.xml", "environment.json"):  # a run that writes nothing must not leave an old pass
-        (out_dir / stale).unlink(missing_ok=True)
+    out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
     print(f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
           f"TRITON_CACHE_DIR={plan.cache_dir}", flush=True)
     if docker:
         from .docker_backend import run_lane_in_docker
 
-        env = {k: v for k, v in plan.env.items() if k != "TRITON_CACHE_DIR"}
+        env = {k: v for k, v in {**plan.env, **CLEAN_ENV}.items() if k != "TRITON_CACHE_DIR"}
         return run_lane_in_docker(plan.lane, pytest_args=plan.pytest_args, env=env,
                                   reports_dir=out_dir, cache_dir=plan.cache_dir)
     cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
-    print("+ " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + cmd), flush=True)
-    return subprocess.call(cmd, cwd=ROOT, env={**os.environ, **plan.env})
+    print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT, env=run_env(plan.env))
 
 
 def resolve_lane(name: str) -> tuple[str, str | None]:

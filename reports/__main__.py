@@ -8,10 +8,11 @@ from pathlib import Path
 
 import yaml
 
-from .gate import POLICY_FILE, evaluate, load_policy, profile_of, required_lanes
+from .gate import POLICY_FILE, evaluate, load_policy, profile_of, required_lanes, utc_today
 from .markdown import render, write_report
 from .release import render_release
 from .results import load_results, merge
+from .tree import tree_stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "out"
@@ -27,14 +28,20 @@ def main(argv=None) -> int:
                    help=f"folder of <lane>/junit.xml, repeatable, first wins per lane (default {OUT})")
     p.add_argument("--policy", type=Path, default=POLICY_FILE, help="gate policy YAML")
     p.add_argument("--out", type=Path, default=OUT, help="where merged.xml and the report go")
+    p.add_argument("--tree", type=Path, default=ROOT,
+                   help=f"the checkout being gated, whose commit and files the lanes must have run (default {ROOT})")
     args = p.parse_args(argv)
     lanes = [x for x in (args.lanes or "").split(",") if x] or None
+    if not args.tree.is_dir():
+        print(f"error: --tree: {args.tree} is not a directory", file=sys.stderr)
+        return 2
     try:
-        policy = load_policy(args.policy)
+        today = utc_today()
+        policy = load_policy(args.policy, today)
         profile = args.profile or ("release" if args.command == "release" else None)
         required = required_lanes(policy, profile, lanes)
         results = load_results(args.results or [OUT], lanes)
-        verdict = evaluate(policy, results, required,
+        verdict = evaluate(policy, results, required, today, tree=tree_stamp(args.tree),
                            same_commit=bool(profile_of(policy, profile).get("same_commit", False)))
     except (ValueError, OSError, yaml.YAMLError) as e:  # a bad policy or lane file, not a verdict
         print(f"error: {e}", file=sys.stderr)

@@ -6,31 +6,18 @@ import datetime
 import os
 import platform
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from .tree import commit
+
 ENV_FILE = "environment.json"
 
 
 def _run(cmd: list[str]) -> str | None:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-def commit() -> str:
-    """SELGATE_COMMIT (for copies of the tree without .git), GITHUB_SHA in CI, else the
-    checkout's HEAD (`+dirty` with uncommitted tracked changes)."""
-    if os.environ.get("SELGATE_COMMIT"):
-        return os.environ["SELGATE_COMMIT"]
-    if os.environ.get("GITHUB_SHA"):
-        return os.environ["GITHUB_SHA"][:12]
-    head = _run(["git", "rev-parse", "--short=12", "HEAD"])
-    if head is None:
-        return "unknown"
-    return head + ("+dirty" if _run(["git", "status", "--porcelain", "--untracked-files=no"]) else "")
 
 
 def collect_environment() -> dict:

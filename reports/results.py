@@ -1,5 +1,5 @@
-"""Lanes' results read back from `<results>/<lane>/junit.xml` (+ environment.json) with
-junitparser, one outcome per test, and merged into one JUnit file whose suites carry
+"""Lanes' results read back from `<results>/<lane>/junit.xml` (+ environment.json, the
+lane's inventory.json, or the note of a run refused before it started) with junitparser, one outcome per test, and merged into one JUnit file whose suites carry
 their lane and environment as properties."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from junitparser import Error, Failure, JUnitXml, Properties, Skipped
 
 from .environment import ENV_FILE
 from .families import family_of
+from .inventory import INVENTORY_FILE
 
 OUTCOMES = ("pass", "fail", "error", "skip", "xfail")
 _RANK = {"pass": 0, "skip": 1, "xfail": 2, "fail": 3, "error": 4}   # a repeated test keeps its worst
@@ -32,6 +33,8 @@ class LaneResult:
     junit: Path
     environment: dict | None
     cases: list = field(default_factory=list)
+    inventory: dict | None = None   # the lane's own selection, collected apart from the run
+    refused: str | None = None      # why the lane runner refused to start the run
 
     def counts(self, family: str | None = None) -> dict:
         out = dict.fromkeys(OUTCOMES, 0)
@@ -78,18 +81,25 @@ def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
     return replace(worst, message=message, seed=worst.seed or other.seed, family=old.family)
 
 
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+
+
 def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
-    """The lane's results, or None when it has no junit.xml; ValueError names a file that
-    does not parse."""
+    """The lane's results, or None when it has neither junit.xml nor a refusal note;
+    ValueError names a file that does not parse."""
+    from selgate.lanes.runner import REFUSED_FILE
+
     junit = Path(lane_dir) / "junit.xml"
+    refused = _json(Path(lane_dir) / REFUSED_FILE)
+    if refused is not None:
+        return LaneResult(name, junit, None, refused=str(refused.get("error", "no reason recorded")))
     if not junit.exists():
         return None
-    env_path = junit.parent / ENV_FILE
-    try:
-        env = json.loads(env_path.read_text()) if env_path.exists() else None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{env_path}: not JSON ({e})") from None
-    result = LaneResult(name, junit, env)
+    result = LaneResult(name, junit, _json(junit.parent / ENV_FILE), inventory=_json(junit.parent / INVENTORY_FILE))
     by_id: dict = {}
     try:
         suites = list(JUnitXml.fromfile(str(junit)))
@@ -126,11 +136,13 @@ def merge(results: dict, path: Path) -> JUnitXml:
     """One JUnit file of every lane's suites, each stamped with `lane` and the environment."""
     merged = JUnitXml("selgate")
     for name, lane in results.items():
+        if lane.refused is not None:
+            continue
         for suite in JUnitXml.fromfile(str(lane.junit)):
             suite.name = f"{name}"
             suite.add_property("lane", name)
             for key, value in sorted((lane.environment or {"environment": "missing"}).items()):
-                if key != "lane":
+                if key not in ("lane", "pytest", "tree"):
                     suite.add_property(key, str(value))
             merged.add_testsuite(suite)
     merged.update_statistics()

@@ -1,18 +1,27 @@
 """pytest plugin (`-p selgate.reports.stamp`, loaded by the lane runner): records what the
 report needs and JUnit lacks. Each test gets `nodeid`, `family` and, when its parameters
-carry one, `seed` as JUnit properties; the controller writes the environment stamp,
-pytest's exit status and what the run selected to environment.json beside the JUnit file
-(the gate compares that selection with the lane's own, so a narrowed run cannot stand in
-for the lane)."""
+carry one, `seed` as JUnit properties; the controller writes beside the JUnit file the
+environment stamp with the tree the run started on, pytest's exit status, its effective
+arguments and configuration files and what the run selected (environment.json), and, in a
+lane run, the lane's inventory collected apart from the run (inventory.json). The gate
+compares all of it with the lane and the tree it gates, so a narrowed run, a run on another
+tree or one under another configuration cannot stand in for the lane."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from .environment import ENV_FILE, collect_environment
 from .families import family_of
+from .inventory import INVENTORY_FILE, collect_inventory, start_inventory
+from .tree import tree_stamp
+
+TREE = pytest.StashKey[dict]()
+INVENTORY = pytest.StashKey[subprocess.Popen]()
 
 
 def seed_of(item) -> str | None:
@@ -36,25 +45,70 @@ def pytest_collection_modifyitems(items):
 
 
 def selection_of(config) -> dict:
-    """The run's selection: positional paths, -k, -m, --size, --deselect, --ignore, --lf."""
+    """The run's selection: positional paths, -k, -m, --size, --impl, --deselect, --ignore, --lf."""
     def norm(path: str) -> str:
         return path.removeprefix("./").rstrip("/")
 
     return {"paths": [norm(a) for a in config.args], "k": config.option.keyword or "",
             "m": config.option.markexpr or "", "size": config.getoption("--size", None),
+            "impl": config.getoption("--impl", None),
             "deselect": [norm(a) for a in config.getoption("deselect", None) or []],
             "ignore": [norm(a) for a in config.getoption("ignore", None) or []],
             "last_failed": bool(config.getoption("lf", False))}
 
 
+def configuration_of(config) -> dict:
+    """The effective pytest configuration: arguments as invoked, the configuration file and
+    its addopts, PYTEST_ADDOPTS, whether plugins were autoloaded, the conftest files and
+    plugins loaded."""
+    root = Path(config.rootpath)
+
+    def rel(path) -> str:
+        path = Path(path)
+        return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+    conftests = {rel(p.__file__) for p in config.pluginmanager.get_plugins()
+                 if Path(getattr(p, "__file__", None) or "x").name == "conftest.py"}
+    plugins = {name for name, p in config.pluginmanager.list_name_plugin()
+               if p is not None and os.sep not in name and not name.isdigit()}
+    return {"args": list(config.invocation_params.args), "inifile": rel(config.inipath) if config.inipath else None,
+            "rootdir": str(root), "ini_addopts": list(config.getini("addopts")),
+            "env_addopts": os.environ.get("PYTEST_ADDOPTS", ""),
+            "autoload": os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "") == "",
+            "conftests": sorted(conftests), "plugins": sorted(plugins)}
+
+
+def _controller_xml(config) -> str | None:
+    """The JUnit path on the controller; None on xdist workers and runs without JUnit."""
+    return None if hasattr(config, "workerinput") else config.option.xmlpath
+
+
+def pytest_sessionstart(session):
+    """The tree is stamped as the run starts; a lane run collects its inventory meanwhile."""
+    config = session.config
+    if not _controller_xml(config):
+        return
+    config.stash[TREE] = tree_stamp()
+    pending = start_inventory(os.environ.get("SELGATE_LANE", ""), config.option.xmlpath, config.rootpath)
+    if pending is not None:
+        config.stash[INVENTORY] = pending
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    xmlpath = session.config.option.xmlpath
-    if hasattr(session.config, "workerinput") or not xmlpath:   # xdist workers leave it to the controller
+    config = session.config
+    xmlpath = _controller_xml(config)
+    if not xmlpath:
         return
     env = collect_environment()
     env["pytest_exitstatus"] = int(exitstatus)
-    env["selection"] = selection_of(session.config)
-    path = Path(xmlpath).parent / ENV_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
+    env["selection"] = selection_of(config)
+    env["pytest"] = configuration_of(config)
+    env["tree"] = config.stash.get(TREE, None) or tree_stamp()
+    out = Path(xmlpath).parent
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ENV_FILE).write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
+    pending = config.stash.get(INVENTORY, None)
+    if pending is not None:
+        (out / INVENTORY_FILE).write_text(json.dumps(collect_inventory(pending), indent=1) + "\n")
+

@@ -1,5 +1,6 @@
 """Lane YAMLs, GPU-class detection and the lane runner's command line (no pytest is run)."""
 import json
+import re
 
 import pytest
 import yaml
@@ -47,9 +48,22 @@ def test_tolerance_override_needs_a_reason(tmp_path):
 
 
 def test_tolerance_overrides_reach_the_env_without_reasons(tmp_path):
-    _write_lane(tmp_path, tolerance_overrides={"fp16": {"factor": 3, "reason": "measured 2.6x on L4"}})
+    _write_lane(tmp_path, tolerance_overrides={"fp16": {"factor": 3, "reason": "2.6x on L4", "measured": {"factor": 2.6}}})
     env = tolerance_env(load_lane("x", tmp_path))
     assert json.loads(env[TOL_ENV]) == {"fp16": {"factor": 3}}
+
+
+@pytest.mark.parametrize("override, where", [
+    ({"factor": 3, "reason": "2.6x on L4"}, "every override needs a 'reason' and 'measured'"),
+    ({"factor": 3, "reason": "2.6x on L4", "measured": float("nan")}, "measured: expected a finite number >= 0"),
+    ({"factor": float("nan"), "reason": "r", "measured": 2.6}, "fp16.factor: expected a finite number >= 0"),
+    ({"max_abs": -1.0, "reason": "r", "measured": 2.6}, "fp16.max_abs: expected a finite number >= 0"),
+    ({"o": {"mean_abs": float("inf")}, "reason": "r", "measured": 2.6}, "fp16.o.mean_abs: expected a finite"),
+])
+def test_a_tolerance_override_without_measurement_or_with_a_bad_bound_is_rejected(tmp_path, override, where):
+    _write_lane(tmp_path, tolerance_overrides={"fp16": override})
+    with pytest.raises(ValueError, match=re.escape(where)):
+        load_lane("x", tmp_path)
 
 
 def test_unknown_family_and_bad_workers_are_rejected(tmp_path):

@@ -7,7 +7,7 @@ from selgate.reports.gate import Verdict
 from selgate.reports.markdown import render, repro_command, write_report
 from selgate.reports.results import load_results, merge
 
-from .test_reports_gate import passing_cases, write_lane, write_policy
+from .test_reports_gate import gated_tree, passing_cases, write_lane, write_policy  # noqa: F401 (fixture)
 
 FAIL = ("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity", 3)
 
