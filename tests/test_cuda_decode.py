@@ -522,3 +522,54 @@ def test_automatic_launch_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, s
         pytest.skip(f"schedule checked; the PDL mode was measured at {bps} blocks per SM, this device holds {plan[6]}")
     else:
         assert (plan[7], plan[11]) == (pdl, prefetch)
+
+
+@gpu
+@pytest.mark.parametrize("dtype, kernel", [(torch.bfloat16, "mma"), (torch.float32, "simt")])
+def test_gpu_keys_past_2_31(dtype, kernel):
+    """A stride-0 K/V of 2^31 + 10 keys (every key the same row, a few bytes): the last keys are
+    read, so o = v0 and lse = scale * q.k0 + log(L)."""
+    S_kv, D = 2**31 + 10, 64
+    g = torch.Generator().manual_seed(7)
+    k0, v0 = (torch.randn(1, 1, 1, D, generator=g).to(dtype).cuda() for _ in range(2))
+    q = torch.randn(1, 1, 1, 4, D, generator=g).to(dtype).cuda()
+    r = torch.tensor([[[[[S_kv - 40, S_kv + 5], [2**31 - 3, 2**31 + 2]]]]], device="cuda")
+    o, lse = selection_attention_cuda(q, k0.expand(1, 1, S_kv, D), v0.expand(1, 1, S_kv, D), r, return_lse=True,
+                                      kernel=kernel)
+    score = (q.double()[0, 0, 0] @ k0.double()[0, 0, 0]) / D**0.5
+    assert (o.double()[0, 0, 0] - v0.double()[0, 0]).abs().max() <= 1e-2
+    assert (lse.double()[0, 0, 0] - (score + torch.log(torch.tensor(45.0, dtype=torch.float64)))).abs().max() <= 1e-3
+
+
+@gpu
+@pytest.mark.parametrize("tune", [(), (0, 0, 0, 0, 0, 1), (2, 0, 0, 0, 0, 2), (3, 2, 4, 0)],
+                         ids=["auto", "per_warp", "shared", "split2"])
+@pytest.mark.parametrize("dtype, kernel", [(torch.float16, "mma"), (torch.float32, "simt")])
+@pytest.mark.parametrize("kind", ["nan_q", "inf_key"])
+def test_gpu_non_finite_rows_have_nan_lse(kind, dtype, kernel, tune):
+    """lse = NaN where the row's top score is not finite (the reference's decision), never the
+    empty row's -inf; the finite heads keep the reference's values."""
+    if kernel == "simt" and tune:
+        pytest.skip("launch overrides are the tensor-core kernel's")
+    if tune and tune[1] > 1 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("clusters need SM 9.0")
+    q, k, v, _ = decode_inputs(dtype=torch.float32, h=4, Dk=64, Dv=64, S_kv=300, n=2, B=1, G=1, seed=8)
+    r = torch.tensor([[[[[0, 300], [0, 0]]]]])
+    bad = torch.zeros(1, 1, 1, 4, dtype=torch.bool)
+    if kind == "nan_q":
+        q[0, 0, 0, 2, 5] = float("nan")
+        bad[0, 0, 0, 2] = True
+    else:
+        k[0, 0, 17] = 0.0
+        k[0, 0, 17, 0] = float("inf")
+        q[..., 0] = q[..., 0].abs() + 0.5
+        bad[:] = True
+    q, k, v, r, bad = (t.cuda() for t in (q.to(dtype), k.to(dtype), v.to(dtype), r, bad))
+    o, lse = selection_attention_cuda(q, k, v, r, return_lse=True, kernel=kernel, tune=tune)
+    assert bool(lse[bad].isnan().all()), lse
+    if (~bad).any():
+        from selgate.reference import selection_attention_ref
+
+        ref_o, ref_lse = selection_attention_ref(q, k, v, r, return_lse=True)
+        assert (lse[~bad].double() - ref_lse[~bad]).abs().max() <= 1e-2
+        assert (o[~bad].double() - ref_o[~bad]).abs().max() <= 1e-2

@@ -154,6 +154,24 @@ def test_positions_whose_t_plus_1_overflows_are_refused(backend, validate, monke
         call(backend, q, k, v, normalize_ranges(r, 30), positions=pos)
 
 
+@needs_gpu
+def test_int64_positions_still_capture_in_a_cuda_graph(monkeypatch):
+    """The positions check reads the device back; under CUDA-graph capture it is skipped (the
+    eager warm-up call checks), so a decode loop with int64 positions still captures."""
+    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    q, k, v, r = (t.cuda() for t in random_inputs(B=2, S=1, G=2, h=2, Dk=64, Dv=64, S_kv=300, n=4,
+                                                   dtype=torch.float32))
+    pos = torch.full((2, 1), 299, device="cuda")
+    selection_attention(q, k, v, r, positions=pos)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = selection_attention(q, k, v, r, positions=pos)
+    pos.fill_(150)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert (o.double() - selection_attention_ref(q, k, v, r, positions=pos)).abs().max() <= 1e-5
+
+
 def test_largest_positions_that_fit_still_work():
     """t = 2^63 - 2 (int64) and 2^31 - 1 (int32) are far past S_kv: every key is visible."""
     q, k, v, r = random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=30, n=2, dtype=torch.float32)
