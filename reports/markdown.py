@@ -44,7 +44,8 @@ def _selection(sel: dict | None) -> str:
     if not sel:
         return "?"
     parts = [" ".join(sel.get("paths", [])), f"-m {sel['m']!r}" if sel.get("m") else "",
-             f"-k {sel['k']!r}" if sel.get("k") else "", f"--size {sel.get('size')}",
+             f"-k {sel['k']!r}" if sel.get("k") else "", f"--impl {sel['impl']}" if sel.get("impl") else "",
+             f"--size {sel.get('size')}",
              *(f"--{o} {' '.join(sel[o])}" for o in ("deselect", "ignore") if sel.get(o)),
              "--lf" if sel.get("last_failed") else ""]
     return " ".join(p for p in parts if p).replace("|", "\\|")
