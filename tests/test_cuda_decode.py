@@ -7,6 +7,7 @@ are still checked, and build/launch failures are injected to check their reason 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -524,21 +525,29 @@ def test_automatic_launch_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, s
         assert (plan[7], plan[11]) == (pdl, prefetch)
 
 
+def test_keys_past_2_31_are_declined_as_s_kv():
+    """The kernel counts keys in int32: 2^31 keys or more are a reason, never a launch."""
+    q, k, v, r = decode_inputs(B=1, G=1, S_kv=1, n=1)
+    big = (t.expand(1, 1, 2**31, t.shape[3]) for t in (k, v))
+    e = reason_of(q, *big, r)
+    assert e.reason == "S_kv" and "S_kv=2147483648 > 2^31 - 1" in e.detail
+
+
 @gpu
 @pytest.mark.parametrize("dtype, kernel", [(torch.bfloat16, "mma"), (torch.float32, "simt")])
-def test_gpu_keys_past_2_31(dtype, kernel):
-    """A stride-0 K/V of 2^31 + 10 keys (every key the same row, a few bytes): the last keys are
+def test_gpu_the_last_keys_below_2_31(dtype, kernel):
+    """A stride-0 K/V of 2^31 - 1 keys (every key the same row, a few bytes): the last keys are
     read, so o = v0 and lse = scale * q.k0 + log(L)."""
-    S_kv, D = 2**31 + 10, 64
+    S_kv, D = 2**31 - 1, 64
     g = torch.Generator().manual_seed(7)
     k0, v0 = (torch.randn(1, 1, 1, D, generator=g).to(dtype).cuda() for _ in range(2))
     q = torch.randn(1, 1, 1, 4, D, generator=g).to(dtype).cuda()
-    r = torch.tensor([[[[[S_kv - 40, S_kv + 5], [2**31 - 3, 2**31 + 2]]]]], device="cuda")
+    r = torch.tensor([[[[[S_kv - 40, S_kv + 5], [2**30 - 3, 2**30 + 2]]]]], device="cuda")
     o, lse = selection_attention_cuda(q, k0.expand(1, 1, S_kv, D), v0.expand(1, 1, S_kv, D), r, return_lse=True,
                                       kernel=kernel)
     score = (q.double()[0, 0, 0] @ k0.double()[0, 0, 0]) / D**0.5
     assert (o.double()[0, 0, 0] - v0.double()[0, 0]).abs().max() <= 1e-2
-    assert (lse.double()[0, 0, 0] - (score + torch.log(torch.tensor(45.0, dtype=torch.float64)))).abs().max() <= 1e-3
+    assert (lse.double()[0, 0, 0] - (score + math.log(45))).abs().max() <= 1e-3
 
 
 @gpu

@@ -13,6 +13,7 @@ from . import build
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 MAX_RANGES = 1024  # per row; the row's prefix sums live in shared memory
+MAX_S_KV = 2**31 - 1  # key indices and row lengths are int32 in the kernel
 MIN_CAPABILITY = (8, 0)  # cp.async and bf16 tensor cores
 KERNELS = ("auto", "mma", "simt")
 
@@ -51,6 +52,8 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
             return BackendUnavailable("head_dim", f"{name}={dim}: expected a multiple of 8 up to {MAX_HEAD_DIM}")
     if d.n > MAX_RANGES:
         return BackendUnavailable("ranges", f"n={d.n} ranges per row: at most {MAX_RANGES}")
+    if d.S_kv > MAX_S_KV:
+        return BackendUnavailable("S_kv", f"k: S_kv={d.S_kv} > 2^31 - 1; the kernel counts keys in int32")
     if not torch.cuda.is_available():
         return BackendUnavailable("no_cuda", "no CUDA device is visible")
     if q.device.type != "cuda":
