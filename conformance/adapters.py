@@ -14,13 +14,13 @@ A block id `b` selects keys `[b * block_size, (b + 1) * block_size)`, cut at the
 position `t` by the kernel's causal mask: exactly a block-aligned range clamped to `t + 1`.
 Queries are the last T of T_kv keys (SPEC.md); a kernel that needs as many queries as keys
 (`full_queries=True`, and every varlen-layout kernel) gets the earlier positions as extra
-zero queries that select block 0, whose outputs are dropped (their gradients are zero).
+zero queries that select nothing, whose outputs are dropped.
 """
 from __future__ import annotations
 
 import torch
 
-from selgate.reference import check_inputs, normalize_ranges, query_positions
+from selgate.reference import check_inputs, normalize_ranges, query_positions, varlen_to_batched
 
 
 def _rows_to_blocks(norm: torch.Tensor, lim: torch.Tensor, block_size: int):
@@ -88,14 +88,14 @@ def _scale(scale, Dk):
 
 
 def _full_rows(q, ranges, S_kv):
-    """q and ranges with S_kv - S leading zero queries that select block 0."""
+    """q and ranges with S_kv - S leading zero queries that select nothing (a block they
+    selected could hold keys nothing else selects, NaN in the bounds family)."""
     B, S = q.shape[:2]
     pad = S_kv - S
     if pad == 0:
         return q, ranges
     q = torch.cat([q.new_zeros((B, pad, *q.shape[2:])), q], 1)
     first = torch.zeros((B, pad, *ranges.shape[2:]), dtype=ranges.dtype, device=ranges.device)
-    first[..., 0, 1] = 1
     return q, torch.cat([first, ranges], 1)
 
 
@@ -109,9 +109,15 @@ def _unpad_varlen(q, ranges, cu_q, cu_k):
     rows = rows.to(q.device)
     q_full = q.new_zeros((q.shape[0], total, *q.shape[2:])).index_copy(1, rows, q)
     r_full = torch.zeros((1, total, *ranges.shape[2:]), dtype=ranges.dtype, device=ranges.device)
-    r_full[..., 0, 1] = 1
     r_full = r_full.index_copy(1, rows, ranges)
     return q_full, r_full, rows
+
+
+def _check_varlen(q, k, v, ranges, cu_q, cu_k, scale):
+    """The contract's checks of a packed call (shapes, dtypes, cu_seqlens), before any
+    translation can fail with a message that names none of the arguments."""
+    check_inputs(q, k, v, ranges, scale=scale)
+    varlen_to_batched(ranges, cu_q, cu_k, k.shape[2])
 
 
 def _varlen_blocks(ranges, cu_q, cu_k, block_size):
@@ -145,7 +151,7 @@ def padded_block_kernel(fn, block_size: int, *, full_queries: bool = False):
         return o.unflatten(2, (G, h))[:, -S:]
 
     def varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None):
-        check_inputs(q, k, v, ranges, scale=scale)
+        _check_varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, scale)
         G, h = q.shape[2:4]
         rows = None
         if full_queries:
@@ -193,7 +199,7 @@ def varlen_block_kernel(fn, block_size: int):
         return o.reshape(B, S, G, h, -1)
 
     def varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None):
-        check_inputs(q, k, v, ranges, scale=scale)
+        _check_varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, scale)
         qf, rf, rows = _unpad_varlen(q, ranges, cu_seqlens_q, cu_seqlens_k)
         return run(qf, k, v, rf, cu_seqlens_k, rows, scale)
 

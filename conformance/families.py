@@ -106,12 +106,15 @@ def make_upstream(o_ref: torch.Tensor, lse_ref: torch.Tensor, seed: int):
     return do, torch.where(torch.isfinite(lse_ref), dlse, 0.0)
 
 
-def reference_run(fn, inp: Inputs, case: Case, grads: bool):
+def reference_run(fn, inp: Inputs, case: Case, grads: bool, lse: bool = True):
     """Golden and (for fp16/bf16) plain results of `fn(kind)` runs, with the upstream used.
-    The golden run takes fp64 copies of q, k, v, so its gradients stay fp64."""
+    The golden run takes fp64 copies of q, k, v, so its gradients stay fp64. Without `lse`
+    (an implementation that returns o alone) the upstream lse gradient is zero."""
     qkv64 = [t.double() for t in (inp.q, inp.k, inp.v)]
     gold = evaluate(fn("golden"), *qkv64)
     upstream = make_upstream(gold.o, gold.lse, case.seed) if grads else None
+    if upstream is not None and not lse:
+        upstream = (upstream[0], torch.zeros_like(upstream[1]))
     if grads:
         gold = evaluate(fn("golden"), *qkv64, upstream)
     plain = evaluate(fn("plain"), inp.q, inp.k, inp.v, upstream) if case.dtype in LOW else None
@@ -156,7 +159,7 @@ def check_parity(impl: Impl, case: Case, device) -> None:
 def check_backward(impl: Impl, case: Case, device) -> None:
     """dq, dk, dv equal the golden gradients; keys no row selected get exactly zero dk, dv."""
     inp = make_inputs(case, device)
-    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=True)
+    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=True, lse=impl.lse)
     got = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, inp.k, inp.v, up)
     compare(case, got, gold, plain)
     unsel = ~selected_keys(inp.ranges, inp.k.shape[2])
@@ -225,7 +228,7 @@ def check_empty_ranges(impl: Impl, case: Case, device) -> None:
     inp = make_inputs(case, device)
     S_kv = inp.k.shape[2]
     ranges = _with_empty_rows(inp.ranges, S_kv)
-    gold, plain, up = reference_run(_batched(inp, case, ranges), inp, case, grads=impl.backward)
+    gold, plain, up = reference_run(_batched(inp, case, ranges), inp, case, grads=impl.backward, lse=impl.lse)
     got = evaluate(impl_fn(impl, ranges, inp.scale), inp.q, inp.k, inp.v, up)
     empty = _empty_rows(ranges, S_kv)
     o_e = got.o[empty]
@@ -271,7 +274,7 @@ def check_bounds(impl: Impl, case: Case, device) -> None:
     inp = make_inputs(case, device)
     S, S_kv = inp.q.shape[1], inp.k.shape[2]
     tail = POISON_TAIL if "prefill" in impl.modes else 0
-    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=impl.backward)
+    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=impl.backward, lse=impl.lse)
     q, k, v, r = _poisoned(inp, tail)
     up_p = None
     if up is not None:
@@ -296,11 +299,12 @@ def check_bounds(impl: Impl, case: Case, device) -> None:
 def check_dtype(impl: Impl, case: Case, device) -> None:
     """Output dtypes, shapes and device of SPEC.md; int32 and int64 ranges give bitwise-equal
     results; non-contiguous q, k, v give correct results, and so do k, v whose rows share one
-    buffer (each key's K row then its V row: the storage README recommends for the prefill)."""
+    buffer (each key's K row then its V row: the storage README recommends for the prefill),
+    where the implementation declares those layouts."""
     inp = make_inputs(case, device)
     B, S, G, h, Dk = inp.q.shape
     Dv = inp.v.shape[3]
-    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=impl.backward)
+    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=impl.backward, lse=impl.lse)
     r64, r32 = inp.ranges.to(torch.int64), inp.ranges.to(torch.int32)
     got = evaluate(impl_fn(impl, r64, inp.scale), inp.q, inp.k, inp.v, up)
     want_o = impl.result_dtype or inp.v.dtype
@@ -320,11 +324,13 @@ def check_dtype(impl: Impl, case: Case, device) -> None:
             list(zip(("dq", "dk", "dv"), got32.grads, got.grads)) if up is not None else []):
         if a is not None:
             assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges")
-    strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
-    compare(case, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
-    kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
-    packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))
-    compare(case, evaluate(impl_fn(impl, r64, inp.scale), *packed, up), gold, plain)
+    if "strided" in impl.layouts:
+        strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
+        compare(case, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
+    if "kv_shared" in impl.layouts:
+        kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
+        packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))
+        compare(case, evaluate(impl_fn(impl, r64, inp.scale), *packed, up), gold, plain)
 
 
 def check_decode(impl: Impl, case: Case, device) -> None:
@@ -404,7 +410,7 @@ def check_varlen(impl: Impl, case: Case, device) -> None:
             return _per_sequence(lambda r: golden_fn(r, inp.scale), inp)
         return _per_sequence(lambda r: plain_fn(r, inp.scale, case.dtype), inp)
 
-    gold, plain, up = reference_run(fn, inp, case, grads=impl.backward)
+    gold, plain, up = reference_run(fn, inp, case, grads=impl.backward, lse=impl.lse)
     got = evaluate(lambda q, k, v: impl.forward_varlen(q, k, v, inp.ranges, inp.cu_seqlens_q, inp.cu_seqlens_k,
                                                        scale=inp.scale),
                    inp.q, inp.k, inp.v, up)

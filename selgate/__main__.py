@@ -1,0 +1,4 @@
+"""`python -m selgate <tool> ...`, the same as the `selgate` console script."""
+from selgate.cli import main
+
+main()

@@ -1,0 +1,50 @@
+"""Small pure-torch selection kernels that take the matrix's token ranges, written for the
+tests as an outside author would: correct, subtly wrong, and one that kills its process
+on one case and hangs on another. Nothing here imports selgate."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+
+def gather(q, k, v, ranges, *, scale=None):
+    """q [B, S, G, h, Dk], k/v [B, G, S_kv, D], ranges [B, S, G, n, 2]; computed in fp64."""
+    B, S, G, h, Dk = q.shape
+    S_kv = k.shape[2]
+    scale = Dk ** -0.5 if scale is None else scale
+    t = torch.arange(S) + S_kv - S
+    key = torch.arange(S_kv)
+    r = ranges.long()[..., None]                                   # [B, S, G, n, 2, 1]
+    mask = ((key >= r[..., 0, :]) & (key < r[..., 1, :])).any(3)   # [B, S, G, S_kv]
+    mask &= (key <= t[:, None])[None, :, None]
+    m = mask[..., None]
+    k_rows = torch.where(m, k[:, None].double(), 0)                # [B, S, G, S_kv, Dk]; unselected keys unread
+    v_rows = torch.where(m, v[:, None].double(), 0)
+    s = torch.einsum("bsghd,bsgkd->bsghk", q.double(), k_rows) * scale
+    sel = mask[:, :, :, None]
+    s = torch.where(sel, s, 0.0)
+    top = torch.where(sel, s, float("-inf")).amax(-1, keepdim=True).clamp(min=-1e300)
+    p = torch.where(sel, torch.exp(s - top), 0.0)
+    l = p.sum(-1, keepdim=True)
+    return (torch.einsum("bsghk,bsgkd->bsghd", p, v_rows) / torch.where(l > 0, l, 1.0)).to(v.dtype)
+
+
+def off_by_a_little(q, k, v, ranges, *, scale=None):
+    """Wrong by 1e-4 relative: within any eyeball's tolerance, not within SPEC.md's fp32 bar."""
+    return gather(q, k, v, ranges, scale=scale) * (1 + 1e-4)
+
+
+def dies_on_one_case(q, k, v, ranges, *, scale=None):
+    """Aborts the process on calls with 29 keys, hangs on calls with 45, else correct."""
+    if k.shape[2] == 29:
+        os.abort()
+    if k.shape[2] == 45:
+        time.sleep(3600)
+    return gather(q, k, v, ranges, scale=scale)
+
+
+for _fn in (gather, off_by_a_little, dies_on_one_case):
+    _fn.dtypes = ("fp32",)
+    _fn.backward = True
