@@ -18,7 +18,7 @@ import torch
 
 from selgate.kernels.config import current_device_name
 
-from . import tables
+from . import outside, tables
 from .baselines import METHODS, default_methods, get_method
 from .inputs import DISTS, decode_problem, prefill_problem
 from .presets import PRESETS, Matrix, issue4_checks
@@ -47,10 +47,13 @@ def choice_list(choices):
 
 
 def method_list(text: str) -> list[str]:
+    """Comma list of backends; outside kernels (`package.module:callable`) load after parsing,
+    once `--declare` is known (outside.load)."""
     items = [x for x in text.split(",") if x]
     try:
         for x in items:
-            get_method(x)
+            if not outside.is_outside(x):
+                get_method(x)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return items
@@ -77,7 +80,10 @@ def add_sel(sub) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--backends", type=method_list,
                    help=f"comma list of {','.join(METHODS)}, "
-                        "or Triton launch variants triton@<BLOCK_L>x<warps>x<stages>")
+                        "Triton launch variants triton@<BLOCK_L>x<warps>x<stages>, "
+                        "or an outside kernel package.module:callable (loaded as `selgate check` loads it)")
+    p.add_argument("--declare", type=Path,
+                   help="YAML declarations of the one outside kernel in --backends (as `selgate check --declare`)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
@@ -201,6 +207,11 @@ def main(argv=None) -> int:
     a = parser.parse_args(argv)
     if a.command == "tune":
         tune.normalise_args(a, DTYPES)
+    if a.command == "sel":
+        try:
+            outside.load(a.backends or [], a.declare)
+        except (ImportError, AttributeError, TypeError, ValueError, OSError) as e:
+            parser.error(str(e))
     commands = {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare,
                 "tune": tune.cmd_tune}
     return commands[a.command](a)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import expand_ranges, selected_lengths, selection_attention_ref
 
+from . import outside
 from .inputs import Inputs, Problem
 
 # Dense baselines above this many bytes of mask or gathered K/V are skipped, not run to OOM.
@@ -39,6 +40,7 @@ class Method:
     reads_all_keys: bool = False
     same_function: bool = True  # False: a reference point computing other attention (no parity check)
     graphable: bool = False  # no host synchronisation: decode rows also get CUDA-graph timing
+    block_size: int | None = None  # selects whole blocks of this many keys: rows get block-aligned ranges
 
 
 def _rows(t: torch.Tensor, p: Problem) -> torch.Tensor:
@@ -206,13 +208,16 @@ def variant_config(name: str) -> dict | None:
 
 
 def get_method(name: str) -> Method:
-    """A method by name: one of METHODS, or a Triton launch variant `triton@<BLOCK_L>x<warps>x<stages>`."""
+    """A method by name: one of METHODS, a Triton launch variant `triton@<BLOCK_L>x<warps>x<stages>`,
+    or an outside kernel `package.module:callable` (outside.py)."""
     if name in METHODS:
         return METHODS[name]
+    if outside.is_outside(name):
+        return outside.get(name)
     cfg = variant_config(name)
     if cfg is None:
-        raise ValueError(f"backend: expected one of {sorted(METHODS)} or triton@<BLOCK_L>x<warps>x<stages>, "
-                         f"got {name!r}")
+        raise ValueError(f"backend: expected one of {sorted(METHODS)}, triton@<BLOCK_L>x<warps>x<stages> "
+                         f"or package.module:callable, got {name!r}")
     return Method(name, True, functools.partial(_build_triton_launch, config=cfg), METHODS["triton"].skip_reason,
                   graphable=True)
 

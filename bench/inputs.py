@@ -92,6 +92,13 @@ def _pad_n(r: torch.Tensor, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(r, (0, 0, 0, n - r.shape[3]))
 
 
+def with_block_ranges(p: Problem, x: Inputs, block_size: int, *, seed: int) -> Inputs:
+    """`x` with ranges rebuilt by NSA's builder at `block_size` (as many blocks as cover the
+    nominal L): the selection a kernel that selects whole blocks of that size can take."""
+    gen = torch.Generator(device=x.q.device).manual_seed(seed)
+    return replace(x, ranges=_ranges(p, block_size, max(-(-p.L // block_size), 1), gen, x.q.device))
+
+
 def make_ranges(p: Problem, gen: torch.Generator, device) -> torch.Tensor:
     """Normalised int32 ranges [B, S, G, n, 2] of problem `p`."""
     if p.kind == "prefill":

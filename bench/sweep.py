@@ -17,7 +17,7 @@ import torch
 from selgate.conformance.poison import poison_cuda_cache
 
 from .baselines import get_method, triton_config, variant_config
-from .inputs import Problem, make_inputs, selected_key_count, with_kv_layout
+from .inputs import Problem, make_inputs, selected_key_count, with_block_ranges, with_kv_layout
 from .parity import check_parity, poisoned
 from .timing import Limits, rotation_count, time_calls, time_graph
 
@@ -136,22 +136,28 @@ def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Li
                 device_name: str) -> list[dict]:
     """Rows for every method on problem `p` (inputs built once, rotated across calls)."""
     sets = input_sets(p, s.seed, device)
-    first = sets[0]
-    work = _work(p, first.ranges, first.q.element_size())
-    L_max = int((first.ranges[..., 1] - first.ranges[..., 0]).sum(-1).max())
     rows = []
     for method in methods:
-        reason = get_method(method).skip_reason(p, device)
+        m = get_method(method)
+        msets, note = sets, ""
+        if m.block_size is not None:  # a block-index kernel accepts only whole blocks of its size
+            msets = [with_block_ranges(p, x, m.block_size, seed=s.seed + i) for i, x in enumerate(sets)]
+            note = f"ranges rebuilt as whole blocks of {m.block_size} keys (NSA builder, l_sel={m.block_size})"
+        first = msets[0]
+        work = _work(p, first.ranges, first.q.element_size())
+        L_max = int((first.ranges[..., 1] - first.ranges[..., 0]).sum(-1).max())
+        reason = m.skip_reason(p, device)
         if reason:
             rows.append(_row(p, method, device_name, limits, status="skip", note=reason, L_max=L_max))
             continue
         try:
-            fields = _measure(p, method, sets, device, s)
+            fields = _measure(p, method, msets, device, s)
         except Exception as e:  # a failing method is a table entry, not the end of the sweep
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             rows.append(_row(p, method, device_name, limits, status="error", note=_error(e), L_max=L_max))
             continue
+        fields["note"] = "; ".join(x for x in (note, fields.get("note", "")) if x)
         ms = fields["ms"]
         gbps, tflops = work["io_bytes"] / ms / 1e6, work["flops"] / ms / 1e9
         rows.append(_row(p, method, device_name, limits, L_max=L_max, kv_bytes=work["kv_bytes"],

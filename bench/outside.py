@@ -1,0 +1,60 @@
+"""Outside kernels in the benchmark: `--backends pkg.mod:fn` times a user's kernel beside ours.
+
+The kernel is loaded, declared and adapted exactly as the conformance matrix does it
+(`load_user_impl`, attributes or a `--declare` YAML file, the block-index adapters), so it is
+timed on the terms it is judged on. A row its declarations exclude is a skip whose note is
+the matrix's own reason; a kernel that selects whole blocks gets its row's selection rebuilt
+at its declared block size (`Method.block_size`, see sweep.run_problem).
+"""
+from __future__ import annotations
+
+import torch
+
+from selgate.conformance.cases import Case, Shape
+from selgate.conformance.registry import Impl, load_user_impl, skip_reason
+
+from .inputs import Problem
+
+_LOADED: dict = {}
+
+
+def is_outside(name: str) -> bool:
+    """True for a `package.module:callable` spec (our method names hold no colon)."""
+    return ":" in name
+
+
+def _case(p: Problem, impl: Impl) -> Case:
+    """The matrix case a benchmark row corresponds to, for the registry's skip rules (size
+    and smoke classes are the matrix's, not the benchmark's, so they never exclude a row)."""
+    shape = Shape(p.kind, p.B, p.S, p.S_kv, p.G, p.h, p.D, p.Dv, max(p.n_blocks, 1))
+    return Case(shape, "builder", getattr(torch, p.dtype), 0, "tiny", smoke=True, block_size=impl.block_size)
+
+
+def _method(impl: Impl):
+    from .baselines import Method
+
+    def build(p, x):
+        return lambda: impl.forward(x.q, x.k, x.v, x.ranges, scale=x.scale, want_lse=False)[0]
+
+    def skip(p, device):
+        return skip_reason(impl, _case(p, impl), device)
+
+    return Method(impl.name, False, build, skip, block_size=impl.block_size)
+
+
+def load(names, declare=None) -> None:
+    """Load the outside kernels among `names`; `declare` (a YAML file) declares the one
+    outside kernel named, as `--declare` does for the matrix."""
+    specs = [n for n in names if is_outside(n)]
+    if declare and len(specs) != 1:
+        raise ValueError(f"--declare {declare}: declares one package.module:callable named by --backends; "
+                         f"--backends names {len(specs)}")
+    for spec in specs:
+        _LOADED[spec] = _method(load_user_impl(spec, declare))
+
+
+def get(spec: str):
+    """The Method of an outside kernel, loaded with its own attributes if `load` has not run."""
+    if spec not in _LOADED:
+        load([spec])
+    return _LOADED[spec]
