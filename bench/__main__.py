@@ -21,7 +21,7 @@ from selgate.kernels.config import current_device_name
 from . import outside, tables
 from .baselines import METHODS, default_methods, get_method
 from .inputs import DISTS, decode_problem, prefill_problem
-from .presets import PRESETS, Matrix, issue4_checks
+from .presets import PRESETS, Matrix, acceptance_checks
 from .sweep import Settings, retime_graph, run_sweep
 from .timing import measure_limits
 
@@ -144,7 +144,7 @@ def cmd_sel(a) -> int:
     recheck(rows, groups, device, device_name, name)
     out = a.out or tables.results_dir(device_name)
     csv_path, md_path = tables.write_tables(rows, out, name)
-    print("\n".join([tables.summary(rows, [csv_path, md_path]), *issue4_checks(rows)]))
+    print("\n".join([tables.summary(rows, [csv_path, md_path]), *acceptance_checks(rows)]))
     return 0
 
 

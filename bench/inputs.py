@@ -138,7 +138,7 @@ def with_kv_layout(x: Inputs, layout: str) -> Inputs:
     shapes: "separate" (as allocated), "group" (one [B, G, 2, S_kv, D] buffer: each group's K
     then its V), "key" (one [B, G, S_kv, 2, D] buffer: each key's K and V rows adjacent).
     Why: on the H100 the prefill forward's speed depends on where V sits relative to K
-    (bench/results/h100/triton_fwd_dev.md, eleventh session)."""
+    (docs/design/triton-forward.md)."""
     if layout == "separate":
         return x
     if layout not in KV_LAYOUTS:

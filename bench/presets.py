@@ -1,9 +1,9 @@
-"""The issue's benchmark matrices, sized so the full H100 sweep stays under six minutes.
+"""The benchmark matrices, sized so the full H100 sweep stays under six minutes.
 
-`issue4`: the forward issue's acceptance settings (decode bf16 N=1024, h=8, D=Dv=128,
-L in {512, 1024}; prefill bf16 B=1, T=65536, 64 heads in 4 groups, D=Dv=128, 16 blocks
-of 64, K and V as separate tensors, and the same with K and V stored per key, reported
-beside it). `seed`: H in {4, 8}, D, Dv in {64, 128}, L in {16..1024}, N in {64, 256, 1024},
+`acceptance`: the forward kernels' acceptance settings and bars (decode bf16 N=1024, h=8,
+D=Dv=128, L in {512, 1024}; prefill bf16 B=1, T=65536, 64 heads in 4 groups, D=Dv=128,
+16 blocks of 64, K and V as separate tensors, and the same with K and V stored per key,
+reported beside it). `seed`: H in {4, 8}, D, Dv in {64, 128}, L in {16..1024}, N in {64, 256, 1024},
 few/many/mixed (504 decode configurations, few timed calls each). `full`: both.
 `launch`: Triton launch variants (BLOCK_L x warps x stages) over L, for the optimiser's
 per-bucket block sizes.
@@ -29,20 +29,20 @@ class Matrix:
     methods: tuple[str, ...] = ()  # empty: the device's defaults or --backends
 
 
-def issue4_decode(dtype: str) -> list[Problem]:
+def acceptance_decode(dtype: str) -> list[Problem]:
     return [decode_problem(1024, 8, 128, 128, L, dist, dtype) for L in (512, 1024) for dist in ("few", "many")]
 
 
-def issue4_prefill(dtype: str) -> Problem:
+def acceptance_prefill(dtype: str) -> Problem:
     return prefill_problem(65536, 64, 4, 128, 128, 64, 16, dtype)
 
 
-def issue4(dtype: str = "bfloat16") -> list[Matrix]:
+def acceptance(dtype: str = "bfloat16") -> list[Matrix]:
     """The prefill setting twice: K and V as separate tensors (the bar's row), and stored per key
-    (each key's K and V rows adjacent), which the H100 reads 3-4 % faster (triton_fwd_dev.md)."""
-    prefill = issue4_prefill(dtype)
-    return [Matrix("issue4-decode", issue4_decode(dtype), Settings(warmup=10, iters=100, graph=True)),
-            Matrix("issue4-prefill", [prefill, dataclasses.replace(prefill, kv_layout="key")],
+    (each key's K and V rows adjacent), which the H100 reads 3-4 % faster (docs/design/triton-forward.md)."""
+    prefill = acceptance_prefill(dtype)
+    return [Matrix("acceptance-decode", acceptance_decode(dtype), Settings(warmup=10, iters=100, graph=True)),
+            Matrix("acceptance-prefill", [prefill, dataclasses.replace(prefill, kv_layout="key")],
                    Settings(warmup=2, iters=10, max_seconds=4.0))]
 
 
@@ -57,25 +57,26 @@ def launch(dtype: str = "bfloat16") -> list[Matrix]:
     methods = ("sdpa", "triton", *LAUNCH_VARIANTS)
     decode = [decode_problem(1024, 8, D, D, L, "many", dtype) for D in (64, 128) for L in SEED_L]
     return [Matrix("launch-decode", decode, Settings(warmup=3, iters=20, max_seconds=0.5), methods),
-            Matrix("launch-prefill", [issue4_prefill(dtype)], Settings(warmup=2, iters=5, max_seconds=1.0), methods)]
+            Matrix("launch-prefill", [acceptance_prefill(dtype)], Settings(warmup=2, iters=5, max_seconds=1.0), methods)]
 
 
 def full(dtype: str = "bfloat16") -> list[Matrix]:
-    """issue4 then seed, without seed's repeats of issue4's configurations: a configuration
+    """acceptance then seed, without seed's repeats of acceptance's configurations: a configuration
     appears once per run, so the regression check compares one row with one row."""
-    first = issue4(dtype)
+    first = acceptance(dtype)
     seen = {p.key for m in first for p in m.problems}
     return first + [dataclasses.replace(m, problems=[p for p in m.problems if p.key not in seen]) for m in seed(dtype)]
 
 
-PRESETS = {"issue4": issue4, "seed": seed, "full": full, "launch": launch}
+PRESETS = {"acceptance": acceptance, "seed": seed, "full": full, "launch": launch}
 
 
-def issue4_checks(rows: list[dict]) -> list[str]:
-    """The forward issue's benchmark bars, for the rows of `rows` that measure them."""
+def acceptance_checks(rows: list[dict]) -> list[str]:
+    """The acceptance bars (decode: <= 1.5x the HBM floor and >= 5x gather-then-SDPA; prefill:
+    <= 15 ms), for the rows of `rows` that measure them."""
     dtype = "bfloat16"
-    decode = {p.key for p in issue4_decode(dtype)}
-    prefill = issue4_prefill(dtype)
+    decode = {p.key for p in acceptance_decode(dtype)}
+    prefill = acceptance_prefill(dtype)
     prefill_key = dataclasses.replace(prefill, kv_layout="key").key
     by = {(r["config"], r["method"]): r for r in rows if r["status"] == "ok"}
     lines = []
@@ -101,4 +102,4 @@ def issue4_checks(rows: list[dict]) -> list[str]:
         elif config == prefill_key:
             lines.append(f"- INFO {config} / {method}: {r['ms']:.2f} ms (K and V stored per key; the bar is judged "
                          "on separate K and V tensors)")
-    return ["", "Forward-issue bars:"] + lines if lines else []
+    return ["", "Acceptance bars:"] + lines if lines else []

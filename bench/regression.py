@@ -9,7 +9,7 @@ baseline's, or that now fails where the baseline measured it, blocks the release
 latest sample was host-bound: its host issue time per call (`host_ms`) reached
 `HOST_BOUND` of the timed median, so the GPU waited on Python and the row measured the
 host, whose speed varies between machines (on the H100 hosts of this project the pure-torch
-gather-then-SDPA baseline ran 1.1-2.3x slower from one session to the next). Such rows are
+gather-then-SDPA baseline ran 1.1-2.3x slower from one machine to the next). Such rows are
 reported as host-bound, not blocking, up to `HOST_SPREAD` times the baseline: beyond that
 the slowdown is more than a slower host explains and blocks (packed SDPA once took 15-24x
 longer on the host, from cuDNN planning each new shape, and passed as host-bound).
@@ -26,14 +26,14 @@ baseline has none, of its eager median, which bounds its device time from above)
 did not get slower on the device and an eager slowdown is the host's: reported, not blocking.
 Against a baseline without graph times a device slowdown under a host-bound baseline row can
 still pass, and a slowdown of our own launcher's host code always does (host time varies too
-much between sessions to gate on); promoting a graph-timed baseline closes the first gap.
+much between machines to gate on); promoting a graph-timed baseline closes the first gap.
 A graph time is the median of 15 replays issued back to back, a few milliseconds in all, so a
 transient that outlasts them (a clock or power state) slows the whole sample: on the H100 two
 full sweeps of identical kernel code put 2 and 5 tiny decode rows (3.5-8 us) 1.17-2.15x above
 the baseline while the median row moved 0.1 %, and a same-machine A/B of two of them read
 within 1.5 % of the baseline. So `sel` re-times a row of ours whose graph time exceeds the
 baseline's by more than 10% `RECHECKS` more times, from re-allocated inputs (same seeds), and
-keeps the median of all its timings (`recheck_graph`; the row's note lists them; the issue-4
+keeps the median of all its timings (`recheck_graph`; the row's note lists them; the acceptance
 floor check reads that median too): a regression that shows in most timings still blocks, and a
 row whose re-timing fails keeps its first timing. The re-timing runs after the sweep, outside
 its `--budget_s` (a few rows, well under a second each).
@@ -56,7 +56,7 @@ from .timing import MIN_SAMPLES
 MAX_SLOWDOWN = 0.10
 RECHECKS = 2  # further graph timings of a row whose first one is beyond MAX_SLOWDOWN
 HOST_BOUND = 0.9  # host issue time / timed median from which a sample measured the host
-HOST_SPREAD = 4.0  # largest host-bound slowdown put down to the host (sessions differed up to 2.3x)
+HOST_SPREAD = 4.0  # largest host-bound slowdown put down to the host (machines differed up to 2.3x)
 
 
 def baseline_path(device_name: str, name: str) -> Path:

@@ -8,7 +8,7 @@ import torch
 
 from selgate.bench import baselines, tables
 from selgate.bench.__main__ import main
-from selgate.bench.presets import PRESETS, issue4_checks
+from selgate.bench.presets import PRESETS, acceptance_checks
 from selgate.kernels.config import current_device_name, device_slug
 
 TINY = ["sel", "--N", "3", "--H", "2", "--D", "16", "--Dv", "8", "--L_list", "16,24", "--iters", "3", "--warmup", "1"]
@@ -89,11 +89,11 @@ def test_decode_and_prefill_flags_exclude_each_other():
         main([*TINY, "--decode", "--T", "64"])
 
 
-def test_presets_hold_the_issue_matrices():
+def test_presets_hold_the_acceptance_and_seed_matrices():
     seed = [p for m in PRESETS["seed"]() for p in m.problems]
     assert len(seed) == 2 * 2 * 2 * 7 * 3 * 3 and {p.B for p in seed} == {64, 256, 1024}
     assert {p.L for p in seed} == {16, 32, 64, 128, 256, 512, 1024} and {p.dtype for p in seed} == {"bfloat16"}
-    decode, prefill = (m.problems for m in PRESETS["issue4"]())
+    decode, prefill = (m.problems for m in PRESETS["acceptance"]())
     assert {(p.B, p.h, p.D, p.Dv, p.L) for p in decode} == {(1024, 8, 128, 128, 512), (1024, 8, 128, 128, 1024)}
     pf, pf_key = prefill
     assert (pf.B, pf.S, pf.G, pf.h, pf.D, pf.Dv, pf.l_sel, pf.n_blocks) == (1, 65536, 4, 16, 128, 128, 64, 16)
@@ -103,7 +103,7 @@ def test_presets_hold_the_issue_matrices():
 @pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="Triton runs on CPU only under TRITON_INTERPRET=1 (bin/test sets it)")
 def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
-    """fp32 only: the interpreter computes bf16 wrongly (triton issue 11584)."""
+    """fp32 only: the interpreter computes bf16 wrongly (triton-lang/triton#11584)."""
     rows, _ = run(tmp_path, capsys, "--N", "2", "--L_list", "16", "--dtype", "fp32",
                   "--backends", "sdpa,triton,triton@16x4x2")
     got = {r["method"]: r for r in rows}
@@ -111,13 +111,13 @@ def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
     assert got["triton@16x4x2"]["parity"] == "ok" and got["triton@16x4x2"]["kernel_config"] == "16x4x2"
 
 
-def test_issue4_bars_are_checked_from_the_rows():
-    (dec, *_), (pf, pf_key) = (m.problems for m in PRESETS["issue4"]())
+def test_acceptance_bars_are_checked_from_the_rows():
+    (dec, *_), (pf, pf_key) = (m.problems for m in PRESETS["acceptance"]())
     rows = [{"config": dec.key, "method": "triton", "status": "ok", "ms": 0.5, "frac_copy": 0.8, "host_ms": 0.1},
             {"config": dec.key, "method": "gather_sdpa", "status": "ok", "ms": 3.0, "frac_copy": 0.1},
             {"config": pf.key, "method": "triton", "status": "ok", "ms": 20.0, "frac_copy": 0.1},
             {"config": pf_key.key, "method": "triton", "status": "ok", "ms": 14.0, "frac_copy": 0.1}]
-    lines = issue4_checks(rows)
+    lines = acceptance_checks(rows)
     # the per-key layout is reported beside the bar's row, never judged in its place
     assert f"- INFO {pf_key.key} / triton: 14.00 ms (K and V stored per key; the bar is judged on separate K and V " \
         "tensors)" in lines and not any(x.startswith(f"- PASS {pf_key.key}") for x in lines)
@@ -125,12 +125,12 @@ def test_issue4_bars_are_checked_from_the_rows():
                             "= 1.25x") and "6.0x vs gather" in x for x in lines)
     assert f"- FAIL {pf.key} / triton: 20.00 ms (bar 15 ms)" in lines
     rows[1]["ms"] = 2.0  # only 4x faster than gather-then-SDPA
-    assert issue4_checks(rows)[2].startswith("- FAIL")
+    assert acceptance_checks(rows)[2].startswith("- FAIL")
     rows[1]["ms"] = 4.0
     rows[0].update(ms=0.7, frac_copy=0.8 * 0.5 / 0.7)  # eager host-bound at 1.75x the floor ...
-    assert issue4_checks(rows)[2].startswith("- FAIL")
+    assert acceptance_checks(rows)[2].startswith("- FAIL")
     rows[0]["graph_ms"] = 0.55  # ... while the device time is 1.375x: the floor bar is on device time
-    assert issue4_checks(rows)[2].startswith(f"- PASS {dec.key} / triton: graph 0.5500 ms = 1.38x the HBM floor")
+    assert acceptance_checks(rows)[2].startswith(f"- PASS {dec.key} / triton: graph 0.5500 ms = 1.38x the HBM floor")
 
 
 def test_launch_preset_sweeps_triton_variants():

@@ -18,7 +18,7 @@ from selgate.bench.timing import rotation_count, time_graph
 from selgate.kernels.cuda import build
 from selgate.kernels.cuda.check_h100 import L_SEL, nsa_inputs
 
-BASE = "cp.async.ca.shared.global"  # what sel_decode.cu issues (`.cg` until the sixth session)
+BASE = "cp.async.ca.shared.global"  # what sel_decode.cu issues (`.cg` before the load flavours were measured, docs/design/cuda-decode.md)
 ANCHOR = 'asm volatile("' + BASE + ' [%0], [%1], 16, %2;\\n"'
 VARIANTS = {
     "ca": BASE,

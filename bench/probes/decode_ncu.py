@@ -2,7 +2,7 @@
 elementwise copy of the same bytes, side by side, for Nsight Compute.
 
 Why: in graph time the Triton decode kernel streams about 5% faster than the CUDA one at
-every issue-8 grid point, with the same bytes to move; the counters say whether the CUDA
+every decode check grid point, with the same bytes to move; the counters say whether the CUDA
 kernel reads more DRAM bytes, keeps fewer requests in flight, or stalls elsewhere.
 Inputs are built and every method is called once (compile, build) before the profiler
 window opens, so only the calls inside it are profiled, in the order printed.

@@ -2,7 +2,7 @@
 
 Builds a private copy of the extension whose kernel stamps %globaltimer at seven points per
 warp (entry, griddepcontrol.wait returned, ranges and q ready, first slab landed, loop done,
-merge done, stores issued) into a device buffer, replays the issue-8 bench shapes from a CUDA
+merge done, stores issued) into a device buffer, replays the decode check grid from a CUDA
 graph over rotating inputs (as check_h100 does), and prints per call: span from first warp
 entry to last store, the gap to the next call, the time from the previous call's last store to
 this call's first wait return, and median / 90th-percentile phase lengths over warps. With PDL

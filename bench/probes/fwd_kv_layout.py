@@ -1,6 +1,6 @@
 """Does where K and V sit in memory change the prefill forward's speed?
 
-Why: fwd_l2_window.py found the issue-4 prefill forward 4.6 % faster when a group's K and V
+Why: fwd_l2_window.py found the 64k prefill forward 4.6 % faster when a group's K and V
 were stored in one [G, 2, S_kv, D] buffer than as two separate tensors, with the same bytes
 selected. This probe times the profile launch (`do_bench` median, two rotating input sets)
 on the same values in several storage layouts, all passed as k/v views of the SPEC shapes,

@@ -1,6 +1,6 @@
 """Why does the prefill forward's sustained speed depend on the K/V layout?
 
-fwd_kv_layout.py timed the issue-4 prefill forward (do_bench, L2 flushed before each call)
+fwd_kv_layout.py timed the 64k prefill forward (do_bench, L2 flushed before each call)
 4.6 % faster with K and V in one [G, 2, S_kv, D] buffer than as separate tensors, while
 Nsight Compute saw the same 15.37 ms and the same L2 and DRAM traffic for one isolated call
 of each. This probe times each layout two ways, do_bench and 40 back-to-back calls over two

@@ -1,11 +1,11 @@
 """Is the prefill forward held back by what L2 keeps, and can an L2 access-policy window help?
 
-Why: the issue-4 prefill forward is bound by moving the selected K/V tiles from L2 (seventh
-session: L2 at 91.5 % of peak), yet the same kernel with every key taken modulo 4096 (a 2 MiB
-working set per group) ran 10 % faster (run 5). Triton 3.6 drops cache hints on tensor-
+Why: the 64k prefill forward is bound by moving the selected K/V tiles from L2 (Nsight
+Compute: L2 at 91.5 % of peak), yet the same kernel with every key taken modulo 4096 (a 2 MiB
+working set per group) ran 10 % faster (docs/design/triton-forward.md). Triton 3.6 drops cache hints on tensor-
 descriptor loads, but a stream's access-policy window (driver API, SM >= 8.0) marks an
 address range as persisting in L2 for every kernel launched on it. This probe times, at the
-issue-4 shape (`do_bench` median, two rotating input sets, the profile launch):
+64k prefill shape (`do_bench` median, two rotating input sets, the profile launch):
   - `mod M`: keys taken modulo M (ranges remapped, then normalised): time against working set;
   - `kv interleaved`: K and V of a group in one 32 MiB block ([G, 2, S_kv, D] storage);
   - `per group`: one launch per KV group on that layout;

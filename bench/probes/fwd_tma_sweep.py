@@ -1,8 +1,8 @@
-"""Launch sweep of the Triton forward's TMA path at the issue-4 prefill shape (T=65536, bf16).
+"""Launch sweep of the Triton forward's TMA path at the 64k prefill shape (T=65536, bf16).
 
 The bench's `triton@BxWxS` variants time the gather path only; this probe times the tensor-
 descriptor path the H100 profile uses for prefill, against the gather path (first row), so
-the profile's `triton_fwd.prefill` values come from a measurement (bench/results/h100/triton_fwd_dev.md).
+the profile's `triton_fwd.prefill` values come from a measurement (docs/design/triton-forward.md).
 Run on a GPU: python3 bench/probes/fwd_tma_sweep.py"""
 import itertools
 

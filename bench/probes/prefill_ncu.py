@@ -1,8 +1,8 @@
-"""Hardware counters of one Triton prefill forward call at the issue-4 shape, for Nsight Compute.
+"""Hardware counters of one Triton prefill forward call at the 64k prefill shape, for Nsight Compute.
 
 Why: the prefill forward (T=65536, bf16, 16 blocks of 64) reads 137 GB of selected K/V
-tiles from L2 and sits about 1 % above the issue's 15 ms bar. Dev runs that left loads out
-(bench/results/h100/triton_fwd_dev.md, run 5) put the MMAs and softmax at 4.5 ms and an
+tiles from L2 and sat about 1 % above the 15 ms acceptance bar. Ablations that left loads out
+(docs/design/triton-forward.md) put the MMAs and softmax at 4.5 ms and an
 all-L2-hit working set at 14.3 ms; these counters say how much of the real call's traffic
 misses L2, how much crosses between the two L2 partitions, and what the warps wait on.
 The call is made once (compile, tuning) before the profiler window opens. The optional

@@ -1,4 +1,4 @@
-"""Device check and benchmark of the CUDA decode kernel (issue 8), in one run.
+"""Device check and benchmark of the CUDA decode kernel, in one run.
 
 1. Parity against the fp64 golden reference over h in {1,2,4,8,16}, (Dk, Dv) pairs from
    {64,128,192}, L from 0 to 2048, few/many/mixed ranges, fp16/bf16 on both kernels
@@ -348,7 +348,7 @@ def stamp() -> dict:
 
 def markdown(env: dict, build_s: float, parity: list[dict], rows: list[dict], copy_gbps: float) -> str:
     fails = [r for r in parity if not r["ok"]]
-    out = ["# CUDA selection decode kernel on the H100 (issue 8)", "",
+    out = ["# CUDA selection decode kernel on the H100", "",
            "Produced by `python -m selgate.kernels.cuda.check_h100` in one process.", "",
            "| " + " | ".join(f"{k}: {env.get(k)}" for k in ("gpu", "driver", "cuda", "torch", "triton", "nvcc", "commit")) + " |",
            "", f"Extension build (or cache load) in this run: {build_s:.1f} s.", "",

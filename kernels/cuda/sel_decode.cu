@@ -1065,7 +1065,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   p.off_q = align16(p.off_L + 8);
   p.off_kv = align16(p.off_q + kMmaHeads * p.q_stride * int64_t(sizeof(T)));
   // Schedule: each warp streams its own slabs (1) or the block's 2 warps share each slab (2).
-  // Automatic (full H100 sweeps at 514d6fc, e1bd9f1 and 9acb5c3, bench/results/h100/cuda_decode_dev.md):
+  // Automatic (full H100 sweeps at 514d6fc, e1bd9f1 and 9acb5c3, docs/design/cuda-decode.md):
   // shared slabs with at least one (row, head group) per SM and Dk <= Dv, where they were
   // faster (median graph time 0.86x), and whenever S_kv <= 256 bounds every row's L by 256
   // (0.51-1.03x of per-warp slabs at L <= 256 on every shape); per-warp slabs otherwise: with
@@ -1089,7 +1089,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
                            int64_t(nw + (split > 1)) * kMmaHeads * (DVB + 8)) * 4;
     return p.off_kv + std::max(ring, merge);
   };
-  // Automatic launch (measured on the H100, bench/results/h100/cuda_decode_dev.md): blocks of
+  // Automatic launch (measured on the H100, docs/design/cuda-decode.md): blocks of
   // 2 warps, so many rows stream at once. Rings 3 deep when there are many rows per SM; with
   // fewer rows each row needs more bytes in flight: shared slabs 4 deep (5 when a key's K and V
   // rows pass 256 bytes), per-warp slabs 2 deep (two rings). More warps per row were slower.
@@ -1118,7 +1118,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
                 : slab == 32 ? (full ? sel_decode_mma<T, DKB, DVB, 32, true, false> : sel_decode_mma<T, DKB, DVB, 32, false, false>)
                              : (full ? sel_decode_mma<T, DKB, DVB, 16, true, false> : sel_decode_mma<T, DKB, DVB, 16, false, false>);
   plan.threads = nw * 32;
-  // Automatic launches use no cluster: splits were not measured faster (bench/results/h100/cuda_decode_dev.md).
+  // Automatic launches use no cluster: splits were not measured faster (docs/design/cuda-decode.md).
   const int split = a.tune.split > 0 ? a.tune.split : 1;
   SEL_CHECK(split >= 1 && split <= max_split, "sel_decode: split must be in [1, ", max_split, "] on this device, got ",
               split);
@@ -1149,7 +1149,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   // its shared memory is padded so an SM holds just its even share, and each block asks L2 for its
   // row's ranges, q and first 64 keys before its wait (prefetch 4). The next grid's blocks then land
   // only as this grid's finish, and their prefetches run in its tail, where DRAM has bandwidth to
-  // spare. Measured on the H100 (bench/results/h100/cuda_decode_dev.md, fourteenth session): N = 256,
+  // spare. Measured on the H100 at 338408c (docs/design/cuda-decode.md): N = 256,
   // Dk = Dv = 64, L = 512: 1.29-1.30x the HBM floor against 1.41-1.42x; full sweep, N = 256 and
   // S_kv >= 256: 0.84-1.04x the previous launch's graph time (geomean 0.94 over 120 rows). Not
   // elsewhere: with S_kv <= 128 the 64 prefetched keys outweigh rows of 16-32 (geomean 1.08, up to
@@ -1172,8 +1172,7 @@ bool run_mma(Params p, const DecodeArgs& a, DecodePlan& plan, const Device& dev,
   // it fits beside this grid, or an SM's capacity is no more than its even share of the blocks.
   // Otherwise its blocks fill the slots of the SMs that finish first, several rows deep (at
   // N = 256, Dk + Dv = 192, 3 blocks per SM: up to 1.20x slower); where it lands evenly it was
-  // as fast or faster everywhere (full H100 sweep, bench/results/h100/cuda_decode_dev.md, tenth
-  // session). A grid at the wait holds only its slots; the wait returns when this grid is done.
+  // as fast or faster everywhere (full H100 sweep, docs/design/cuda-decode.md). A grid at the wait holds only its slots; the wait returns when this grid is done.
   const int64_t capacity = int64_t(plan.blocks_per_sm) * dev.sms;
   const bool lands_evenly = 2 * plan.blocks <= capacity || plan.blocks_per_sm <= share;
   const int pdl = a.tune.pdl != 0 ? a.tune.pdl : !shared ? 2 : lands_evenly ? 3 : 1;

@@ -67,7 +67,7 @@ def sdpa_backends() -> list[SDPBackend]:
     """The SDPA backends the caller has enabled, less cuDNN (MATH if that leaves none): cuDNN
     attention plans each new shape on the host, and a bucket's row count changes from call to
     call; on the H100 (torch 2.11) such calls took 90-160 ms against at most 4.7 ms without it
-    (bench/results/h100/sdpa_host.md). The choice is torch's process-wide SDPA state."""
+    (docs/design/dispatcher.md). The choice is torch's process-wide SDPA state."""
     enabled = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
                SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
                SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled()}

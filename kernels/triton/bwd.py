@@ -393,7 +393,7 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     loop gathers its query rows through an index it loads in the same loop, so Triton's
     pipeliner prefetches them `(stages - 1) // 2` steps ahead, and a deep pipeline needs the
     shared memory of a large-smem GPU. Measured on the H100 at the T=65536 benchmark
-    (bench/results/h100/triton_bwd_dev.md): dk/dv with 4 warps, two programs per SM, beat
+    (docs/design/triton-backward.md): dk/dv with 4 warps, two programs per SM, beat
     one of 8 warps (45.2 vs 58.2 ms for the whole backward); dq through descriptors with 2
     warps and 3 stages took the backward from 43.4 to 35.8 ms; dk/dv with 7 stages and
     block_m 32 took the dk/dv kernel from 16.8 to 14.8 ms."""

@@ -1,4 +1,4 @@
-"""One-shot GPU check of the Triton backward (issue 6), in one process:
+"""One-shot GPU check of the Triton backward, in one process:
 
 1. benchmark, B=1, T=65536, 64 heads in 4 groups (h=16), D=Dv=128, 16 blocks of 64 from the
    range builder (block 0 and 2 local forced), bf16: forward, backward (index build
@@ -15,7 +15,7 @@
     python -m selgate.kernels.triton.check_bwd_h100 --out DIR
     python -m selgate.kernels.triton.check_bwd_h100 --out DIR --sections parity --dtypes bfloat16 --dims 128
 
-Writes DIR/triton_bwd_dev.md and DIR/results.json; prints the tables last.
+Writes DIR/triton_bwd.md and DIR/results.json; prints the tables last.
 """
 from __future__ import annotations
 
@@ -330,12 +330,12 @@ def main():
 
     def report(done: dict) -> str:
         got = {**sections, **done}
-        md = ["# Triton selection backward on the device (issue 6)", "", "| | |", "| --- | --- |",
+        md = ["# Triton selection backward on the device", "", "| | |", "| --- | --- |",
               *(f"| {k} | {v} |" for k, v in out["stamp"].items()),
               "", "## Benchmark", "", *got["bench"], "", "## Determinism", "", *got["determinism"],
               "", "## Training", "", *got["training"], "", "## Gradient parity (SPEC.md, strict)", "",
               *got["parity"]]
-        (args.out / "triton_bwd_dev.md").write_text("\n".join(md) + "\n")
+        (args.out / "triton_bwd.md").write_text("\n".join(md) + "\n")
         return "\n".join(md)
 
     sections.update(run_sections([s for s in steps if s[0] in args.sections], out, args.out, after=report))

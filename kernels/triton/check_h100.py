@@ -1,5 +1,5 @@
 """One-shot GPU check of the Triton forward: parity with the fp64 reference over the
-issue-4 matrix, then the two benchmark settings side by side with gather-then-SDPA,
+forward parity matrix, then the two benchmark settings side by side with gather-then-SDPA,
 packed SDPA and the copy bandwidth measured in the same run.
 
     python -m selgate.kernels.triton.check_h100 --out DIR
@@ -96,7 +96,7 @@ def spec_check(dtype, o, lse, ref_o, ref_lse, low_o, low_lse) -> dict:
 
 
 def parity(out: dict, budget_s: float) -> list:
-    """The issue-4 matrix: dtype x h x (Dk, Dv) x pattern x decode/prefill, strict kernel.
+    """The forward parity matrix: dtype x h x (Dk, Dv) x pattern x decode/prefill, strict kernel.
     Stops (and says so) when `budget_s` is spent, so the benchmark still runs."""
     g = torch.Generator().manual_seed(0)
     gd = torch.Generator(device=DEV).manual_seed(0)

@@ -2,7 +2,7 @@
 
 The torch formulation in `selgate.reference.ranges.normalize_ranges` issues about thirty
 small ops; on a decode step that host cost (about 1 ms on the H100 host, measured in
-`bench/results/nvidia-h100-80gb-hbm3/2026-11-22/launch_overhead.md`) hides the kernel.
+docs/design/dispatcher.md) hides the kernel.
 This computes the same function (clamp to `[0, min(t+1, S_kv))`, drop empty, sort, merge
 overlapping and adjacent, pad with `(0, 0)`) in registers: ranges packed into one int64
 key `start * 2^32 + end` are sorted, a running max of ends finds where merged ranges

@@ -1,7 +1,7 @@
 """Gluon prefill forward for Hopper: two neighbouring query rows of one (b, g) per program.
 
 Why: the Triton forward (fwd.py) is bound by moving the selected K/V tiles from L2 (91 % of
-L2 throughput at the issue-4 prefill shape), and neighbouring rows select some tiles in common:
+L2 throughput at the 64k prefill shape), and neighbouring rows select some tiles in common:
 NSA's block 0 and the local blocks (the leading whole tiles of a row's first and last range).
 A program here serves rows s and s + 1 with one warp each: a tile both select is loaded once
 by TMA and broadcast to both warps' MMAs; every other whole tile is loaded by TMA per row into
@@ -9,8 +9,8 @@ one [2, BLOCK, D] stage that a batched mma_v2 reads, one warp per row; what is l
 range's last < BLOCK keys, and whole tiles past the shorter row's) is gathered with masks.
 That reads 7.8 % fewer bytes from L2 at that shape. Plain Triton cannot express the per-row
 TMA stage (joining two descriptor loads goes through registers: 62-71 ms), hence Gluon, with
-its explicit shared-memory views and layouts. Measured on the H100 (triton_fwd_dev.md,
-thirteenth session): 14.84-14.87 ms against 15.79-15.82 ms for fwd.py's TMA launch.
+its explicit shared-memory views and layouts. Measured on the H100 (docs/design/triton-forward.md):
+14.84-14.87 ms against 15.79-15.82 ms for fwd.py's TMA launch.
 
 Same contract as fwd.py: online softmax in fp32, keys outside the ranges or past `t` never
 read, empty rows write zeros and lse = -inf, fixed order (bitwise deterministic). Supported
