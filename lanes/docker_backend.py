@@ -13,7 +13,8 @@ registry is reachable).
 GPU lanes get every GPU (`--gpus all`), or only those CUDA_VISIBLE_DEVICES names, which the
 container then sees renumbered from 0. The lane's reports folder and Triton cache are bind
 mounts, so the JUnit file lands where a local run puts it; files are written as the calling
-user. Exit status: the container's (pytest's); ENGINE_ERROR when there is no engine or the
+user (root included: the images run as an unprivileged user otherwise), and pytest writes no
+cache into the image's read-only tree. Exit status: the container's (pytest's); ENGINE_ERROR when there is no engine or the
 image cannot be had, after one line that says why.
 """
 from __future__ import annotations
@@ -134,17 +135,29 @@ def ensure_image(client, tag: str) -> None:
                               "give the lane an image.dockerfile to build it") from None
 
 
+def _stream(container, out) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    for chunk in container.logs(stream=True, follow=True):
+        out.write(decoder.decode(chunk))
+        out.flush()
+
+
 def run_container(client, tag: str, command: list, *, env: dict, mounts: dict, devices: list, out) -> int:
-    """Run to completion, streaming output; the container is removed whatever happens."""
-    user = None if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+    """Run to completion, streaming output, as the calling user (the images' own user cannot
+    write the bind-mounted reports folder of a checkout it does not own). An interrupt reaches
+    pytest inside as SIGINT, and the run is followed until pytest has written the results it has;
+    the container is removed whatever happens."""
     container = client.containers.run(tag, command, detach=True, environment=env, volumes=mounts,
-                                      device_requests=devices or None, working_dir=WORKDIR, user=user)
+                                      device_requests=devices or None, working_dir=WORKDIR,
+                                      user=f"{os.getuid()}:{os.getgid()}")
     start = time.monotonic()
     try:
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        for chunk in container.logs(stream=True, follow=True):
-            out.write(decoder.decode(chunk))
-            out.flush()
+        try:
+            _stream(container, out)
+        except KeyboardInterrupt:
+            print(f"[docker] interrupted: SIGINT to pytest in {tag}, waiting for its results", file=out, flush=True)
+            container.kill(signal="SIGINT")
+            _stream(container, out)
         status = int(container.wait()["StatusCode"])
     finally:
         container.remove(force=True)
@@ -173,7 +186,7 @@ def run_lane_in_docker(lane_cfg: dict, *, pytest_args: list[str], env: dict, rep
             ensure_image(client, tag)
         Path(reports_dir).mkdir(parents=True, exist_ok=True)
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        command = ["python", "-m", "pytest", *pytest_args]
+        command = ["python", "-m", "pytest", "-p", "no:cacheprovider", *pytest_args]   # the image's tree is read-only
         print(f"[docker] running lane {lane_cfg['name']} in {tag}: {' '.join(command)}", file=out, flush=True)
         return run_container(client, tag, command, env=container_env(env),
                              mounts=volumes(reports_dir, cache_dir), devices=devices, out=out)

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from pathlib import Path
 from selgate.conformance.tolerances import ENV as TOL_ENV
 
 from .config import LANE_DIR, tolerance_env
+from .cut import Cut, mark_signal, raise_interrupt
 from .detect import device_capability, lane_for
 
 ROOT = LANE_DIR.parent
@@ -163,7 +165,8 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
 
 
 def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
-    """Run the plan; returns pytest's exit status (the gate reads the JUnit, not this)."""
+    """Run the plan; returns pytest's exit status (the gate reads the JUnit, not this). A
+    SIGINT or SIGTERM cuts the run: pytest still writes the results it has (`selgate.lanes.cut`)."""
     out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
     print(f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
@@ -172,11 +175,17 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
         from .docker_backend import run_lane_in_docker
 
         env = {k: v for k, v in {**plan.env, **CLEAN_ENV}.items() if k != "TRITON_CACHE_DIR"}
-        return run_lane_in_docker(plan.lane, pytest_args=plan.pytest_args, env=env,
-                                  reports_dir=out_dir, cache_dir=plan.cache_dir)
-    cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
-    print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)
-    return subprocess.call(cmd, cwd=ROOT, env=run_env(plan.env))
+        with Cut(raise_interrupt) as cut:
+            status = run_lane_in_docker(plan.lane, pytest_args=plan.pytest_args, env=env,
+                                        reports_dir=out_dir, cache_dir=plan.cache_dir)
+    else:
+        cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
+        print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env(plan.env), start_new_session=True)
+        with Cut(lambda: proc.send_signal(signal.SIGINT)) as cut:
+            status = proc.wait()
+    mark_signal(out_dir, cut.signal)
+    return status
 
 
 def resolve_lane(name: str) -> tuple[str, str | None]:

@@ -247,6 +247,15 @@ def tolerances(name: str, environment: dict, cfg: dict | None) -> list:
     return []
 
 
+def cut_short(name: str, cut: dict) -> str:
+    """The blocking line of a run cut short: what cut it and how far it got."""
+    by = f"by {cut['signal']}" if cut.get("signal") else f"({cut.get('reason') or 'interrupted'})"
+    done, total = cut.get("tests_done", 0), cut.get("tests_collected", 0)
+    share = f" ({100 * done // total} %)" if total else ""
+    return (f"required lane {name} cut short {by} after {done} of {total} tests{share}: its JUnit holds the "
+            f"results it has; rerun the lane to completion (`python -m selgate.lanes run {name}`)")
+
+
 def inventory_gaps(name: str, lane: LaneResult, cfg: dict | None) -> list:
     """How the tests with a result differ from the lane's inventory."""
     if cfg is None:
@@ -300,6 +309,8 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
         elif env.get("lane") != name:
             v.blocking.append(f"required lane {name} foreign: {lane.junit} was written by lane "
                               f"{env.get('lane')!r}")
+        elif env.get("cut"):
+            v.blocking.append(cut_short(name, env["cut"]))
         elif status in ABORTED:
             v.blocking.append(f"required lane {name} aborted: pytest exit {status} ({ABORTED[status]})")
         else:

@@ -2,10 +2,10 @@
 report needs and JUnit lacks. Each test gets `nodeid`, `family` and, when its parameters
 carry one, `seed` as JUnit properties; the controller writes beside the JUnit file the
 environment stamp with the tree the run started on, pytest's exit status, its effective
-arguments and configuration files and what the run selected (environment.json), and, in a
-lane run, the lane's inventory collected apart from the run (inventory.json). The gate
-compares all of it with the lane and the tree it gates, so a narrowed run, a run on another
-tree or one under another configuration cannot stand in for the lane."""
+arguments and configuration files, what the run selected and, for a run cut short, how far it
+got (environment.json), and, in a lane run, the lane's inventory collected apart from the run
+(inventory.json). The gate compares all of it with the lane and the tree it gates, so a
+narrowed, cut, foreign or differently configured run cannot stand in for the lane."""
 from __future__ import annotations
 
 import json
@@ -22,6 +22,10 @@ from .tree import tree_stamp
 
 TREE = pytest.StashKey[dict]()
 INVENTORY = pytest.StashKey[subprocess.Popen]()
+# Tests with a final report so far, and what interrupted the session: a cut run records how
+# far it got. Module state, like pytest's own plugins keep per session; reset as one starts.
+_done: set = set()
+_interrupt: list = []
 
 
 def seed_of(item) -> str | None:
@@ -83,8 +87,35 @@ def _controller_xml(config) -> str | None:
     return None if hasattr(config, "workerinput") else config.option.xmlpath
 
 
+def pytest_runtest_logreport(report):
+    """A test is done at its teardown report, or at a failure of its own (xdist reports a
+    crashed worker's test once, as failed)."""
+    if report.when == "teardown" or report.failed:
+        _done.add(report.nodeid)
+
+
+def pytest_keyboard_interrupt(excinfo):
+    """Ctrl-C or SIGINT (KeyboardInterrupt), or xdist stopping the run (its Interrupted, e.g.
+    `maximum crashed workers reached: 20`)."""
+    _interrupt[:] = [excinfo.type, str(excinfo.value)]
+
+
+def cut_record(session) -> dict:
+    """How far an interrupted run got: the signal as pytest saw it (SIGINT for a plain
+    KeyboardInterrupt, None when xdist or a -x/--maxfail stopped it), the reason, the tests
+    done and the tests collected (0 when the run was cut during collection)."""
+    kind, message = _interrupt or (None, "")
+    keyboard = kind is KeyboardInterrupt
+    reason = ("KeyboardInterrupt" if keyboard else message or str(session.shouldstop or session.shouldfail
+                                                                     or "interrupted"))
+    return {"signal": "SIGINT" if keyboard else None, "reason": reason, "tests_done": len(_done),
+            "tests_collected": int(session.testscollected)}
+
+
 def pytest_sessionstart(session):
     """The tree is stamped as the run starts; a lane run collects its inventory meanwhile."""
+    _done.clear()
+    _interrupt.clear()
     config = session.config
     if not _controller_xml(config):
         return
@@ -102,6 +133,8 @@ def pytest_sessionfinish(session, exitstatus):
         return
     env = collect_environment()
     env["pytest_exitstatus"] = int(exitstatus)
+    if int(exitstatus) == pytest.ExitCode.INTERRUPTED:
+        env["cut"] = cut_record(session)
     env["selection"] = selection_of(config)
     env["pytest"] = configuration_of(config)
     env["tree"] = config.stash.get(TREE, None) or tree_stamp()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,14 +25,25 @@ TRANSCRIPT = ROOT / "build" / "docker-engine-test.log"
 
 
 class FakeContainer:
-    def __init__(self, chunks, status, interrupt=False):
+    """`interrupt`: the first log stream ends in KeyboardInterrupt; after a SIGINT the logs go
+    on with `after_kill` (pytest writing its results) and the status becomes `status_after_kill`."""
+
+    def __init__(self, chunks, status, interrupt=False, after_kill=(), status_after_kill=2):
         self.chunks, self.status, self.interrupt, self.removed = chunks, status, interrupt, False
+        self.after_kill, self.status_after_kill, self.killed = list(after_kill), status_after_kill, []
 
     def logs(self, stream, follow):
         assert stream and follow
+        if self.killed:
+            yield from self.after_kill
+            return
         yield from self.chunks
         if self.interrupt:
             raise KeyboardInterrupt
+
+    def kill(self, signal):
+        self.killed.append(signal)
+        self.status = self.status_after_kill
 
     def wait(self):
         return {"StatusCode": self.status}
@@ -92,7 +105,8 @@ def test_cpu_lane_builds_its_image_mounts_reports_and_cache_and_returns_pytest_s
     assert build["buildargs"] == {"BASE_IMAGE": "python:3.11-slim"} and build["network_mode"] == "host"
     assert build["path"] == str(ROOT)
     ((image, command, kw),) = client.runs
-    assert image == "selgate:cpu" and command == ["python", "-m", "pytest", "tests", "-k", "x"]
+    assert image == "selgate:cpu" and command == ["python", "-m", "pytest", "-p", "no:cacheprovider", "tests", "-k", "x"]
+    assert kw["user"] == f"{os.getuid()}:{os.getgid()}"   # root too: the image's own user is not
     assert kw["device_requests"] is None and kw["working_dir"] == "/opt/selgate" and kw["detach"]
     assert kw["volumes"] == {str(tmp_path / "out" / "cpu"): {"bind": "/opt/selgate/reports/out/cpu", "mode": "rw"},
                              str(tmp_path / "cache"): {"bind": "/cache/triton", "mode": "rw"}}
@@ -126,11 +140,12 @@ def test_gpu_lane_with_no_visible_gpu_stops_with_one_line(tmp_path, monkeypatch,
     assert not client.runs
 
 
-def test_container_is_removed_when_the_run_is_interrupted(tmp_path):
-    client = FakeClient(FakeContainer([b"running\n"], 0, interrupt=True))
-    with pytest.raises(KeyboardInterrupt):
-        run(load_lane("cpu"), client, tmp_path)
-    assert client.container.removed
+def test_an_interrupted_container_gets_sigint_and_is_followed_until_pytest_wrote_its_results(tmp_path):
+    client = FakeClient(FakeContainer([b"running\n"], 0, interrupt=True,
+                                      after_kill=[b"generated xml file: junit.xml\n"]))
+    status, out = run(load_lane("cpu"), client, tmp_path)
+    assert status == 2 and client.container.killed == ["SIGINT"] and client.container.removed
+    assert out.index("interrupted: SIGINT to pytest") < out.index("generated xml file")
 
 
 def test_failed_build_stops_before_any_container_with_one_line(tmp_path, capsys):
@@ -199,6 +214,23 @@ def engine_settings() -> dict:
     return settings
 
 
+def image_tree(client, tag: str, dest: Path) -> Path:
+    """The image's copy of the sources (its WORKDIR), extracted under `dest`."""
+    container = client.containers.create(tag)
+    try:
+        stream, _ = container.get_archive(docker_backend.WORKDIR)
+        archive = dest.with_suffix(".tar")
+        with archive.open("wb") as f:
+            for chunk in stream:
+                f.write(chunk)
+    finally:
+        container.remove(force=True)
+    dest.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    return dest / Path(docker_backend.WORKDIR).name
+
+
 @pytest.mark.timeout(900)
 def test_cpu_lane_runs_in_a_real_container_and_its_junit_passes_the_gate(tmp_path, monkeypatch, capsys):
     settings = engine_settings()
@@ -226,8 +258,12 @@ def test_cpu_lane_runs_in_a_real_container_and_its_junit_passes_the_gate(tmp_pat
     policy = tmp_path / "gate.yaml"
     policy.write_text(yaml.safe_dump({"default_profile": "merge", "required_families": ["policy"],
                                       "profiles": {"merge": {"required_lanes": ["docker-cpu"]}}, "quarantine": []}))
+    # The gated tree is the one the image was built from (the build context less .dockerignore),
+    # copied out of the image, under the commit the run named: the stamps must then agree.
+    tree = image_tree(docker_backend.connect(), "selgate:cpu-ci", tmp_path / "image")
+    monkeypatch.setenv("SELGATE_COMMIT", json.loads(env_file.read_text())["tree"]["commit"])
     gate_status = reports_main(["gate", "--policy", str(policy), "--results", str(tmp_path / "results"),
-                                "--out", str(tmp_path / "gate")])
+                                "--out", str(tmp_path / "gate"), "--tree", str(tree)])
 
     # A failing run inside the container comes back as its exit status (pytest: 4, no such file).
     assert runner.run_plan(runner.LanePlan(lane, "cpu", ["tests/no_such_file.py"], {}, tmp_path / "cache"),

@@ -150,6 +150,18 @@ def test_a_lane_without_evidence_blocks(tmp_path, capsys, cases, env, exitstatus
     assert rc == 1 and line.startswith(f"GATE BLOCKED: {expected}"), line
 
 
+@pytest.mark.parametrize("cut, expected", [
+    ({"signal": "SIGTERM", "reason": "KeyboardInterrupt", "tests_done": 812, "tests_collected": 3941},
+     "required lane cpu cut short by SIGTERM after 812 of 3941 tests (20 %)"),
+    ({"signal": None, "reason": "maximum crashed workers reached: 20", "tests_done": 5, "tests_collected": 0},
+     "required lane cpu cut short (maximum crashed workers reached: 20) after 5 of 0 tests: its JUnit"),
+])
+def test_a_cut_run_blocks_naming_what_cut_it_and_how_far_it_got(tmp_path, capsys, cut, expected):
+    write_lane(tmp_path / "res", "cpu", passing_cases(), exitstatus=2, cut=cut)
+    rc, line = gate(tmp_path, capsys)
+    assert rc == 1 and line.startswith(f"GATE BLOCKED: {expected}"), line
+
+
 def test_results_written_by_another_lane_block(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     env = tmp_path / "res" / "cpu" / "environment.json"

@@ -1,0 +1,98 @@
+"""A lane cut short keeps its results: a real lane run (the runner, pytest on two xdist workers,
+the stamp plugin) interrupted half way, as a cancelled workflow does it (SIGINT, then SIGTERM),
+leaves a JUnit of every test done and a `cut` record, and the gate blocks naming the cut and how
+far the run got."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from selgate.lanes import runner
+from selgate.reports.__main__ import main as reports_main
+from selgate.reports.results import load_lane
+
+TESTS = 40
+# A lane of its own (no YAML: no inventory, no selection of its own to compare with) run by
+# the real runner on the cpu lane's settings; its tests mark each pass in CUT_MARKS.
+DRIVER = """
+import sys
+from pathlib import Path
+from selgate.lanes import runner
+from selgate.lanes.config import load_lane
+out_root, test_file = Path(sys.argv[1]), sys.argv[2]
+runner.OUT_ROOT = out_root
+args = [test_file, *runner.plugin_args(), *runner.CONFIG_ARGS, "--rootdir", str(Path(test_file).parent),
+        "-p", "no:cacheprovider", "-n", "2",
+        "--junitxml", str(out_root / "cut-demo" / "junit.xml"), "-o", "junit_family=xunit2"]
+plan = runner.LanePlan({**load_lane("cpu"), "name": "cut-demo"}, "cut-demo", args, {"SELGATE_LANE": "cut-demo"},
+                       out_root / "cache", 2)
+sys.exit(runner.run_plan(plan))
+"""
+SLOW_TESTS = f"""
+import os, time
+from pathlib import Path
+import pytest
+
+@pytest.mark.parametrize("i", range({TESTS}))
+def test_step(i):
+    time.sleep(0.4)
+    Path(os.environ["CUT_MARKS"], str(i)).touch()
+"""
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(240)
+def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming_the_cut(tmp_path):
+    marks, out_root = tmp_path / "marks", tmp_path / "out"
+    marks.mkdir()
+    test_file = tmp_path / "test_slow_lane.py"
+    test_file.write_text(SLOW_TESTS)
+    env = {**os.environ, "CUT_MARKS": str(marks)}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(out_root), str(test_file)], cwd=runner.ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(list(marks.iterdir())) >= 6 or proc.poll() is not None, 180, "six tests to pass")
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)   # a cancelled workflow's second signal: ignored while results are written
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    passed = len(list(marks.iterdir()))
+    assert proc.returncode == 2, output[-3000:]
+    assert "SIGTERM ignored" in output
+
+    lane = load_lane("cut-demo", out_root / "cut-demo")
+    assert lane is not None, output[-3000:]
+    outcomes = [c.outcome for c in lane.cases]
+    assert all(c.nodeid.startswith("test_slow_lane.py::test_step[") for c in lane.cases), lane.cases
+    assert outcomes.count("pass") >= 6 and len(outcomes) < TESTS, outcomes
+    cut = json.loads((out_root / "cut-demo" / "environment.json").read_text())["cut"]
+    assert cut["signal"] == "SIGINT" and cut["tests_collected"] == TESTS
+    assert outcomes.count("pass") <= cut["tests_done"] <= passed + 2   # a test may finish while pytest stops
+
+    policy = tmp_path / "gate.yaml"
+    policy.write_text(yaml.safe_dump({"default_profile": "merge", "required_families": [],
+                                      "profiles": {"merge": {"required_lanes": ["cut-demo"]}}, "quarantine": []}))
+    rc = reports_main(["gate", "--policy", str(policy), "--results", str(out_root), "--out", str(tmp_path / "gate")])
+    report = (tmp_path / "gate" / "report.md").read_text()
+    assert rc == 1
+    share = 100 * cut["tests_done"] // TESTS
+    assert (f"GATE BLOCKED: required lane cut-demo cut short by SIGINT after {cut['tests_done']} of {TESTS} "
+            f"tests ({share} %)") in report
