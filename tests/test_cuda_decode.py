@@ -385,7 +385,7 @@ def test_the_probes_edits_still_fit_the_kernel(tmp_path):
 def test_the_floor_probe_reads_exactly_the_selected_keys():
     """decode_floor's read-only kernels bound the decode kernels only if they read the bytes
     the kernels read: each program sums its 64 selection positions' K and V rows."""
-    from selgate.kernels.cuda.check_h100 import nsa_inputs
+    from selgate.bench.check_cuda_decode import nsa_inputs
 
     floor = _probe("decode_floor")
     dev = torch.device("cuda" if ON_GPU else "cpu")
@@ -407,7 +407,7 @@ gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device
 @pytest.mark.parametrize("h, Dk, Dv, L, dist", [(1, 64, 64, 0, "few"), (4, 128, 128, 1000, "many"),
                                                 (16, 192, 64, 333, "mixed"), (20, 72, 40, 129, "mixed")])
 def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, dist):
-    from selgate.kernels.cuda.check_h100 import run_case
+    from selgate.bench.check_cuda_decode import run_case
 
     res = run_case(h, Dk, Dv, L, dist, dtype, kernel, seed=L + h, device=torch.device("cuda"))
     assert res["ok"], res
@@ -423,7 +423,7 @@ def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, 
 def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
     """Warps, ring depth, cluster split, PDL, keys per warp step and per-warp or shared slabs change the
     schedule, never the function."""
-    from selgate.kernels.cuda.check_h100 import run_case
+    from selgate.bench.check_cuda_decode import run_case
 
     if (tune[1] > 1 or tune[3] in (1, 3)) and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("clusters and PDL need SM 9.0")

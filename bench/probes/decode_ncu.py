@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from selgate.kernels.cuda import selection_attention_cuda
-from selgate.kernels.cuda.check_h100 import L_SEL, nsa_inputs, triton_method
+from selgate.bench.check_cuda_decode import L_SEL, nsa_inputs, triton_method
 
 POINTS = [(256, 4, 64, 16), (256, 4, 128, 8), (1024, 4, 128, 16)]  # N, h, D, n
 

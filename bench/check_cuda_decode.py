@@ -17,7 +17,7 @@
    (cold L2 by rotation, no launch gaps: the kernel's own device time, as in a decode step
    captured in a graph) for the methods that can be captured (not packed SDPA: it syncs).
 
-Usage on a GPU machine: python -m selgate.kernels.cuda.check_h100 [--out FILE.md]
+Usage on a GPU machine: python -m selgate.bench.check_cuda_decode [--out FILE.md]
 """
 from __future__ import annotations
 
@@ -30,17 +30,17 @@ import sys
 
 import torch
 
-from selgate.bench.inputs import Inputs, decode_problem, make_inputs
-from selgate.bench.parity import check_parity, poisoned
-from selgate.bench.timing import measure_limits, rotation_count, time_graph
 from selgate.conformance.poison import poison_cuda_cache
+from selgate.kernels.cuda import build
+from selgate.kernels.cuda.decode import selection_attention_cuda
 from selgate.kernels.errors import BackendUnavailable
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges, normalize_ranges, selection_attention_ref
 from selgate.reference.golden import gather_attention
 
-from . import build
-from .decode import selection_attention_cuda
+from .inputs import Inputs, decode_problem, make_inputs
+from .parity import check_parity, poisoned
+from .timing import measure_limits, rotation_count, time_graph
 
 H_LIST = (1, 2, 4, 8, 16)
 DIMS = ((64, 64), (128, 128), (192, 192), (64, 192), (192, 64), (128, 192))
@@ -276,7 +276,7 @@ def bench(device, dtype=torch.bfloat16) -> tuple[list[dict], float]:
 
 def plan_of(x: Inputs, tune=()) -> str:
     """The tensor-core launch for x: stages/split/warps/pdl/slab/schedule/prefetch, blocks per SM, smem KB."""
-    from .build import load_extension
+    from selgate.kernels.cuda.build import load_extension
 
     ext = load_extension(x.q.device)
     B, _, G, h, Dk = x.q.shape
@@ -349,7 +349,7 @@ def stamp() -> dict:
 def markdown(env: dict, build_s: float, parity: list[dict], rows: list[dict], copy_gbps: float) -> str:
     fails = [r for r in parity if not r["ok"]]
     out = ["# CUDA selection decode kernel on the H100", "",
-           "Produced by `python -m selgate.kernels.cuda.check_h100` in one process.", "",
+           "Produced by `python -m selgate.bench.check_cuda_decode` in one process.", "",
            "| " + " | ".join(f"{k}: {env.get(k)}" for k in ("gpu", "driver", "cuda", "torch", "triton", "nvcc", "commit")) + " |",
            "", f"Extension build (or cache load) in this run: {build_s:.1f} s.", "",
            f"## Parity: {len(parity) - len(fails)}/{len(parity)} cases pass", "",

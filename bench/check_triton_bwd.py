@@ -12,8 +12,8 @@
    x few/many/heavy-reuse ranges x decode/prefill, NaN-poisoned outputs and NaN keys
    outside the selection (stops when its time budget is spent, and says so).
 
-    python -m selgate.kernels.triton.check_bwd_h100 --out DIR
-    python -m selgate.kernels.triton.check_bwd_h100 --out DIR --sections parity --dtypes bfloat16 --dims 128
+    python -m selgate.bench.check_triton_bwd --out DIR
+    python -m selgate.bench.check_triton_bwd --out DIR --sections parity --dtypes bfloat16 --dims 128
 
 Writes DIR/triton_bwd.md and DIR/results.json; prints the tables last.
 """
@@ -33,10 +33,11 @@ from selgate.reference import build_ranges, normalize_ranges, resolve_scale, sel
 from selgate.reference.golden import gather_attention
 from selgate.reference.ranges import key_limit
 
-from .autograd import selection_attention_triton_autograd
-from .bwd import InverseIndex, launch_config, triton_backward
-from .check_h100 import pattern_ranges, run_sections, stamp
-from .fwd import triton_forward
+from selgate.kernels.triton.autograd import selection_attention_triton_autograd
+from selgate.kernels.triton.bwd import InverseIndex, launch_config, triton_backward
+from selgate.kernels.triton.fwd import triton_forward
+
+from .check_triton_fwd import pattern_ranges, run_sections, stamp
 from .train_check import run as train_run
 from .train_check import verdict as train_verdict
 

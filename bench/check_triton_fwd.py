@@ -2,7 +2,7 @@
 forward parity matrix, then the two benchmark settings side by side with gather-then-SDPA,
 packed SDPA and the copy bandwidth measured in the same run.
 
-    python -m selgate.kernels.triton.check_h100 --out DIR
+    python -m selgate.bench.check_triton_fwd --out DIR
 
 Writes `DIR/parity.md`, `DIR/bench.md` and `DIR/results.json`; prints both tables last.
 """
@@ -28,7 +28,7 @@ from selgate.reference import build_ranges, normalize_ranges, resolve_scale, sel
 from selgate.reference.golden import gather_attention
 from selgate.reference.ranges import expand_ranges
 
-from .fwd import launch_config, triton_forward
+from selgate.kernels.triton.fwd import launch_config, triton_forward
 
 DEV = "cuda"
 PATTERNS = ("few", "many", "mixed", "heavy_reuse")

@@ -5,7 +5,7 @@ and decrease.
 The task needs the selection: the target at every position is the sequence's first token,
 which each query reaches only through block 0 (forced by the range builder).
 
-    python -m selgate.kernels.triton.train_check --steps 300
+    python -m selgate.bench.train_check --steps 300
 """
 from __future__ import annotations
 
