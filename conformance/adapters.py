@@ -37,7 +37,7 @@ def _rows_to_blocks(norm: torch.Tensor, lim: torch.Tensor, block_size: int):
     first = torch.div(start, block_size, rounding_mode="floor")
     count = torch.where(valid, torch.div(end - start + block_size - 1, block_size, rounding_mode="floor"), 0)
     counts = count.sum(-1)
-    s_max = max(int(counts.max()) if counts.numel() else 0, 1)
+    s_max = _power_of_two(int(counts.max()) if counts.numel() else 0)
     flat_first, flat_count = first.reshape(-1), count.reshape(-1)
     n = norm.shape[-2]
     row = torch.arange(flat_count.numel(), device=norm.device) // n
@@ -54,9 +54,15 @@ def _rows_to_blocks(norm: torch.Tensor, lim: torch.Tensor, block_size: int):
     return out.reshape(*counts.shape, s_max).to(torch.int32), counts.to(torch.int32)
 
 
+def _power_of_two(n: int) -> int:
+    """The slot count S of a block-index tensor: at least n, a power of two, as NSA's top-n
+    counts are and as Triton kernels that `tl.arange(0, S)` over the slots need."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def ranges_to_block_indices(ranges: torch.Tensor, block_size: int, S_kv: int, *, positions=None):
-    """`(block_indices [B, S, G, S_max] int32, -1 padded, ascending; block_counts [B, S, G]
-    int32)` of token ranges [B, S, G, n, 2], after the contract's normalisation (clamp to
+    """`(block_indices [B, S, G, S_max] int32, -1 padded, ascending, S_max a power of two;
+    block_counts [B, S, G] int32)` of token ranges [B, S, G, n, 2], after the contract's normalisation (clamp to
     `t + 1`, merge). ValueError when a selection is not whole blocks of `block_size`."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size: expected an integer >= 1, got {block_size!r}")
@@ -81,6 +87,11 @@ def block_indices_to_ranges(block_indices: torch.Tensor, block_size: int, *, blo
         keep &= torch.arange(ids.shape[-1], device=ids.device) < counts.to(torch.int64)[..., None]
     start = torch.where(keep, ids * block_size, 0)
     return torch.stack([start, torch.where(keep, start + block_size, 0)], -1)
+
+
+def _dense(*tensors):
+    """Contiguous tensors: kernels in the wild compute addresses from their shapes."""
+    return tuple(t.contiguous() for t in tensors)
 
 
 def _scale(scale, Dk):
@@ -128,7 +139,7 @@ def _varlen_blocks(ranges, cu_q, cu_k, block_size):
         i, c = ranges_to_block_indices(ranges[:, qb:qe], block_size, ke - kb)
         ids.append(i)
         counts.append(c)
-    s_max = max(i.shape[-1] for i in ids)
+    s_max = _power_of_two(max(i.shape[-1] for i in ids))
     ids = [torch.nn.functional.pad(i, (0, s_max - i.shape[-1]), value=-1) for i in ids]
     return torch.cat(ids, 1), torch.cat(counts, 1)
 
@@ -146,7 +157,7 @@ def padded_block_kernel(fn, block_size: int, *, full_queries: bool = False):
         if full_queries:
             q, ranges = _full_rows(q, ranges, S_kv)
         ids, counts = ranges_to_block_indices(ranges, block_size, S_kv)
-        o = fn(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2), block_indices=ids, block_counts=counts,
+        o = fn(*_dense(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2)), block_indices=ids, block_counts=counts,
                block_size=block_size, scale=_scale(scale, dims.Dk))
         return o.unflatten(2, (G, h))[:, -S:]
 
@@ -159,7 +170,7 @@ def padded_block_kernel(fn, block_size: int, *, full_queries: bool = False):
             cu_seqlens_q = cu_seqlens_k
         ids, counts = _varlen_blocks(ranges, cu_seqlens_q, cu_seqlens_k, block_size)
         same = torch.equal(cu_seqlens_q, cu_seqlens_k)
-        o = fn(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2), block_indices=ids, block_counts=counts,
+        o = fn(*_dense(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2)), block_indices=ids, block_counts=counts,
                block_size=block_size, scale=_scale(scale, q.shape[-1]),
                cu_seqlens=cu_seqlens_k.long() if same else (cu_seqlens_q.long(), cu_seqlens_k.long()))
         o = o.unflatten(2, (G, h))
@@ -180,7 +191,8 @@ def varlen_block_kernel(fn, block_size: int):
         G, h = q.shape[2:4]
         ids, _ = _varlen_blocks(ranges, cu, cu, block_size)
         topk = ids[0].permute(1, 0, 2).contiguous()  # [G, T, S]
-        o = fn(q[0].flatten(1, 2), k[0].transpose(0, 1), v[0].transpose(0, 1), topk, block_size, cu.to(torch.int32),
+        o = fn(*_dense(q[0].flatten(1, 2), k[0].transpose(0, 1), v[0].transpose(0, 1)), topk, block_size,
+               cu.to(torch.int32),
                _scale(scale, q.shape[-1]))
         return o.unflatten(1, (G, h))[None].index_select(1, rows)
 

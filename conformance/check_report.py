@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from selgate import __version__
 from selgate.reports.results import OUTCOMES, load_lane
 
 from .cases import DTYPE_NAMES
@@ -78,7 +79,8 @@ def judge(impl: Impl, out: Path, status: int, *, narrowed: bool = False) -> Verd
     for c in v.failures:
         v.blocking.append(f"{c.outcome.upper()} {c.nodeid}: {c.message}")
     for family, why in claims.items():
-        if why is None and cases and v.counts.get(family, {}).get("pass", 0) == 0:
+        ran = family in v.counts
+        if why is None and cases and (ran or not narrowed) and v.counts.get(family, {}).get("pass", 0) == 0:
             v.blocking.append(f"claimed family {family} has no passing test")
     return v
 
@@ -87,8 +89,8 @@ def _declared(impl: Impl) -> list:
     dtypes = ", ".join(DTYPE_NAMES[d] for d in impl.dtypes)
     rows = [("dtypes", dtypes), ("devices", ", ".join(impl.devices)), ("modes", ", ".join(impl.modes)),
             ("lse", impl.lse), ("backward", impl.backward), ("deterministic", impl.deterministic),
-            ("head dims", f"multiples of {impl.head_dim_multiple}" + (f" up to {impl.max_head_dim}"
-                                                                       if impl.max_head_dim else "")),
+            ("head dims", f"multiples of {impl.head_dim_multiple} from {impl.min_head_dim}"
+             + (f" up to {impl.max_head_dim}" if impl.max_head_dim else "")),
             ("heads per group", f"multiple of {impl.heads_multiple_of}, >= {impl.min_heads}"
              + (f", <= {impl.max_heads}" if impl.max_heads else "") + (", power of two" if impl.heads_power_of_two
                                                                       else "")),
@@ -114,7 +116,7 @@ def render(impl: Impl, v: Verdict, args) -> str:
              + (f", declarations from `{args.declare}`" if args.declare else "") + ".",
              f"Environment: GPU {env.get('gpu', '?')} (capability {env.get('capability', '?')}), driver "
              f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
-             f"selgate commit {env.get('commit', '?')}.", "", "## Declared", "", "| declaration | value |",
+             f"selgate {__version__} (commit {env.get('commit', '?')}).", "", "## Declared", "", "| declaration | value |",
              "| --- | --- |"]
     lines += [f"| {k} | {str(val).replace('|', '/')} |" for k, val in _declared(impl)]
     lines += ["", "## Families", "", "pass/fail/error/skip/xfail per family; a claimed family needs a pass.", "",

@@ -8,7 +8,7 @@ capability silently ignored. The keys (defaults in brackets):
   YAML, `(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None)`, adding mode varlen.
 - `lse` [false]: the callable returns `(o, lse)`; `backward` [false]: gradients through
   autograd; `deterministic` [true]: repeated runs are bitwise identical.
-- `head_dim_multiple` [1], `max_head_dim` [none].
+- `head_dim_multiple` [1], `min_head_dim` [1], `max_head_dim` [none].
 - heads per group: `heads_multiple_of` [1], `heads_power_of_two` [false], `min_heads` [1],
   `max_heads` [none]. The matrix fits each case's heads per group to the smallest count
   the kernel takes, so a constrained kernel still meets every shape's other dimensions.
@@ -144,6 +144,7 @@ PARSERS = {
     "backward": _bool,
     "deterministic": _bool,
     "head_dim_multiple": _int,
+    "min_head_dim": _int,
     "max_head_dim": _int,
     "min_capability": _capability,
     "heads_multiple_of": _int,

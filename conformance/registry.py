@@ -54,6 +54,7 @@ class Impl:
     modes: tuple = ("decode", "prefill", "varlen")
     varlen: Optional[Callable] = None
     head_dim_multiple: int = 1
+    min_head_dim: int = 1
     max_head_dim: Optional[int] = None
     devices: tuple = ("cpu", "cuda")
     min_capability: Optional[str] = None
@@ -147,9 +148,9 @@ def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", n
     if impl.block_size is not None and case.block_size != impl.block_size:
         return f"{impl.name} selects whole blocks of {impl.block_size} keys; case is not block-aligned"
     for name, d in (("Dk", s.Dk), ("Dv", s.Dv)):
-        if d % impl.head_dim_multiple or (impl.max_head_dim and d > impl.max_head_dim):
+        if d % impl.head_dim_multiple or d < impl.min_head_dim or (impl.max_head_dim and d > impl.max_head_dim):
             return (f"{impl.name} declares head dims that are multiples of {impl.head_dim_multiple}"
-                    f" up to {impl.max_head_dim}; {name}={d}")
+                    f" from {impl.min_head_dim} up to {impl.max_head_dim}; {name}={d}")
     if SIZES.index(case.size) > SIZES.index(impl.max_size):
         return f"{impl.name} declares sizes up to {impl.max_size}; case is {case.size}"
     if dev == "cpu" and impl.cpu_smoke_only and not case.smoke:

@@ -205,6 +205,9 @@ class _State:
         self.last: dict = {}
         self.env_fwd = os.environ.get(ENV_FWD)  # read once per state: no environ access per call
         self.env_bwd = os.environ.get(ENV_BWD)
+        for text, keys, name in ((self.env_fwd, FWD_KEYS, ENV_FWD), (self.env_bwd, BWD_KEYS, ENV_BWD)):
+            if text:  # malformed is an error on every path, also those (TMA, pairs) that never apply it
+                parse_override(text, keys, name)
         kinds = {kind: raw for kind, raw in owner["triton_fwd"].items() if isinstance(raw, dict) and "block_l" in raw}
         self.tma = {kind: env_flag(ENV_TMA, bool(raw.get("tma", False))) for kind, raw in kinds.items()}  # read once
         self.pairs = {kind: env_flag(ENV_PAIRS, bool(raw.get("pairs", False))) for kind, raw in kinds.items()}

@@ -1,6 +1,7 @@
 """Small pure-torch selection kernels that take the matrix's token ranges, written for the
 tests as an outside author would: correct, subtly wrong, and one that kills its process
-on one case and hangs on another. Nothing here imports selgate."""
+on one case and hangs on another. They validate their inputs with selgate's public
+`check_inputs`, as a careful author's kernel would, so bad input gets a clear error."""
 from __future__ import annotations
 
 import os
@@ -8,9 +9,12 @@ import time
 
 import torch
 
+from selgate.reference import check_inputs
+
 
 def gather(q, k, v, ranges, *, scale=None):
     """q [B, S, G, h, Dk], k/v [B, G, S_kv, D], ranges [B, S, G, n, 2]; computed in fp64."""
+    check_inputs(q, k, v, ranges, scale=scale)
     B, S, G, h, Dk = q.shape
     S_kv = k.shape[2]
     scale = Dk ** -0.5 if scale is None else scale
@@ -36,11 +40,22 @@ def off_by_a_little(q, k, v, ranges, *, scale=None):
     return gather(q, k, v, ranges, scale=scale) * (1 + 1e-4)
 
 
+def _first_time(name: str) -> bool:
+    """True once per working directory (a marker file), so one case, not every case of a
+    shape, meets the fault."""
+    try:
+        with open(f".{name}-happened", "x"):
+            return True
+    except FileExistsError:
+        return False
+
+
 def dies_on_one_case(q, k, v, ranges, *, scale=None):
-    """Aborts the process on calls with 29 keys, hangs on calls with 45, else correct."""
-    if k.shape[2] == 29:
+    """Aborts the process on the first call with 29 keys and hangs on the first with 45;
+    correct everywhere else."""
+    if k.shape[2] == 29 and _first_time("abort"):
         os.abort()
-    if k.shape[2] == 45:
+    if k.shape[2] == 45 and _first_time("hang"):
         time.sleep(3600)
     return gather(q, k, v, ranges, scale=scale)
 
