@@ -1,15 +1,17 @@
-"""`python -m selgate.lanes {list,detect,run}`: what lanes exist, which one this machine
-runs, and running it."""
+"""`python -m selgate.lanes {list,detect,run,durations}`: what lanes exist, which one
+this machine runs, running it, and recording its costly tests."""
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from .config import lane_names, load_lane
 from .detect import detect_lane
-from .runner import clear_out, plan_lane, record_refusal, resolve_lane, run_plan
+from .ordering import COSTLY_S, DURATIONS_DIR, write_durations
+from .runner import OUT_ROOT, clear_out, plan_lane, record_refusal, resolve_lane, run_plan
 
 
 def _list(_args) -> int:
@@ -59,6 +61,20 @@ def _run(args) -> int:
     return run_plan(plan, docker=args.docker)
 
 
+def _durations(args) -> int:
+    base = args.lane.removesuffix("-emulated")
+    if base not in lane_names():
+        raise ValueError(f"lane: expected one of {lane_names()}, got {args.lane!r}")
+    junit = args.junit or OUT_ROOT / args.lane / "junit.xml"
+    if not junit.exists():
+        raise ValueError(f"--junit: {junit} does not exist (run `python -m selgate.lanes run {args.lane}` first)")
+    dest = DURATIONS_DIR / f"{base}.json"
+    data = write_durations(junit, base, dest, args.min_s)
+    total = sum(data["tests"].values())
+    print(f"{dest}: {len(data['tests'])} tests of >= {args.min_s} s ({total:.0f} s in all), slowest first")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m selgate.lanes", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -68,7 +84,8 @@ def main(argv=None) -> int:
     d.set_defaults(fn=_detect)
     r = sub.add_parser("run", help="run a lane's pytest selection into reports/out/<lane>/")
     r.add_argument("lane", help=f"one of {lane_names()} or 'auto'")
-    r.add_argument("--workers", type=int, help="xdist workers (default: the lane's, GPU lanes one per GPU)")
+    r.add_argument("--workers", type=int,
+                   help="xdist workers (default: the lane's; sm90: as many per GPU as its memory and the CPUs allow)")
     r.add_argument("-k", help="pytest -k expression narrowing the lane")
     r.add_argument("--docker", action="store_true", help="run inside the lane's image")
     r.add_argument("--emulate", action="store_true",
@@ -77,6 +94,13 @@ def main(argv=None) -> int:
     r.add_argument("--policy-only", action="store_true", help="run only the lane's policy checks")
     r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     r.set_defaults(fn=_run)
+    du = sub.add_parser("durations", help="record a lane's costly tests (from its last JUnit) as "
+                                          "lanes/durations/<lane>.json, which its runs then start first")
+    du.add_argument("lane", help=f"one of {lane_names()} (or <lane>-emulated)")
+    du.add_argument("--junit", type=Path, help="default reports/out/<lane>/junit.xml")
+    du.add_argument("--min-s", type=float, default=COSTLY_S, help=f"record tests of at least this many seconds "
+                                                                  f"(default {COSTLY_S})")
+    du.set_defaults(fn=_durations)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

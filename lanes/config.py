@@ -40,9 +40,12 @@ def validate_lane(lane: dict, where: str) -> None:
     if lane["size"] not in SIZES:
         raise ValueError(f"{where}: size: expected one of {SIZES}, got {lane['size']!r}")
     workers = lane["workers"]
-    if workers != "gpus" and not (isinstance(workers, int) and workers >= 1):
-        raise ValueError(f"{where}: workers: expected an integer >= 1 (a crashed test needs a "
-                         f"worker to die in) or 'gpus', got {workers!r}")
+    if workers not in ("gpus", "per_gpu") and not (isinstance(workers, int) and workers >= 1):
+        raise ValueError(f"{where}: workers: expected an integer >= 1 (a crashed test needs a worker to die "
+                         f"in), 'gpus' (one per visible GPU) or 'per_gpu' (as many per GPU as its memory "
+                         f"and the CPUs allow), got {workers!r}")
+    if workers in ("gpus", "per_gpu") and lane["device"] != "cuda":
+        raise ValueError(f"{where}: workers: {workers!r} needs device cuda, the lane runs on {lane['device']!r}")
     unknown = sorted(set(lane["required_families"]) - set(FAMILIES))
     if unknown:
         raise ValueError(f"{where}: required_families: unknown {unknown}; families are {list(FAMILIES)}")

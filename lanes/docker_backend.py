@@ -11,8 +11,8 @@ The lane YAML's `image` says how to get the image:
 SELGATE_DOCKER_BUILD_ARGS="KEY=VALUE ..." overrides both (e.g. a local BASE_IMAGE where no
 registry is reachable).
 GPU lanes get every GPU (`--gpus all`), or only those CUDA_VISIBLE_DEVICES names, which the
-container then sees renumbered from 0. The lane's reports folder and Triton cache are bind
-mounts, so the JUnit file lands where a local run puts it; files are written as the calling
+container then sees renumbered from 0. The lane's reports folder, Triton cache and CUDA
+extension cache are bind mounts, so the JUnit file lands where a local run puts it; files are written as the calling
 user (root included: the images run as an unprivileged user otherwise), and pytest writes no
 cache into the image's read-only tree. Exit status: the container's (pytest's); ENGINE_ERROR when there is no engine or the
 image cannot be had, after one line that says why.
@@ -30,6 +30,7 @@ from .config import LANE_DIR
 ROOT = LANE_DIR.parent
 WORKDIR = "/opt/selgate"          # where docker/*.Dockerfile put the sources
 CACHE_MOUNT = "/cache/triton"     # the images' TRITON_CACHE_DIR
+EXTENSION_CACHE_MOUNT = "/cache/cuda"   # NSA_SEL_CUDA_CACHE inside: the CUDA extension's builds
 ENGINE_ERROR = 125                # what `docker run` itself exits with when the engine fails it
 
 
@@ -77,15 +78,20 @@ def container_env(env: dict) -> dict:
 
     out = {k: str(v) for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
     out["TRITON_CACHE_DIR"] = CACHE_MOUNT
+    out["NSA_SEL_CUDA_CACHE"] = EXTENSION_CACHE_MOUNT
     out.setdefault("SELGATE_COMMIT", commit())
     return out
 
 
-def volumes(reports_dir, cache_dir) -> dict:
-    """reports/out/<lane> of the checkout onto the image's, and the Triton cache."""
+def volumes(reports_dir, cache_dir, extension_cache_dir=None) -> dict:
+    """reports/out/<lane> of the checkout onto the image's, the Triton cache and the CUDA
+    extension's builds (both persist between runs on the host)."""
     reports_dir, cache_dir = Path(reports_dir).resolve(), Path(cache_dir).resolve()
-    return {str(reports_dir): {"bind": f"{WORKDIR}/reports/out/{reports_dir.name}", "mode": "rw"},
-            str(cache_dir): {"bind": CACHE_MOUNT, "mode": "rw"}}
+    out = {str(reports_dir): {"bind": f"{WORKDIR}/reports/out/{reports_dir.name}", "mode": "rw"},
+           str(cache_dir): {"bind": CACHE_MOUNT, "mode": "rw"}}
+    if extension_cache_dir is not None:
+        out[str(Path(extension_cache_dir).resolve())] = {"bind": EXTENSION_CACHE_MOUNT, "mode": "rw"}
+    return out
 
 
 def connect():
@@ -166,7 +172,7 @@ def run_container(client, tag: str, command: list, *, env: dict, mounts: dict, d
 
 
 def run_lane_in_docker(lane_cfg: dict, *, pytest_args: list[str], env: dict, reports_dir, cache_dir,
-                       client=None, out=None) -> int:
+                       extension_cache_dir=None, client=None, out=None) -> int:
     """Run `python -m pytest *pytest_args` for the lane inside its image; the container's
     exit status, or ENGINE_ERROR after one line on stderr."""
     out = out or sys.stdout
@@ -185,11 +191,13 @@ def run_lane_in_docker(lane_cfg: dict, *, pytest_args: list[str], env: dict, rep
         else:
             ensure_image(client, tag)
         Path(reports_dir).mkdir(parents=True, exist_ok=True)
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        for cache in (cache_dir, extension_cache_dir):
+            if cache is not None:
+                Path(cache).mkdir(parents=True, exist_ok=True)
         command = ["python", "-m", "pytest", "-p", "no:cacheprovider", *pytest_args]   # the image's tree is read-only
         print(f"[docker] running lane {lane_cfg['name']} in {tag}: {' '.join(command)}", file=out, flush=True)
         return run_container(client, tag, command, env=container_env(env),
-                             mounts=volumes(reports_dir, cache_dir), devices=devices, out=out)
+                             mounts=volumes(reports_dir, cache_dir, extension_cache_dir), devices=devices, out=out)
     except (EngineError, docker.errors.DockerException) as e:
         # DockerException: e.g. a GPU lane on an engine without the NVIDIA container toolkit
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
-"""Run one lane: pytest over the lane's paths, markers and size, on xdist workers (one GPU
-each), with a per-test timeout, JUnit into `reports/out/<lane>/junit.xml`, a Triton cache
-per lane and architecture, and the lane's own policy checks. Locally, or in Docker through
+"""Run one lane: pytest over the lane's paths, markers and size, on xdist workers (sharing
+the GPUs, as many as their memory holds), with a per-test timeout, the costliest tests first,
+progress with the time left, JUnit into `reports/out/<lane>/junit.xml`, persistent Triton and
+CUDA extension caches, and the lane's own policy checks. Locally, or in Docker through
 `selgate.lanes.docker_backend`.
 
 pytest runs with plugin autoloading off and its configuration file named (`-c
@@ -24,15 +25,19 @@ from selgate.conformance.tolerances import ENV as TOL_ENV
 from .config import LANE_DIR, tolerance_env
 from .cut import Cut, mark_signal, raise_interrupt
 from .detect import device_capability, lane_for
+from .ordering import DURATIONS_DIR, DURATIONS_ENV
 
 ROOT = LANE_DIR.parent
 OUT_ROOT = ROOT / "reports" / "out"
 POLICY_TESTS = "lanes/test_lane_policy.py"
 REFUSED_FILE = "refused.json"
-PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.lanes.xdist_gpu", "selgate.reports.stamp")
+PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.lanes.xdist_gpu", "selgate.lanes.ordering",
+           "selgate.lanes.progress", "selgate.reports.stamp")
 CONFORMANCE_PLUGIN = "selgate.conformance.plugin"   # the matrix's --impl and --size, where installed
 CONFIG_ARGS = ("-c", "pyproject.toml", "--rootdir", ".")
 CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+CACHE_ENV = ("TRITON_CACHE_DIR", "NSA_SEL_CUDA_CACHE")
+GPU_GB_PER_WORKER = 10      # GPU memory (GB) one worker of a GPU lane may take
 UNSET_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 
 
@@ -84,6 +89,8 @@ def record_refusal(out_name: str, error: str, out_root: Path | None = None) -> N
 
 
 def cache_root() -> Path:
+    """Where compiled kernels persist between runs: Triton's cache and the CUDA extension's
+    builds, per lane and architecture ($SELGATE_CACHE_DIR, default ~/.cache/selgate)."""
     base = os.environ.get("SELGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "selgate"
     return Path(base)
 
@@ -96,8 +103,9 @@ class LanePlan:
     out_name: str               # reports/out/<out_name>/
     pytest_args: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
-    cache_dir: Path = None
+    cache_dir: Path = None      # TRITON_CACHE_DIR
     workers: int = 1
+    extension_cache_dir: Path = None   # NSA_SEL_CUDA_CACHE: the CUDA decode extension's builds
 
 
 def visible_gpu_count() -> int:
@@ -110,8 +118,36 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def smallest_gpu_memory() -> int:
+    """Total memory in bytes of the smallest visible GPU."""
+    import torch
+
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+
+
+def workers_per_gpu(memory: int, cpus: int, gpus: int) -> int:
+    """Workers sharing one GPU: one per GPU_GB_PER_WORKER of its memory (8 on an 80 GB H100,
+    whose 85 GB of HBM3 torch reports), at most one per CPU core over all GPUs, at least one."""
+    return max(1, min(int(memory / 1e9 // GPU_GB_PER_WORKER), cpus // gpus))
+
+
+def lane_workers(lane: dict, workers, *, gpus: int | None, gpu_memory: int | None, cpus: int | None) -> int:
+    """The worker count: a number, `gpus` (one per visible GPU) or `per_gpu` (workers_per_gpu
+    on each visible GPU); `gpus`, `gpu_memory` and `cpus` default to this machine's."""
+    if workers not in ("gpus", "per_gpu"):
+        return workers
+    count = visible_gpu_count() if gpus is None else gpus
+    if count < 1:
+        raise ValueError(f"lane {lane['name']}: workers {workers!r} but CUDA_VISIBLE_DEVICES leaves no GPU visible")
+    if workers == "gpus":
+        return count
+    memory = smallest_gpu_memory() if gpu_memory is None else gpu_memory
+    return count * workers_per_gpu(memory, cpus or os.cpu_count() or 1, count)
+
+
 def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None, k: str | None = None,
-              emulate: bool = False, policy_only: bool = False, extra=(), gpus: int | None = None) -> LanePlan:
+              emulate: bool = False, policy_only: bool = False, extra=(), gpus: int | None = None,
+              gpu_memory: int | None = None, cpus: int | None = None) -> LanePlan:
     """Build the pytest command line and environment for `lane` on a machine whose device
     has `capability` (None: no CUDA device). Raises ValueError when the lane cannot run here."""
     name = lane["name"]
@@ -124,12 +160,8 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     if lane["device"] == "cuda" and capability not in map(str, lane["capabilities"]) and not emulate:
         raise ValueError(f"lane {name}: expects compute capability {lane['capabilities']}, this device "
                          f"has {capability}; pass --emulate to run it under NSA_SEL_CAPABILITY={target}")
-    if workers is None:
-        workers = lane["workers"]
-    if workers == "gpus":
-        workers = visible_gpu_count() if gpus is None else gpus
-        if workers < 1:
-            raise ValueError(f"lane {name}: workers 'gpus' but CUDA_VISIBLE_DEVICES leaves no GPU visible")
+    workers = lane_workers(lane, lane["workers"] if workers is None else workers, gpus=gpus,
+                           gpu_memory=gpu_memory, cpus=cpus)
     if workers < 1:
         raise ValueError(f"--workers: expected >= 1 (a crashing test needs a worker to die in), got {workers}")
 
@@ -151,6 +183,12 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
         env["NSA_SEL_CAPABILITY"] = target
     cache_dir = cache_root() / "triton" / f"{out_name}-{arch}"
     env["TRITON_CACHE_DIR"] = str(cache_dir)
+    # builds are keyed by source hash, architecture and torch inside (kernels/cuda/build.py)
+    extension_cache_dir = Path(os.environ.get("NSA_SEL_CUDA_CACHE") or cache_root() / "cuda")
+    env["NSA_SEL_CUDA_CACHE"] = str(extension_cache_dir)
+    durations = DURATIONS_DIR / f"{name}.json"
+    if durations.exists():
+        env[DURATIONS_ENV] = str(durations)
 
     junit = f"reports/out/{out_name}/junit.xml"
     args = [*selection_args(lane, policy_only=policy_only), *plugin_args(), *CONFIG_ARGS,
@@ -161,7 +199,7 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     if k:
         args += ["-k", k]
     args += list(extra)
-    return LanePlan(lane, out_name, args, env, cache_dir, workers)
+    return LanePlan(lane, out_name, args, env, cache_dir, workers, extension_cache_dir)
 
 
 def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
@@ -170,14 +208,15 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
     print(f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
-          f"TRITON_CACHE_DIR={plan.cache_dir}", flush=True)
+          f"TRITON_CACHE_DIR={plan.cache_dir}, NSA_SEL_CUDA_CACHE={plan.extension_cache_dir}", flush=True)
     if docker:
         from .docker_backend import run_lane_in_docker
 
-        env = {k: v for k, v in {**plan.env, **CLEAN_ENV}.items() if k != "TRITON_CACHE_DIR"}
+        # the image has its own paths for both caches, which the backend mounts
+        env = {k: v for k, v in {**plan.env, **CLEAN_ENV}.items() if k not in CACHE_ENV}
         with Cut(raise_interrupt) as cut:
-            status = run_lane_in_docker(plan.lane, pytest_args=plan.pytest_args, env=env,
-                                        reports_dir=out_dir, cache_dir=plan.cache_dir)
+            status = run_lane_in_docker(plan.lane, pytest_args=plan.pytest_args, env=env, reports_dir=out_dir,
+                                        cache_dir=plan.cache_dir, extension_cache_dir=plan.extension_cache_dir)
     else:
         cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
         print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)

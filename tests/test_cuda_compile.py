@@ -2,9 +2,14 @@
 
 One nvcc call builds sm_80, sm_89 and sm_90 machine code with the flags torch's extension
 builder uses; the object must hold all three, and ptxas must report no register spills
-(a spill in the p*V accumulators would silently cost the kernel its bandwidth)."""
+(a spill in the p*V accumulators would silently cost the kernel its bandwidth).
+
+It runs in the CPU lane: three architectures of nvcc take minutes (283 s on the H100's host),
+which would be the longest test of a GPU lane, where the kernel is built and run for the
+device's own architecture (tests/test_cuda_decode.py). A GPU lane lists it as a skip."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -13,12 +18,22 @@ import pytest
 from torch.utils import cpp_extension
 
 from selgate.kernels.cuda.build import CUDA_FLAGS, SOURCE_DIR
+from selgate.lanes.config import LANE_DIR, load_lane
 
 ARCHS = ("80", "89", "90")
 NVCC = shutil.which("nvcc")
 
 
+def running_lane_device() -> str | None:
+    """The device of the lane this run belongs to (SELGATE_LANE), None outside a lane run."""
+    lane = os.environ.get("SELGATE_LANE", "").removesuffix("-emulated")
+    return load_lane(lane)["device"] if lane and (LANE_DIR / f"{lane}.yaml").exists() else None
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
+@pytest.mark.skipif(running_lane_device() == "cuda",
+                    reason="cross-architecture compile runs in the CPU lane; a GPU lane builds and runs the decode "
+                           "kernel for its own device (tests/test_cuda_decode.py)")
 @pytest.mark.timeout(600)
 def test_decode_kernel_compiles_for_sm80_sm89_sm90(tmp_path):
     obj = tmp_path / "sel_decode.o"

@@ -88,7 +88,8 @@ def run(lane, client, tmp_path, env=None, args=("tests",)):
     out = io.StringIO()
     status = docker_backend.run_lane_in_docker(lane, pytest_args=list(args), env=env or {"SELGATE_LANE": lane["name"]},
                                                reports_dir=tmp_path / "out" / lane["name"],
-                                               cache_dir=tmp_path / "cache", client=client, out=out)
+                                               cache_dir=tmp_path / "cache", extension_cache_dir=tmp_path / "cuda",
+                                               client=client, out=out)
     return status, out.getvalue()
 
 
@@ -109,8 +110,10 @@ def test_cpu_lane_builds_its_image_mounts_reports_and_cache_and_returns_pytest_s
     assert kw["user"] == f"{os.getuid()}:{os.getgid()}"   # root too: the image's own user is not
     assert kw["device_requests"] is None and kw["working_dir"] == "/opt/selgate" and kw["detach"]
     assert kw["volumes"] == {str(tmp_path / "out" / "cpu"): {"bind": "/opt/selgate/reports/out/cpu", "mode": "rw"},
-                             str(tmp_path / "cache"): {"bind": "/cache/triton", "mode": "rw"}}
+                             str(tmp_path / "cache"): {"bind": "/cache/triton", "mode": "rw"},
+                             str(tmp_path / "cuda"): {"bind": "/cache/cuda", "mode": "rw"}}
     assert kw["environment"]["TRITON_CACHE_DIR"] == "/cache/triton" and kw["environment"]["SELGATE_LANE"] == "cpu"
+    assert kw["environment"]["NSA_SEL_CUDA_CACHE"] == "/cache/cuda"
     assert kw["environment"]["SELGATE_COMMIT"]   # the image holds no .git for the stamp to read
     assert client.container.removed and (tmp_path / "out" / "cpu").is_dir()
 

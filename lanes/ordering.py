@@ -1,0 +1,69 @@
+"""pytest plugin (`-p selgate.lanes.ordering`): a lane's costly tests start first, so that none
+of them is left to run alone at the end of a parallel run (a 280 s test started last makes the
+lane 280 s longer than its workers need).
+
+The costs are a lane's measured durations, committed as `lanes/durations/<lane>.json`
+(`python -m selgate.lanes durations <lane>` writes it from the lane's last JUnit) and named to
+pytest by the runner through SELGATE_DURATIONS. Tests of at least COSTLY_S move to the front,
+slowest first; every other test keeps its place, so a module's tests stay together and its
+fixtures and compiled kernels are reused. The order is the same on every xdist worker (each one
+collects and sorts the same way), which xdist requires; only the order changes, never the
+selection."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+DURATIONS_DIR = Path(__file__).resolve().parent / "durations"
+DURATIONS_ENV = "SELGATE_DURATIONS"
+COSTLY_S = 5.0
+
+
+def load_durations(path) -> dict:
+    """{nodeid: seconds} from a durations file; ValueError names a malformed one."""
+    data = json.loads(Path(path).read_text())
+    tests = data.get("tests") if isinstance(data, dict) else None
+    if not isinstance(tests, dict) or not all(isinstance(v, (int, float)) for v in tests.values()):
+        raise ValueError(f"{path}: expected {{\"tests\": {{nodeid: seconds}}, ...}}, got {str(data)[:200]}")
+    return tests
+
+
+def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S) -> list:
+    """`items` with those measured at >= costly_s first, slowest first (ties in collection
+    order), then the rest in collection order."""
+    costly = sorted((i for i in items if durations.get(i.nodeid, 0.0) >= costly_s),
+                    key=lambda i: -durations[i.nodeid])
+    chosen = {id(i) for i in costly}
+    return costly + [i for i in items if id(i) not in chosen]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    path = os.environ.get(DURATIONS_ENV)
+    if path:
+        items[:] = costly_first(items, load_durations(path))
+
+
+def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S) -> dict:
+    """Record the tests of `junit` that took at least `min_s` (pytest's per-test time: setup,
+    call and teardown) as `dest`; returns what was written."""
+    from junitparser import JUnitXml, Properties
+
+    tests = {}
+    for suite in JUnitXml.fromfile(str(junit)):
+        for case in suite:
+            props = case.child(Properties)
+            nodeid = next((p.value for p in props if p.name == "nodeid"), None) if props is not None else None
+            if nodeid and (case.time or 0.0) >= min_s:
+                tests[nodeid] = round(max(case.time, tests.get(nodeid, 0.0)), 1)
+    env_file = junit.parent / "environment.json"
+    env = json.loads(env_file.read_text()) if env_file.exists() else {}
+    data = {"lane": lane, "gpu": env.get("gpu", "unknown"), "commit": env.get("commit", "unknown"),
+            "finished": env.get("finished", "unknown"), "min_s": min_s,
+            "tests": dict(sorted(tests.items(), key=lambda kv: (-kv[1], kv[0])))}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(data, indent=1) + "\n")
+    return data
