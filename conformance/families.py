@@ -500,8 +500,11 @@ BAD_INPUTS = (
     BadInput("ranges-pairs", "ranges", _with(ranges=lambda i: i.ranges[..., :1].contiguous())),
     BadInput("ranges-groups", "ranges", _with(ranges=lambda i: torch.cat([i.ranges, i.ranges[:, :, :1]], 2))),
     BadInput("scale-nan", "scale", _with(scale=lambda i: float("nan"))),
+    BadInput("q-meta", "q", _with(q=lambda i: i.q.to("meta"))),
     BadInput("cu_seqlens_q-total", "cu_seqlens_q", lambda i: {**_base(i), "cu_q": i.cu_seqlens_q[:-1],
                                                               "cu_k": i.cu_seqlens_k}, varlen=True),
+    BadInput("cu_seqlens_k-list", "cu_seqlens_k", lambda i: {**_base(i), "cu_q": i.cu_seqlens_q,
+                                                             "cu_k": i.cu_seqlens_k.tolist()}, varlen=True),
 )
 
 

@@ -27,7 +27,7 @@ from .cases import SIZES, Case
 
 LOW_AND_FP32 = (torch.float16, torch.bfloat16, torch.float32)
 ALL_DTYPES = LOW_AND_FP32 + (torch.float64,)
-BF16_INTERPRETER = "triton interpreter computes bf16 wrongly, triton issue 11584"
+BF16_INTERPRETER = "triton interpreter computes bf16 wrongly (triton-lang/triton#11584)"
 
 
 @dataclass(frozen=True)
