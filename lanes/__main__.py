@@ -1,5 +1,5 @@
-"""`python -m selgate.lanes {list,detect,run,durations}`: what lanes exist, which one
-this machine runs, running it, and recording its costly tests."""
+"""`python -m selgate.lanes {list,detect,run,durations,sanitize}`: what lanes exist, which one
+this machine runs, running it, recording its costly tests, and the compute-sanitizer pass."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,7 @@ from .config import lane_names, load_lane
 from .detect import detect_lane
 from .ordering import COSTLY_S, DURATIONS_DIR, write_durations
 from .runner import OUT_ROOT, clear_out, plan_lane, record_refusal, resolve_lane, run_plan
+from .sanitize import TIMEOUT_S, TOOLS, run_pass
 
 
 def _list(_args) -> int:
@@ -75,6 +76,16 @@ def _durations(args) -> int:
     return 0
 
 
+def _sanitize(args) -> int:
+    """0 when every tool ran clean, 1 when something blocks (the report names it)."""
+    result = run_pass([t for t in args.tools.split(",") if t], [c for c in (args.cases or "").split(",") if c],
+                      sanitizer=args.sanitizer, timeout_s=args.timeout_s)
+    for line in result["blocking"]:
+        print(f"blocking: {line}")
+    print(f"report: {OUT_ROOT / 'sanitizer' / 'report.md'}")
+    return 1 if result["blocking"] else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m selgate.lanes", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -101,6 +112,13 @@ def main(argv=None) -> int:
     du.add_argument("--min-s", type=float, default=COSTLY_S, help=f"record tests of at least this many seconds "
                                                                   f"(default {COSTLY_S})")
     du.set_defaults(fn=_durations)
+    sa = sub.add_parser("sanitize", help="the release's compute-sanitizer pass over every GPU kernel, into "
+                                         "reports/out/sanitizer/ (needs an SM 9.x GPU)")
+    sa.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, default {','.join(TOOLS)}")
+    sa.add_argument("--cases", help="comma-separated cases of selgate.lanes.sanitize_cases (default all)")
+    sa.add_argument("--timeout-s", type=float, default=TIMEOUT_S, help=f"per tool (default {TIMEOUT_S})")
+    sa.add_argument("--sanitizer", help="path of compute-sanitizer (default: PATH, then $CUDA_HOME/bin)")
+    sa.set_defaults(fn=_sanitize)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

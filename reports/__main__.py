@@ -12,6 +12,7 @@ from .gate import POLICY_FILE, evaluate, load_policy, profile_of, required_lanes
 from .markdown import render, write_report
 from .release import render_release
 from .results import load_results, merge
+from .sanitizer import load_sanitizer
 from .tree import tree_stamp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,8 +42,11 @@ def main(argv=None) -> int:
         profile = args.profile or ("release" if args.command == "release" else None)
         required = required_lanes(policy, profile, lanes)
         results = load_results(args.results or [OUT], lanes)
+        chosen = profile_of(policy, profile)
+        sanitizer = load_sanitizer(args.results or [OUT]) if chosen.get("sanitizer") else None
         verdict = evaluate(policy, results, required, today, tree=tree_stamp(args.tree),
-                           same_commit=bool(profile_of(policy, profile).get("same_commit", False)))
+                           same_commit=chosen.get("same_commit", False), sanitizer=sanitizer,
+                           require_sanitizer=chosen.get("sanitizer", False))
     except (ValueError, OSError, yaml.YAMLError) as e:  # a bad policy or lane file, not a verdict
         print(f"error: {e}", file=sys.stderr)
         return 2

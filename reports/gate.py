@@ -13,6 +13,7 @@ import yaml
 from .families import FAMILIES
 from .inventory import difference
 from .results import LaneResult
+from .sanitizer import sanitizer_blocking
 from .tree import FULL_COMMIT, untracked_config
 
 POLICY_FILE = Path(__file__).resolve().parent / "gate.yaml"
@@ -69,6 +70,9 @@ def load_policy(path: Path = POLICY_FILE, today: datetime.date | None = None) ->
         if not isinstance(lanes, list) or not lanes or not all(isinstance(n, str) and n for n in lanes):
             raise ValueError(f"{path}: profiles.{name}.required_lanes: expected a non-empty list of lane "
                              f"names (a gate that requires no lane passes on no results), got {lanes!r}")
+        for flag in ("same_commit", "sanitizer"):
+            if not isinstance(profile.get(flag, False), bool):
+                raise ValueError(f"{path}: profiles.{name}.{flag}: expected true or false, got {profile[flag]!r}")
     families = policy["required_families"]
     if not isinstance(families, list) or set(families) - set(FAMILIES):
         raise ValueError(f"{path}: required_families: expected a list of {list(FAMILIES)}, got {families!r}")
@@ -272,10 +276,12 @@ def inventory_gaps(name: str, lane: LaneResult, cfg: dict | None) -> list:
 
 
 def evaluate(policy: dict, results: dict, required: list, today: datetime.date | None = None, *,
-             tree: dict, same_commit: bool = False) -> Verdict:
+             tree: dict, same_commit: bool = False, sanitizer: dict | None = None,
+             require_sanitizer: bool = False) -> Verdict:
     """Apply the policy to `{lane: LaneResult}` gated for `tree` (the tree stamp of what is
     being gated); blocking lines come most fundamental first. `same_commit` (a profile's
-    flag, set for releases): the gated tree must be committed, with no change beside it."""
+    flag, set for releases): the gated tree must be committed, with no change beside it.
+    `require_sanitizer` (likewise): the compute-sanitizer pass `sanitizer` must be clean."""
     today = today or utc_today()
     v = Verdict(required)
     family_gaps = []
@@ -343,4 +349,6 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
                 seed = f" (seed {case.seed})" if case.seed else ""
                 v.blocking.append(f"lane {lane.name}: {case.outcome.upper()} {case.nodeid}{seed}: {case.message}")
     v.blocking += family_gaps
+    if require_sanitizer:
+        v.blocking += sanitizer_blocking(sanitizer, tree)
     return v
