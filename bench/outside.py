@@ -26,8 +26,9 @@ def is_outside(name: str) -> bool:
 def _case(p: Problem, impl: Impl) -> Case:
     """The matrix case a benchmark row corresponds to, for the registry's skip rules (size
     and smoke classes are the matrix's, not the benchmark's, so they never exclude a row)."""
-    shape = Shape(p.kind, p.B, p.S, p.S_kv, p.G, p.h, p.D, p.Dv, max(p.n_blocks, 1))
-    return Case(shape, "builder", getattr(torch, p.dtype), 0, "tiny", smoke=True, block_size=impl.block_size)
+    shape = Shape(mode=p.kind, B=p.B, S=p.S, S_kv=p.S_kv, G=p.G, h=p.h, Dk=p.D, Dv=p.Dv, n=max(p.n_blocks, 1))
+    return Case(shape=shape, pattern="builder", dtype=getattr(torch, p.dtype), seed=0, size="tiny", smoke=True,
+                block_size=impl.block_size)
 
 
 def _method(impl: Impl):

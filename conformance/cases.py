@@ -21,7 +21,7 @@ PATTERNS = ("empty", "padding", "single", "many_small", "mixed", "overlapping", 
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Shape:
     """Sizes of one call (SPEC.md layout). Varlen: `seqlens` holds `(len_q, len_k)` per
     sequence, and B, S, S_kv are those of the packed call (1, sum len_q, sum len_k)."""
@@ -48,11 +48,11 @@ class Shape:
 
 
 def varlen_shape(seqlens, G, h, Dk, Dv, n) -> Shape:
-    return Shape("varlen", 1, sum(a for a, _ in seqlens), sum(b for _, b in seqlens), G, h, Dk, Dv, n,
-                 tuple(seqlens))
+    return Shape(mode="varlen", B=1, S=sum(a for a, _ in seqlens), S_kv=sum(b for _, b in seqlens), G=G, h=h,
+                 Dk=Dk, Dv=Dv, n=n, seqlens=tuple(seqlens))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Case:
     """One input of the matrix. `smoke` marks the few cases that slow implementations
     (the Triton interpreter on CPU) run."""
@@ -219,39 +219,40 @@ _FP = (torch.float32,)
 _LOW = (torch.float16, torch.bfloat16)
 _ALL = _FP + _LOW
 
-TINY_DECODE = Shape("decode", 2, 1, 37, 2, 4, 16, 16, 4)
-TINY_PREFILL = Shape("prefill", 2, 9, 33, 2, 4, 16, 8, 4)
+TINY_DECODE = Shape(mode="decode", B=2, S=1, S_kv=37, G=2, h=4, Dk=16, Dv=16, n=4)
+TINY_PREFILL = Shape(mode="prefill", B=2, S=9, S_kv=33, G=2, h=4, Dk=16, Dv=8, n=4)
 TINY_OTHERS = (
-    Shape("decode", 1, 1, 70, 4, 8, 64, 64, 3),
-    Shape("decode", 1, 1, 29, 1, 16, 8, 8, 5),
-    Shape("decode", 1, 1, 45, 1, 2, 192, 128, 3),
-    Shape("prefill", 1, 6, 70, 1, 1, 8, 16, 6),
-    Shape("prefill", 1, 5, 50, 4, 2, 32, 32, 3),
-    Shape("prefill", 1, 4, 21, 2, 16, 8, 8, 5),
-    Shape("prefill", 1, 3, 40, 1, 2, 128, 64, 2),
+    Shape(mode="decode", B=1, S=1, S_kv=70, G=4, h=8, Dk=64, Dv=64, n=3),
+    Shape(mode="decode", B=1, S=1, S_kv=29, G=1, h=16, Dk=8, Dv=8, n=5),
+    Shape(mode="decode", B=1, S=1, S_kv=45, G=1, h=2, Dk=192, Dv=128, n=3),
+    Shape(mode="prefill", B=1, S=6, S_kv=70, G=1, h=1, Dk=8, Dv=16, n=6),
+    Shape(mode="prefill", B=1, S=5, S_kv=50, G=4, h=2, Dk=32, Dv=32, n=3),
+    Shape(mode="prefill", B=1, S=4, S_kv=21, G=2, h=16, Dk=8, Dv=8, n=5),
+    Shape(mode="prefill", B=1, S=3, S_kv=40, G=1, h=2, Dk=128, Dv=64, n=2),
 )
 TINY_VARLEN = varlen_shape(((3, 20), (1, 33), (5, 5), (4, 17)), 2, 2, 16, 16, 4)
 SMALL = (
-    Shape("prefill", 2, 64, 300, 2, 8, 64, 64, 8),
-    Shape("decode", 4, 1, 1000, 4, 16, 128, 128, 16),
-    Shape("prefill", 1, 33, 517, 1, 4, 192, 128, 8),
+    Shape(mode="prefill", B=2, S=64, S_kv=300, G=2, h=8, Dk=64, Dv=64, n=8),
+    Shape(mode="decode", B=4, S=1, S_kv=1000, G=4, h=16, Dk=128, Dv=128, n=16),
+    Shape(mode="prefill", B=1, S=33, S_kv=517, G=1, h=4, Dk=192, Dv=128, n=8),
 )
 SMALL_VARLEN = varlen_shape(((17, 200), (1, 77), (40, 40)), 2, 4, 64, 64, 8)
 LARGE = (
-    Shape("prefill", 2, 128, 2085, 4, 16, 128, 128, 32),
-    Shape("prefill", 1, 64, 1500, 2, 8, 192, 128, 16),
-    Shape("decode", 8, 1, 2051, 4, 16, 128, 128, 32),
-    Shape("decode", 4, 1, 4099, 1, 8, 64, 64, 32),
+    Shape(mode="prefill", B=2, S=128, S_kv=2085, G=4, h=16, Dk=128, Dv=128, n=32),
+    Shape(mode="prefill", B=1, S=64, S_kv=1500, G=2, h=8, Dk=192, Dv=128, n=16),
+    Shape(mode="decode", B=8, S=1, S_kv=2051, G=4, h=16, Dk=128, Dv=128, n=32),
+    Shape(mode="decode", B=4, S=1, S_kv=4099, G=1, h=8, Dk=64, Dv=64, n=32),
 )
 LARGE_VARLEN = varlen_shape(((100, 1000), (1, 2051), (255, 300)), 2, 8, 128, 128, 16)
-GRADCHECK = (Shape("decode", 1, 1, 9, 2, 2, 4, 3, 3), Shape("prefill", 1, 3, 9, 2, 2, 4, 3, 3))
+GRADCHECK = (Shape(mode="decode", B=1, S=1, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3), Shape(mode="prefill", B=1, S=3, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3))
 
 
 def _declare():
     cases = []
 
     def add(shape, patterns, dtypes, size, seeds=(0,), **kw):
-        cases.extend(Case(shape, p, d, s, size, **kw) for p in patterns for d in dtypes for s in seeds)
+        cases.extend(Case(shape=shape, pattern=p, dtype=d, seed=s, size=size, **kw)
+                     for p in patterns for d in dtypes for s in seeds)
 
     for shape in (TINY_DECODE, TINY_PREFILL):
         add(shape, PATTERNS, _FP, "tiny")

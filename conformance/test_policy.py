@@ -16,7 +16,8 @@ from selgate.reference import selection_attention_ref
 
 pytestmark = [pytest.mark.conformance, pytest.mark.policy]
 
-CASE = Case(Shape("prefill", 1, 4, 40, 2, 2, 16, 16, 3), "builder", torch.float32, 0, "tiny")
+CASE = Case(shape=Shape(mode="prefill", B=1, S=4, S_kv=40, G=2, h=2, Dk=16, Dv=16, n=3), pattern="builder",
+            dtype=torch.float32, seed=0, size="tiny")
 TRITON_SKIP = skip_reason(REGISTRY["triton"], None, "cuda" if torch.cuda.is_available() else "cpu")
 
 # (capability, env, backend that must serve the call, fallback reason that must be counted)
