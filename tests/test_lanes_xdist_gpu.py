@@ -39,12 +39,16 @@ def outer_env() -> dict:
 
 
 def _run_pytest(tmp_path, source, workers, env=None, plugins=("selgate.lanes.xdist_gpu",), extra=()):
+    """pytest -n over `source` with plugin autoloading off and the plugins named, as lanes run
+    (and as the lane this suite runs in passes on to it)."""
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(source))
+    named = ("xdist.plugin", "pytest_timeout", *plugins)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", str(workers), *(a for p in plugins for a in ("-p", p)),
+        [sys.executable, "-m", "pytest", "-n", str(workers), *(a for p in named for a in ("-p", p)),
          "-p", "no:cacheprovider", "--junitxml", "out/junit.xml", *extra, "test_synthetic.py"],
-        cwd=tmp_path, env={**outer_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env={**outer_env(), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})},
+        capture_output=True, text=True, timeout=300)
     return proc, load_lane("synthetic", tmp_path / "out")
 
 
