@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from selgate.kernels import settings
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import expand_ranges, selected_lengths, selection_attention_ref
 
@@ -28,7 +29,7 @@ from . import outside
 from .inputs import Inputs, Problem
 
 # Dense baselines above this many bytes of mask or gathered K/V are skipped, not run to OOM.
-DENSE_BUDGET_BYTES = int(os.environ.get("SELGATE_BENCH_DENSE_BUDGET_MB", 8192)) << 20
+DENSE_BUDGET_BYTES = settings.get("SELGATE_BENCH_DENSE_BUDGET_MB") << 20
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import platform
 import subprocess
 import time
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+from selgate.kernels import settings
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selected_lengths
 from selgate.reference.golden import gather_attention
@@ -48,7 +48,7 @@ def _cmd(*argv) -> str:
 
 def stamp() -> dict:
     """GPU, driver, library versions and commit (SELGATE_COMMIT when the tree has no .git)."""
-    commit = os.environ.get("SELGATE_COMMIT") or _cmd("git", "rev-parse", "--short", "HEAD") or "unknown"
+    commit = settings.get("SELGATE_COMMIT") or _cmd("git", "rev-parse", "--short", "HEAD") or "unknown"
     return {"gpu": torch.cuda.get_device_name(),
             "driver": _cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
             "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),

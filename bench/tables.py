@@ -10,12 +10,12 @@ from __future__ import annotations
 import csv
 import math
 import datetime as dt
-import os
 from pathlib import Path
 
+from selgate.kernels import settings
 from selgate.kernels.config import device_slug
 
-RESULTS_DIR = Path(os.environ.get("SELGATE_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
+RESULTS_DIR = settings.get("SELGATE_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
 
 COLUMNS = [
     "config", "kind", "dtype", "B", "S", "G", "h", "D", "Dv", "S_kv", "L", "dist", "kv_layout", "L_max", "method", "ours",

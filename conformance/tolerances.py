@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 import yaml
+
+from selgate.kernels import settings
 
 from .cases import DTYPE_NAMES
 
@@ -102,7 +103,7 @@ def check_bound(value, where: str) -> None:
 
 def overrides() -> dict:
     """The lane's overrides from `SELGATE_TOL_OVERRIDES` (validated; {} when unset)."""
-    return parse_overrides(os.environ.get(ENV, ""))
+    return parse_overrides(settings.get(ENV))
 
 
 def tolerance(dtype: torch.dtype, tensor: str) -> Tolerance:

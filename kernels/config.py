@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import re
 from pathlib import Path
 
 import yaml
 
-CONFIG_DIR = Path(os.environ.get("SELGATE_CONFIG_DIR", Path(__file__).resolve().parent.parent / "configs"))
+from . import settings as env
+
+CONFIG_DIR = env.get("SELGATE_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs"
 
 
 def device_slug(name: str) -> str:

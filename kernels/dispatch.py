@@ -25,7 +25,8 @@ from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
 from .errors import BackendUnavailable, ConfigError, StrictModeError
-from .policy import capability, capability_overridden, env_flag, interpreting, settings, triton_unsupported
+from . import settings as env
+from .policy import capability, capability_overridden, interpreting, settings, triton_unsupported
 from .sdpa import selection_attention_sdpa
 from .stats import debug, device_counter, record_call, record_fallback
 
@@ -38,7 +39,7 @@ def _normalize(ranges, d, positions, bytes_per_key: int):
     formulation's ~30 small ops cost ~1 ms of host time per decode step on the H100 host.
     NSA_SEL_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too, and so does an S_kv
     past the launch's packed sort key (MAX_S_KV)."""
-    if ranges.is_cuda and env_flag("NSA_SEL_TRITON_NORMALIZE", True):
+    if ranges.is_cuda and env.get("NSA_SEL_TRITON_NORMALIZE"):
         from .triton.normalize import MAX_S_KV, normalize_ranges_triton
 
         if d.S_kv <= MAX_S_KV:

@@ -12,41 +12,17 @@ from dataclasses import dataclass
 
 import torch
 
+from . import settings as env
 from .config import load_config
-from .errors import ConfigError
 from .stats import record_capability
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _override: list = []  # stack of capability_override() values
 
 
-# Every environment variable the dispatcher reads (tests clear them for a known state).
-ENV_FLAGS = ("NSA_USE_TRITON_SEL", "NSA_TRITON_SEL_FORCE", "NSA_SEL_TRITON_MIN_L", "NSA_FORCE_PARITY",
-             "NSA_SEL_STRICT", "NSA_SEL_TRITON_ALLOW_GRAD", "NSA_SEL_VALIDATE", "NSA_SEL_CUDA",
-             "NSA_SEL_CAPABILITY", "NSA_DEBUG_LOG", "NSA_SEL_TRITON_NORMALIZE",
-             "NSA_SEL_TRITON_TMA", "NSA_SEL_TRITON_PAIRS")
-
-def env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise ConfigError(f"{name}: expected one of {_TRUE + _FALSE}, got {raw!r}")
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return int(default)
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+# The variables that steer the dispatcher (tests clear them for a known state).
+ENV_FLAGS = tuple(name for name, var in env.VARS.items() if var.group == "dispatcher")
 
 
 @dataclass(frozen=True)
@@ -70,14 +46,14 @@ def settings(device_name: str | None = None) -> Settings:
     cfg = load_config(device_name)
     rt, pol = cfg["runtime"], cfg["policy"]
     return Settings(
-        use_triton=env_flag("NSA_USE_TRITON_SEL", rt["use_triton_sel"]),
-        force_triton=env_flag("NSA_TRITON_SEL_FORCE", False),
-        min_L=env_int("NSA_SEL_TRITON_MIN_L", rt["sel_triton_min_L"]),
-        force_parity=env_flag("NSA_FORCE_PARITY", False),
-        strict=env_flag("NSA_SEL_STRICT", False),
-        allow_grad=env_flag("NSA_SEL_TRITON_ALLOW_GRAD", rt["sel_triton_allow_grad"]),
-        validate=env_flag("NSA_SEL_VALIDATE", False),
-        use_cuda=env_flag("NSA_SEL_CUDA", False),
+        use_triton=env.get("NSA_USE_TRITON_SEL", rt["use_triton_sel"]),
+        force_triton=env.get("NSA_TRITON_SEL_FORCE"),
+        min_L=int(env.get("NSA_SEL_TRITON_MIN_L", rt["sel_triton_min_L"])),
+        force_parity=env.get("NSA_FORCE_PARITY"),
+        strict=env.get("NSA_SEL_STRICT"),
+        allow_grad=env.get("NSA_SEL_TRITON_ALLOW_GRAD", rt["sel_triton_allow_grad"]),
+        validate=env.get("NSA_SEL_VALIDATE"),
+        use_cuda=env.get("NSA_SEL_CUDA"),
         disabled_caps=tuple(str(c) for c in pol["triton_sel_disabled_capabilities"]),
         min_cap=str(pol["triton_sel_min_capability"]),
         budget_bytes=int(rt["sdpa_budget_mb"]) << 20,
@@ -108,10 +84,10 @@ def capability_overridden() -> str | None:
     """The override in force (context manager first, then NSA_SEL_CAPABILITY), or None."""
     if _override:
         return _override[-1]
-    env = os.environ.get("NSA_SEL_CAPABILITY") or None
-    if env is not None:
-        _parse_cap(env, "NSA_SEL_CAPABILITY")
-    return env
+    over = env.get("NSA_SEL_CAPABILITY")
+    if over is not None:
+        _parse_cap(over, "NSA_SEL_CAPABILITY")
+    return over
 
 
 def capability(device: torch.device) -> str | None:

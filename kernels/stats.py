@@ -9,11 +9,12 @@ range normaliser adds to as it runs), so counting never synchronises the hot pat
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
 
 import torch
+
+from . import settings as env
 
 log = logging.getLogger("selgate.kernels")
 
@@ -27,7 +28,7 @@ _capability: dict = {}
 
 
 def debug_enabled() -> bool:
-    return os.environ.get("NSA_DEBUG_LOG", "0") == "1"
+    return env.get("NSA_DEBUG_LOG")
 
 
 def debug(msg: str) -> None:

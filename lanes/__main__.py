@@ -3,10 +3,11 @@ this machine runs, running it, recording its costly tests, and the compute-sanit
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
+
+from selgate.kernels import settings
 
 from .config import lane_names, load_lane
 from .detect import detect_lane
@@ -39,8 +40,9 @@ def _detect(args) -> int:
     plan = plan_lane(load_lane(d.lane), capability=d.capability)
     print("would run: " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + ["python", "-m", "pytest",
                                                                                     *plan.pytest_args]))
-    if os.environ.get("NSA_SEL_CAPABILITY"):
-        print(f"NSA_SEL_CAPABILITY={os.environ['NSA_SEL_CAPABILITY']} is set: the dispatcher's policy uses it, "
+    override = settings.get("NSA_SEL_CAPABILITY")
+    if override:
+        print(f"NSA_SEL_CAPABILITY={override} is set: the dispatcher's policy uses it, "
               "the lane is still chosen by the hardware (see `run --emulate`)")
     return 0
 

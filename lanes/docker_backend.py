@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from selgate.kernels import settings
 from .config import LANE_DIR
 
 ROOT = LANE_DIR.parent
@@ -47,7 +48,7 @@ def image_spec(lane_cfg: dict, environ=os.environ) -> tuple[str, str | None, dic
     args = {str(k): str(v) for k, v in (image.get("build_args") or {}).items()}
     if image.get("base_image"):
         args.setdefault("BASE_IMAGE", str(image["base_image"]))
-    for item in environ.get("SELGATE_DOCKER_BUILD_ARGS", "").split():
+    for item in settings.get("SELGATE_DOCKER_BUILD_ARGS", environ=environ).split():
         key, sep, value = item.partition("=")
         if not (key and sep):
             raise EngineError(f"SELGATE_DOCKER_BUILD_ARGS: expected space-separated KEY=VALUE items, got {item!r}")

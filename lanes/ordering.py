@@ -12,10 +12,11 @@ selection."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+
+from selgate.kernels import settings
 
 DURATIONS_DIR = Path(__file__).resolve().parent / "durations"
 DURATIONS_ENV = "SELGATE_DURATIONS"
@@ -42,7 +43,7 @@ def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S) -> li
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    path = os.environ.get(DURATIONS_ENV)
+    path = settings.get(DURATIONS_ENV)
     if path:
         items[:] = costly_first(items, load_durations(path))
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
+from selgate.kernels import settings
 
 from .config import LANE_DIR, tolerance_env
 from .cut import Cut, mark_signal, raise_interrupt
@@ -91,8 +92,7 @@ def record_refusal(out_name: str, error: str, out_root: Path | None = None) -> N
 def cache_root() -> Path:
     """Where compiled kernels persist between runs: Triton's cache and the CUDA extension's
     builds, per lane and architecture ($SELGATE_CACHE_DIR, default ~/.cache/selgate)."""
-    base = os.environ.get("SELGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "selgate"
-    return Path(base)
+    return settings.get("SELGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "selgate"
 
 
 @dataclass
@@ -169,8 +169,9 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     arch = f"sm{capability.replace('.', '')}" if capability else "cpu"
     env = {k_: str(v) for k_, v in (lane["env"] or {}).items()}
     env.update(tolerance_env(lane))
-    if os.environ.get(TOL_ENV) and os.environ[TOL_ENV] != env.get(TOL_ENV):
-        raise ValueError(f"{TOL_ENV}: set in the environment to {os.environ[TOL_ENV]!r}; only "
+    outside = settings.get(TOL_ENV)
+    if outside and outside != env.get(TOL_ENV):
+        raise ValueError(f"{TOL_ENV}: set in the environment to {outside!r}; only "
                          f"lanes/{name}.yaml (tolerance_overrides, with a reason and the measured error) "
                          f"may change a tolerance: unset it")
     if lane["device"] == "cuda" and "NSA_SEL_CUDA_BUILD" not in os.environ:
@@ -184,7 +185,7 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     cache_dir = cache_root() / "triton" / f"{out_name}-{arch}"
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     # builds are keyed by source hash, architecture and torch inside (kernels/cuda/build.py)
-    extension_cache_dir = Path(os.environ.get("NSA_SEL_CUDA_CACHE") or cache_root() / "cuda")
+    extension_cache_dir = settings.get("NSA_SEL_CUDA_CACHE", cache_root() / "cuda")
     env["NSA_SEL_CUDA_CACHE"] = str(extension_cache_dir)
     durations = DURATIONS_DIR / f"{name}.json"
     if durations.exists():

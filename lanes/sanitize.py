@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from selgate.kernels import settings
+
 from .runner import OUT_ROOT, ROOT, cache_root
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -96,7 +98,7 @@ def child_env() -> dict:
     """The caches the lanes use, and no caching allocator."""
     return {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "NSA_SEL_CUDA_BUILD": "1",
             "TRITON_CACHE_DIR": str(cache_root() / "triton" / f"{OUT_NAME}-sm90"),
-            "NSA_SEL_CUDA_CACHE": os.environ.get("NSA_SEL_CUDA_CACHE") or str(cache_root() / "cuda")}
+            "NSA_SEL_CUDA_CACHE": str(settings.get("NSA_SEL_CUDA_CACHE", cache_root() / "cuda"))}
 
 
 def run_tool(tool: str, cases: list, sanitizer: str, out_dir: Path, timeout_s: float) -> ToolResult:

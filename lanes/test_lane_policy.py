@@ -1,14 +1,14 @@
 """The running lane's policy checks (`policy:` in lanes/<lane>.yaml) as tests; the lane
 runner adds this file to every lane run, with SELGATE_LANE naming the lane."""
 import json
-import os
 
 import pytest
 
+from selgate.kernels import settings
 from selgate.lanes.config import load_lane
 from selgate.lanes.policy import judge, probe_in_subprocess
 
-LANE = os.environ.get("SELGATE_LANE", "").removesuffix("-emulated")
+LANE = settings.get("SELGATE_LANE", "").removesuffix("-emulated")
 CHECKS = load_lane(LANE)["policy"] if LANE else []
 
 

@@ -7,6 +7,8 @@ import os
 import platform
 import subprocess
 
+from selgate.kernels import settings
+
 from .tree import commit
 
 ENV_FILE = "environment.json"
@@ -29,7 +31,7 @@ def collect_environment() -> dict:
     except ImportError:
         triton_version = "absent"
     env = {
-        "lane": os.environ.get("SELGATE_LANE", "adhoc"),
+        "lane": settings.get("SELGATE_LANE", "adhoc"),
         "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -40,8 +42,8 @@ def collect_environment() -> dict:
         "capability": "none",
         "driver": "none",
         "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
-        "capability_override": os.environ.get("NSA_SEL_CAPABILITY") or "none",
-        "tolerance_overrides": os.environ.get("SELGATE_TOL_OVERRIDES") or "none",
+        "capability_override": settings.get("NSA_SEL_CAPABILITY") or "none",
+        "tolerance_overrides": settings.get("SELGATE_TOL_OVERRIDES") or "none",
         "commit": commit(),
         "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from selgate.kernels import settings
+
 from .environment import ENV_FILE, collect_environment
 from .families import family_of
 from .inventory import INVENTORY_FILE, collect_inventory, start_inventory
@@ -120,7 +122,7 @@ def pytest_sessionstart(session):
     if not _controller_xml(config):
         return
     config.stash[TREE] = tree_stamp()
-    pending = start_inventory(os.environ.get("SELGATE_LANE", ""), config.option.xmlpath, config.rootpath)
+    pending = start_inventory(settings.get("SELGATE_LANE", ""), config.option.xmlpath, config.rootpath)
     if pending is not None:
         config.stash[INVENTORY] = pending
 

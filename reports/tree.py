@@ -10,6 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from selgate.kernels import settings
+
 ROOT = Path(__file__).resolve().parent.parent
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
 # What a run reads: sources, configuration and test data. Prose cannot change a run.
@@ -47,7 +49,7 @@ def _walk(root: Path) -> list[str]:
 def commit(root: Path = ROOT) -> str:
     """The full commit id: SELGATE_COMMIT (a copy of the tree without .git), GITHUB_SHA in CI,
     else the checkout's HEAD; "unknown" when none names one."""
-    named = os.environ.get("SELGATE_COMMIT") or os.environ.get("GITHUB_SHA")
+    named = settings.get("SELGATE_COMMIT") or os.environ.get("GITHUB_SHA")
     if named:
         return named
     head = _git(root, "rev-parse", "HEAD")

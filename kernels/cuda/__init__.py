@@ -1,11 +1,11 @@
 """CUDA selection decode kernel (S = 1), compiled on first use (NSA_SEL_CUDA_BUILD=1: at import)."""
-import os
+from selgate.kernels import settings as env
 
 from .decode import selection_attention_cuda
 
 __all__ = ["selection_attention_cuda"]
 
-if os.environ.get("NSA_SEL_CUDA_BUILD") == "1":
+if env.get("NSA_SEL_CUDA_BUILD"):
     from .build import prebuild
 
     prebuild()

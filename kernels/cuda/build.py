@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from selgate.kernels import settings as env
+
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("sel_decode.cu", "sel_decode_bind.cpp")
 HEADERS = ("sel_decode.h",)
@@ -21,8 +23,6 @@ HEADERS = ("sel_decode.h",)
 # accuracy without it, and fast math would also flush denormals in the p*V sums.
 CUDA_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 CXX_FLAGS = ("-O3", "-std=c++17")
-DEFAULT_CACHE = Path.home() / ".cache" / "selgate" / "cuda"
-BUILD_WAIT_S = 900  # longest wait for another process's build (env NSA_SEL_CUDA_BUILD_WAIT)
 
 
 class BuildError(RuntimeError):
@@ -44,7 +44,7 @@ def cache_dir(arch: str, source_dir: Path = SOURCE_DIR) -> Path:
     (default ~/.cache/selgate/cuda) / `<hash16>-sm<arch>-torch<version>`."""
     import torch
 
-    base = Path(os.environ.get("NSA_SEL_CUDA_CACHE", DEFAULT_CACHE))
+    base = env.get("NSA_SEL_CUDA_CACHE")
     return base / f"{source_hash(source_dir)[:16]}-sm{arch}-torch{torch.__version__.replace('+', '_')}"
 
 
@@ -79,7 +79,7 @@ def _build(arch: str):
     start = time.perf_counter()
     try:
         ext = _load_in(out, f"selgate_sel_decode_{out.name[:16]}_sm{arch}", SOURCE_DIR, arch,
-                       verbose=os.environ.get("NSA_SEL_CUDA_VERBOSE") == "1")
+                       verbose=env.get("NSA_SEL_CUDA_VERBOSE"))
     except Exception as exc:  # lock, compiler, linker or import failure: keep the reason, fall back
         return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
     build_seconds[arch] = time.perf_counter() - start
@@ -99,7 +99,7 @@ def _load_in(out: Path, name: str, source_dir: Path, arch: str, *, verbose: bool
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(out.name + ".lock"), "w") as guard:
-        _take_turn(guard, out, float(os.environ.get("NSA_SEL_CUDA_BUILD_WAIT", BUILD_WAIT_S)))
+        _take_turn(guard, out, env.get("NSA_SEL_CUDA_BUILD_WAIT"))
         (out / "lock").unlink(missing_ok=True)
         return load(name=name, sources=[str(source_dir / s) for s in SOURCES], extra_cflags=list(CXX_FLAGS),
                     extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],

@@ -1,0 +1,210 @@
+"""Every `NSA_*` and `SELGATE_*` environment variable selgate reads, declared once.
+
+Each entry has a name, a type, a default, a meaning and the files that read it. Code reads a
+variable through `get`, so one value means the same everywhere: flags accept 1/0, true/false,
+yes/no, on/off in any case, an empty value counts as unset, and a malformed value raises
+`ConfigError` naming the variable, the value and what was expected.
+`python -m selgate.kernels.settings --markdown` writes docs/configuration.md from this table.
+
+It lives in the kernel package because the kernels read it and may import nothing from the
+rest of selgate; everything else may import it.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable. `default` is what `get` returns when it is unset; None with
+    `default_doc` saying where the reader takes its default from (configs, another path)."""
+
+    name: str
+    type: str              # flag, int, float, str, path
+    default: object
+    meaning: str
+    readers: tuple[str, ...]
+    group: str
+    default_doc: str = ""
+
+
+def _flag(var: Var, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in TRUE:
+        return True
+    if low in FALSE:
+        return False
+    raise ConfigError(f"{var.name}: expected one of {TRUE + FALSE}, got {raw!r}")
+
+
+def _int(var: Var, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{var.name}: expected an integer, got {raw!r}") from None
+
+
+def _float(var: Var, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ConfigError(f"{var.name}: expected a finite number, got {raw!r}")
+    return value
+
+
+PARSERS = {"flag": _flag, "int": _int, "float": _float, "str": lambda var, raw: raw, "path": lambda var, raw: Path(raw)}
+
+GROUPS = {
+    "dispatcher": "Dispatcher: which backend serves a call",
+    "triton": "Triton launch configuration",
+    "cuda": "CUDA decode extension build",
+    "paths": "Configuration files",
+    "lanes": "Lanes and reports",
+    "bench": "Benchmarks",
+    "setup": "Setup and CI scripts",
+}
+
+_K = "kernels/"
+VARS: dict[str, Var] = {v.name: v for v in (
+    # Dispatcher (tests clear exactly these for a known state: `policy.ENV_FLAGS`).
+    Var("NSA_USE_TRITON_SEL", "flag", None, "Let `backend=\"auto\"` use the Triton selection kernel.",
+        (_K + "policy.py",), "dispatcher", "configs `runtime.use_triton_sel`"),
+    Var("NSA_TRITON_SEL_FORCE", "flag", False, "Run Triton even where the ADR policy disables it (SM 8.9), "
+        "ignoring the min-L threshold and NSA_USE_TRITON_SEL.", (_K + "policy.py",), "dispatcher"),
+    Var("NSA_SEL_TRITON_MIN_L", "int", None, "Smallest number of selected keys L for which `auto` picks Triton.",
+        (_K + "policy.py",), "dispatcher", "configs `runtime.sel_triton_min_L`"),
+    Var("NSA_FORCE_PARITY", "flag", False, "Route every call to the fp64 reference.", (_K + "policy.py",), "dispatcher"),
+    Var("NSA_SEL_STRICT", "flag", False, "Raise instead of falling back when the requested backend cannot run.",
+        (_K + "policy.py",), "dispatcher"),
+    Var("NSA_SEL_TRITON_ALLOW_GRAD", "flag", None, "Route inputs that require grad to Triton.",
+        (_K + "policy.py",), "dispatcher", "configs `runtime.sel_triton_allow_grad`"),
+    Var("NSA_SEL_VALIDATE", "flag", False, "Reject ranges that break the producer contract (sorted, disjoint, "
+        "causal) instead of normalising them.", (_K + "policy.py",), "dispatcher"),
+    Var("NSA_SEL_CUDA", "flag", False, "Try the CUDA decode kernel first for S = 1 calls on a GPU.",
+        (_K + "policy.py",), "dispatcher"),
+    Var("NSA_SEL_CAPABILITY", "str", None, "Pretend the device has this compute capability (e.g. `8.9`); "
+        "lanes use it to exercise other GPU classes' policy.",
+        (_K + "policy.py", "lanes/__main__.py", "reports/environment.py"), "dispatcher", "the device's"),
+    Var("NSA_DEBUG_LOG", "flag", False, "Log every dispatch decision as a `sel.*` line on the `selgate.kernels` "
+        "logger.", (_K + "stats.py",), "dispatcher"),
+    Var("NSA_SEL_TRITON_NORMALIZE", "flag", True, "Normalise CUDA ranges with one Triton launch; off keeps the "
+        "torch formulation.", (_K + "dispatch.py",), "dispatcher"),
+    Var("NSA_SEL_TRITON_TMA", "flag", None, "Use the TMA forward kernel (SM 9.0).", (_K + "triton/tuning.py",),
+        "dispatcher", "configs `triton_fwd.<kind>.tma`"),
+    Var("NSA_SEL_TRITON_PAIRS", "flag", None, "Use the Gluon pair forward kernel.", (_K + "triton/tuning.py",),
+        "dispatcher", "configs `triton_fwd.<kind>.pairs`"),
+    # Triton launch configuration.
+    Var("NSA_SEL_TRITON_FWD_CONFIG", "str", None, "Forward launch override, `BLOCK_L=32,num_warps=8` or a JSON "
+        "object; keys BLOCK_L, num_warps, num_stages.", (_K + "triton/tuning.py",), "triton"),
+    Var("NSA_SEL_TRITON_BWD_CONFIG", "str", None, "Backward launch override in the same form; keys as in "
+        "`tuning.BWD_KEYS`.", (_K + "triton/tuning.py",), "triton"),
+    Var("NSA_SEL_TRITON_AUTOTUNE", "flag", False, "Autotune a launch the tuned file does not cover, once per "
+        "process and key.", (_K + "triton/tuning.py",), "triton"),
+    Var("NSA_SEL_TUNED", "flag", True, "Use the tuned file of the device; off ignores it.",
+        (_K + "triton/tuning.py",), "triton"),
+    Var("NSA_SEL_TUNED_DIR", "path", None, "Folder holding the tuned files.", (_K + "triton/tuning.py",),
+        "triton", "configs/tuned"),
+    Var("NSA_SEL_RANGE_LEN", "int", None, "Longest range the host assumes (NSA's l_sel), which sets the L bucket.",
+        (_K + "triton/tuning.py",), "triton", "configs `triton_tuning.range_len`, else 64"),
+    # CUDA decode extension build.
+    Var("NSA_SEL_CUDA_BUILD", "flag", False, "Build the CUDA decode extension when `selgate.kernels.cuda` is "
+        "imported rather than at its first call.", (_K + "cuda/__init__.py",), "cuda"),
+    Var("NSA_SEL_CUDA_CACHE", "path", Path.home() / ".cache" / "selgate" / "cuda", "Where the CUDA extension's "
+        "builds are kept; lane runs set it under SELGATE_CACHE_DIR.", (_K + "cuda/build.py", "lanes/runner.py"),
+        "cuda"),
+    Var("NSA_SEL_CUDA_BUILD_WAIT", "float", 900.0, "Longest wait, in seconds, for another process's build of "
+        "the same extension.", (_K + "cuda/build.py",), "cuda"),
+    Var("NSA_SEL_CUDA_VERBOSE", "flag", False, "Show the compiler's output while building.",
+        (_K + "cuda/build.py",), "cuda"),
+    # Configuration files.
+    Var("SELGATE_CONFIG_DIR", "path", None, "Folder holding base.yaml, profiles/ and tuned/.",
+        (_K + "config.py",), "paths", "the package's configs/"),
+    # Lanes and reports.
+    Var("SELGATE_LANE", "str", None, "The lane a pytest run belongs to; the lane runner sets it.",
+        ("lanes/test_lane_policy.py", "reports/environment.py", "reports/stamp.py"), "lanes",
+        "unset (`adhoc` in reports)"),
+    Var("SELGATE_TOL_OVERRIDES", "str", "", "The lane's tolerance overrides as JSON; only the lane runner may "
+        "set it, from the lane YAML.", ("conformance/tolerances.py", "lanes/runner.py", "reports/environment.py"),
+        "lanes"),
+    Var("SELGATE_CACHE_DIR", "path", None, "Root of the compiled-kernel caches that persist between lane runs.",
+        ("lanes/runner.py",), "lanes", "$XDG_CACHE_HOME/selgate"),
+    Var("SELGATE_DURATIONS", "path", None, "JSON of per-test durations; the costliest tests are scheduled first. "
+        "The lane runner sets it.", ("lanes/ordering.py",), "lanes"),
+    Var("SELGATE_PROGRESS_S", "float", 30.0, "Seconds between progress lines of a lane run (0: none).",
+        ("lanes/progress.py",), "lanes"),
+    Var("SELGATE_DOCKER_BUILD_ARGS", "str", "", "Space-separated KEY=VALUE Docker build args over the lane's "
+        "(e.g. a local BASE_IMAGE).", ("lanes/docker_backend.py",), "lanes"),
+    Var("SELGATE_COMMIT", "str", None, "Full commit id of a tree without .git (a Docker image).",
+        ("reports/tree.py", "bench/check_triton_fwd.py"), "lanes", "git, else GITHUB_SHA"),
+    # Benchmarks.
+    Var("SELGATE_BENCH_RESULTS", "path", None, "Folder the benchmark tables are written to.",
+        ("bench/tables.py",), "bench", "bench/results"),
+    Var("SELGATE_BENCH_DENSE_BUDGET_MB", "int", 8192, "Dense baselines needing more memory than this are "
+        "skipped, not run out of memory.", ("bench/baselines.py",), "bench"),
+    # Setup and CI scripts (shell; listed so every variable is documented in one place).
+    Var("SELGATE_VENV", "path", Path(".venv"), "Where bin/setup makes the virtual environment.",
+        ("bin/setup",), "setup"),
+    Var("SELGATE_SETUP_DRY_RUN", "flag", False, "Make the venv and print each pip install instead of running it.",
+        ("bin/setup",), "setup"),
+    Var("SELGATE_DOCKER_STATE", "path", Path("/var/lib/selgate-docker"), "State folder of the Docker engine "
+        "the CI script starts.", (".ci/docker_engine.sh",), "setup"),
+    Var("SELGATE_DOCKER_STORAGE_DRIVER", "str", None, "Storage driver of that engine.",
+        (".ci/docker_engine.sh",), "setup", "detected"),
+)}
+
+_UNSET = object()
+
+
+def get(name: str, default=_UNSET, environ=None):
+    """The parsed value of variable `name` from `environ` (default os.environ); `default`
+    (else the registry's) when it is unset or empty. Raises ConfigError when malformed."""
+    var = VARS.get(name)
+    if var is None:
+        raise KeyError(f"{name} is not in selgate.kernels.settings.VARS; declare it there")
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw == "":
+        return var.default if default is _UNSET else default
+    return PARSERS[var.type](var, raw)
+
+
+def _default_text(var: Var) -> str:
+    if var.default is None:
+        return var.default_doc or "unset"
+    if var.type == "flag":
+        return "1" if var.default else "0"
+    if isinstance(var.default, Path) and var.default.is_absolute() and var.default.is_relative_to(Path.home()):
+        return f"~/{var.default.relative_to(Path.home())}"
+    return f"`{var.default}`" if var.default != "" else "empty"
+
+
+def markdown() -> str:
+    """docs/configuration.md: every variable by group, generated from VARS."""
+    lines = ["# Configuration", "",
+             "<!-- Generated by `python -m selgate.kernels.settings --markdown`; edit kernels/settings.py. -->", "",
+             "Every environment variable selgate reads. Settings in `configs/base.yaml` and the device profile",
+             "`configs/profiles/<device>.yaml` yield to these. Flags accept `1`/`0`, `true`/`false`, `yes`/`no`,",
+             "`on`/`off` (any case); an empty value counts as unset; a malformed value is an error that names",
+             "the variable, the value and what was expected."]
+    for group, title in GROUPS.items():
+        lines += ["", f"## {title}", "", "| variable | type | default | meaning | read by |", "| --- | --- | --- | --- | --- |"]
+        for var in VARS.values():
+            if var.group == group:
+                readers = ", ".join(f"`{r}`" for r in var.readers)
+                lines.append(f"| `{var.name}` | {var.type} | {_default_text(var)} | {var.meaning} | {readers} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m selgate.kernels.settings --markdown > docs/configuration.md")
+    sys.stdout.write(markdown())
