@@ -303,7 +303,8 @@ def test_a_named_backend_raises_on_malformed_settings_and_auto_records_why(var, 
     monkeypatch.setenv(var, value)
     monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
     monkeypatch.setattr(tuning, "_state", None)  # settings are read once per state
-    q, k, v, r = random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=20, n=2, dtype=torch.float32)
+    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=20, n=2,
+                                                      dtype=torch.float32))
     with capability_override("9.0"), pytest.raises(ConfigError, match=rf"^{var}"):
         selection_attention(q, k, v, r, backend="triton")
     assert stats()["calls"] == {}

@@ -936,11 +936,11 @@ __global__ void __launch_bounds__(kSimtThreads, 2) sel_decode_simt(const Params 
   if (part == 0) {
     const float l = l_run[hh_pv];
     T* og = static_cast<T*>(p.o) + (row * p.h + head0 + hh_pv) * p.Dv + c_pv * VEC;
-    store_vec(og, acc, l > 0.f ? 1.f / l : 0.f);
+    store_vec(og, acc, l != 0.f ? 1.f / l : 0.f);
   }
   for (int i = tid; i < HG; i += blockDim.x) {
     const float l = l_run[i];
-    p.lse[row * p.h + head0 + i] = l > 0.f ? (m_run[i] + log2f(l)) * kLn2 : -INFINITY;
+    p.lse[row * p.h + head0 + i] = l != 0.f ? (m_run[i] + log2f(l)) * kLn2 : -INFINITY;
   }
 }
 
