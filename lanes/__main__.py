@@ -26,7 +26,7 @@ def _list(_args) -> int:
         lane = load_lane(name)
         mark = "*" if name == detected else " "
         caps = ",".join(map(str, lane["capabilities"])) or "-"
-        print(f"{mark} {name:<6} capability {caps:<12} size {lane['size']:<6} workers {lane['workers']!s:<5} "
+        print(f"{mark} {name:<6} capability {caps:<12} size {lane['size']:<6} workers {lane['workers']!s:<7} "
               f"{lane['description']}")
     return 0
 

@@ -62,7 +62,8 @@ def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S)
                 tests[nodeid] = round(max(case.time, tests.get(nodeid, 0.0)), 1)
     env_file = junit.parent / "environment.json"
     env = json.loads(env_file.read_text()) if env_file.exists() else {}
-    data = {"lane": lane, "gpu": env.get("gpu", "unknown"), "commit": env.get("commit", "unknown"),
+    commit = (env.get("tree") or {}).get("commit") or env.get("commit", "unknown")   # the tree the run started on
+    data = {"lane": lane, "gpu": env.get("gpu", "unknown"), "commit": commit,
             "finished": env.get("finished", "unknown"), "min_s": min_s,
             "tests": dict(sorted(tests.items(), key=lambda kv: (-kv[1], kv[0])))}
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,8 @@ class ProgressPlugin:
     def _write(self, line: str | None) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if line and reporter is not None:
+            if reporter._tw.width_of_current_line:   # after xdist's progress characters
+                reporter._tw.line()
             reporter.write_line(line)
 
     def pytest_collection_finish(self, session):

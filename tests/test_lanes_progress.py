@@ -62,6 +62,6 @@ def test_an_xdist_run_prints_progress_against_what_its_workers_collected(tmp_pat
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist.plugin", "-p", "selgate.lanes.progress",
                           "-p", "no:cacheprovider", "-n", "2", "--rootdir", str(tmp_path), "test_mod.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
-    lines = re.findall(r"progress: (\d+)/(\d+) tests \((\d+) %\)", out.stdout)
+    lines = re.findall(r"^progress: (\d+)/(\d+) tests \((\d+) %\)", out.stdout, re.MULTILINE)   # on lines of their own
     assert [(int(d), int(t)) for d, t, _ in lines] == [(i, 8) for i in range(1, 9)], out.stdout + out.stderr
     assert "8 passed" in out.stdout

@@ -104,14 +104,14 @@ def test_durations_are_recorded_from_a_lanes_junit(tmp_path, monkeypatch, capsys
                    "</properties></testcase>" for n, t in cases)
     (out / "junit.xml").write_text(f'<testsuites><testsuite name="pytest" tests="3">{body}</testsuite></testsuites>')
     (out / "environment.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "commit": "c" * 40,
-                                                      "finished": "2026-11-26T12:00:00Z"}))
+                                                      "tree": {"commit": "a" * 40}, "finished": "2026-11-26T12:00:00Z"}))
     monkeypatch.setattr(lanes_main, "OUT_ROOT", tmp_path / "out")
     monkeypatch.setattr(lanes_main, "DURATIONS_DIR", tmp_path / "durations")
     assert lanes_main.main(["durations", "cpu"]) == 0
     data = json.loads((tmp_path / "durations" / "cpu.json").read_text())
     assert list(data["tests"].items()) == [("tests/test_a.py::test_slow", 283.2),
                                           ("conformance/test_parity.py::test_parity[triton-case1]", 7.0)]
-    assert data["gpu"] == "NVIDIA H100 80GB HBM3" and data["lane"] == "cpu"
+    assert data["gpu"] == "NVIDIA H100 80GB HBM3" and data["lane"] == "cpu" and data["commit"] == "a" * 40
     assert "2 tests of >= 5.0 s (290 s in all)" in capsys.readouterr().out
     assert lanes_main.main(["durations", "sm77"]) == 2
 
