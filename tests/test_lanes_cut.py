@@ -20,8 +20,8 @@ from selgate.reports.__main__ import main as reports_main
 from selgate.reports.results import load_lane
 
 TESTS = 40
-# A lane of its own (no YAML: no inventory, no selection of its own to compare with) run by
-# the real runner on the cpu lane's settings; its tests mark each pass in CUT_MARKS.
+# The cpu lane's runner, stamp and inventory, on a path set of its own whose tests mark each
+# pass in CUT_MARKS.
 DRIVER = """
 import sys
 from pathlib import Path
@@ -31,9 +31,8 @@ out_root, test_file = Path(sys.argv[1]), sys.argv[2]
 runner.OUT_ROOT = out_root
 args = [test_file, *runner.plugin_args(), *runner.CONFIG_ARGS, "--rootdir", str(Path(test_file).parent),
         "-p", "no:cacheprovider", "-n", "2",
-        "--junitxml", str(out_root / "cut-demo" / "junit.xml"), "-o", "junit_family=xunit2"]
-plan = runner.LanePlan({**load_lane("cpu"), "name": "cut-demo"}, "cut-demo", args, {"SELGATE_LANE": "cut-demo"},
-                       out_root / "cache", 2)
+        "--junitxml", str(out_root / "cpu" / "junit.xml"), "-o", "junit_family=xunit2"]
+plan = runner.LanePlan(load_lane("cpu"), "cpu", args, {"SELGATE_LANE": "cpu"}, out_root / "cache", 2)
 sys.exit(runner.run_plan(plan))
 """
 SLOW_TESTS = f"""
@@ -58,7 +57,7 @@ def wait_for(predicate, timeout: float, what: str):
 
 @pytest.mark.timeout(240)
 def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming_the_cut(tmp_path):
-    marks, out_root = tmp_path / "marks", tmp_path / "out"
+    marks, out_root = tmp_path / "marks", tmp_path / "reports" / "out"   # where a lane's inventory starts
     marks.mkdir()
     test_file = tmp_path / "test_slow_lane.py"
     test_file.write_text(SLOW_TESTS)
@@ -78,21 +77,22 @@ def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming
     assert proc.returncode == 2, output[-3000:]
     assert "SIGTERM ignored" in output
 
-    lane = load_lane("cut-demo", out_root / "cut-demo")
+    lane = load_lane("cpu", out_root / "cpu")
     assert lane is not None, output[-3000:]
     outcomes = [c.outcome for c in lane.cases]
     assert all(c.nodeid.startswith("test_slow_lane.py::test_step[") for c in lane.cases), lane.cases
     assert outcomes.count("pass") >= 6 and len(outcomes) < TESTS, outcomes
-    cut = json.loads((out_root / "cut-demo" / "environment.json").read_text())["cut"]
+    cut = json.loads((out_root / "cpu" / "environment.json").read_text())["cut"]
+    assert not (out_root / "cpu" / "inventory.json").exists()   # its collection is stopped, not waited for
     assert cut["signal"] == "SIGINT" and cut["tests_collected"] == TESTS
     assert outcomes.count("pass") <= cut["tests_done"] <= passed + 2   # a test may finish while pytest stops
 
     policy = tmp_path / "gate.yaml"
     policy.write_text(yaml.safe_dump({"default_profile": "merge", "required_families": [],
-                                      "profiles": {"merge": {"required_lanes": ["cut-demo"]}}, "quarantine": []}))
+                                      "profiles": {"merge": {"required_lanes": ["cpu"]}}, "quarantine": []}))
     rc = reports_main(["gate", "--policy", str(policy), "--results", str(out_root), "--out", str(tmp_path / "gate")])
     report = (tmp_path / "gate" / "report.md").read_text()
     assert rc == 1
     share = 100 * cut["tests_done"] // TESTS
-    assert (f"GATE BLOCKED: required lane cut-demo cut short by SIGINT after {cut['tests_done']} of {TESTS} "
+    assert (f"GATE BLOCKED: required lane cpu cut short by SIGINT after {cut['tests_done']} of {TESTS} "
             f"tests ({share} %)") in report
