@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from selgate.kernels import settings
 
 DURATIONS_DIR = Path(__file__).resolve().parent / "durations"

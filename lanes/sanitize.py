@@ -105,7 +105,7 @@ def run_tool(tool: str, cases: list, sanitizer: str, out_dir: Path, timeout_s: f
     start = time.monotonic()
     try:
         proc = subprocess.run(sanitizer_command(tool, cases, sanitizer), cwd=ROOT, env=child_env(), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
         text, status = proc.stdout, proc.returncode
     except subprocess.TimeoutExpired as e:   # its output so far comes as bytes, text mode or not
         out = e.stdout or b""
@@ -183,7 +183,7 @@ def run_pass(tools=TOOLS, cases=None, *, sanitizer: str | None = None, timeout_s
     tree = tree_stamp()
     start = time.monotonic()
     warm = subprocess.run([sys.executable, "-m", DRIVER, *cases], cwd=ROOT, env=child_env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s * 4)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s * 4, check=False)
     warmup = {"exit_status": warm.returncode, "seconds": round(time.monotonic() - start, 1), "tail": warm.stdout[-2000:]}
     print(f"sanitize: cases compiled and run plainly in {warmup['seconds']} s (exit {warm.returncode})", flush=True)
     results = []

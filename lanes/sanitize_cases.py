@@ -100,7 +100,7 @@ def main(names=None) -> int:
             CASES[name]()
             torch.cuda.synchronize()
             print(f"case {name}: ran", flush=True)
-        except Exception as e:   # report every case, then fail: one kernel's error must not hide the others
+        except Exception as e:  # noqa: BLE001 (every case is reported, then the run fails: one kernel's error must not hide the others)
             failed += 1
             print(f"case {name}: FAILED {type(e).__name__}: {e}", flush=True)
     return 1 if failed else 0

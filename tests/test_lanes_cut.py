@@ -10,11 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
-
 from selgate.lanes import runner
 from selgate.reports.__main__ import main as reports_main
 from selgate.reports.results import load_lane

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import yaml
-
 from selgate.lanes import sanitize
 from selgate.reports.__main__ import main as reports_main
 
@@ -146,4 +145,5 @@ def test_a_missing_incomplete_or_foreign_pass_blocks_the_release(tmp_path, capsy
 
 
 def test_the_shipped_release_profile_requires_the_pass():
-    assert yaml.safe_load(open(sanitize.ROOT / "reports" / "gate.yaml"))["profiles"]["release"]["sanitizer"] is True
+    policy = yaml.safe_load((sanitize.ROOT / "reports" / "gate.yaml").read_text())
+    assert policy["profiles"]["release"]["sanitizer"] is True
