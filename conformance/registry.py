@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import importlib
 import importlib.util
 import os
@@ -21,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
+
+from selgate.kernels import policy, triton_limits
+from selgate.kernels.cuda import decode as cuda_limits
 
 from . import declarations
 from .cases import SIZES, Case
@@ -72,6 +76,7 @@ class Impl:
     heads_power_of_two: bool = False
     min_heads: int = 1
     max_heads: Optional[int] = None
+    same_head_dims: bool = False  # Dk == Dv only
     block_size: Optional[int] = None
     layouts: tuple = declarations.LAYOUTS
     declared: dict = field(default_factory=dict)  # an outside kernel's declarations, as given
@@ -103,10 +108,9 @@ def _split(out, with_lse):
 
 
 def device_capability(device) -> Optional[str]:
-    if torch.device(device).type != "cuda":
-        return None
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"{major}.{minor}"
+    """The hardware's capability (overrides do not change what a kernel can run on)."""
+    cap = policy.device_capability(device)
+    return None if cap is None else f"{cap[0]}.{cap[1]}"
 
 
 def _cap(s: str) -> tuple:
@@ -147,6 +151,8 @@ def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", n
         return (f"{impl.name} declares heads per group {_heads_rule(impl)}; case has {s.h}")
     if impl.block_size is not None and case.block_size != impl.block_size:
         return f"{impl.name} selects whole blocks of {impl.block_size} keys; case is not block-aligned"
+    if impl.same_head_dims and s.Dk != s.Dv:
+        return f"{impl.name} declares Dk == Dv; case has Dk={s.Dk}, Dv={s.Dv}"
     for name, d in (("Dk", s.Dk), ("Dv", s.Dv)):
         if d % impl.head_dim_multiple or d < impl.min_head_dim or (impl.max_head_dim and d > impl.max_head_dim):
             return (f"{impl.name} declares head dims that are multiples of {impl.head_dim_multiple}"
@@ -260,8 +266,59 @@ def _cuda_unavailable() -> Optional[str]:
     return None
 
 
+def _kernel(kernel: str):
+    """Calls one Triton forward kernel by name (`selection_attention_kernel`), strict."""
+
+    def call(q, k, v, ranges, *, scale=None, want_lse=True, positions=None):
+        from selgate.kernels.triton import selection_attention_kernel
+        return selection_attention_kernel(kernel, q, k, v, ranges, scale=scale, positions=positions,
+                                          return_lse=want_lse)
+
+    def varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
+        from selgate.reference import varlen_to_batched
+        glob, pos = varlen_to_batched(ranges, cu_q, cu_k, T_kv=k.shape[2])
+        return call(q, k, v, glob, scale=scale, positions=pos)
+
+    return call, varlen
+
+
+def _cap_text(cap: tuple) -> str:
+    return f"{cap[0]}.{cap[1]}"
+
+
+def _tma_unavailable() -> Optional[str]:
+    why = _triton_unavailable()
+    cap = policy.device_capability("cuda") if torch.cuda.is_available() else None
+    if why is None and cap is not None and cap < triton_limits.TMA_MIN_CAPABILITY:
+        why = f"the TMA kernel needs SM >= {_cap_text(triton_limits.TMA_MIN_CAPABILITY)}, device has {_cap_text(cap)}"
+    return why
+
+
+def _pairs_unavailable() -> Optional[str]:
+    if not torch.cuda.is_available():
+        return "the Gluon pair kernel needs a GPU (the Triton interpreter does not run Gluon)"
+    why = _triton_unavailable()
+    if why:
+        return why
+    major = triton_limits.PAIRS_CAPABILITY_MAJOR
+    cap = policy.device_capability("cuda")
+    if cap[0] != major:
+        return f"the Gluon pair kernel runs on SM {major}.x only, device has {_cap_text(cap)}"
+    if importlib.util.find_spec("triton.experimental.gluon") is None:
+        return "this triton has no Gluon"
+    return None
+
+
 _triton_call, _triton_varlen = _dispatched("triton")
 _cuda_call, _ = _dispatched("cuda")
+_gather_call, _gather_varlen = _kernel("gather")
+_tma_call, _tma_varlen = _kernel("tma")
+_pairs_call, _ = _kernel("pairs")
+
+# Declared from the kernels' own limits (selgate.kernels.triton_limits, kernels/cuda/decode.py).
+_TRITON = dict(dtypes=triton_limits.DTYPES, head_dim_multiple=triton_limits.HEAD_DIM_MULTIPLE,
+               max_head_dim=triton_limits.MAX_HEAD_DIM, lse=True, cpu_smoke_only=True,
+               cpu_dtype_skips={torch.bfloat16: BF16_INTERPRETER})
 
 REGISTRY = {
     # The dense-mask golden formulation, checked against the gather one the matrix compares
@@ -271,11 +328,25 @@ REGISTRY = {
                       unsupported={"bounds": "the dense-mask formulation weighs every key, NaN ones included, "
                                              "by zero: it reads outside the selection by design"}),
     "sdpa": Impl("sdpa", _sdpa_call, dtypes=ALL_DTYPES, varlen=_sdpa_varlen, backward=True, lse=True),
-    "triton": Impl("triton", _triton_call, varlen=_triton_varlen, head_dim_multiple=8, max_head_dim=256,
-                   backward=_triton_has_backward(), lse=True, cpu_smoke_only=True,
-                   cpu_dtype_skips={torch.bfloat16: BF16_INTERPRETER}, unavailable=_triton_unavailable),
-    "cuda": Impl("cuda", _cuda_call, modes=("decode",), head_dim_multiple=8, max_head_dim=256, devices=("cuda",),
-                 min_capability="8.0", lse=True, unavailable=_cuda_unavailable),
+    # Through the dispatcher: the forward kernel the profile picks, and the Triton backward.
+    "triton": Impl("triton", _triton_call, varlen=_triton_varlen, backward=_triton_has_backward(),
+                   unavailable=_triton_unavailable, **_TRITON),
+    # Each Triton forward kernel on its own, forward only.
+    "triton-gather": Impl("triton-gather", _gather_call, varlen=_gather_varlen, unavailable=_triton_unavailable,
+                          **_TRITON),
+    # Whole tiles through tensor descriptors: contiguous K/V, so every call takes that path.
+    "triton-tma": Impl("triton-tma", _tma_call, varlen=_tma_varlen, unavailable=_tma_unavailable,
+                       layouts=("contiguous",), **_TRITON),
+    "triton-pairs": Impl("triton-pairs", _pairs_call, modes=("prefill",), dtypes=triton_limits.PAIRS_DTYPES,
+                         head_dim_multiple=math.gcd(*triton_limits.PAIRS_HEAD_DIMS),
+                         min_head_dim=min(triton_limits.PAIRS_HEAD_DIMS),
+                         max_head_dim=max(triton_limits.PAIRS_HEAD_DIMS), same_head_dims=True,
+                         max_heads=triton_limits.PAIRS_MAX_HEADS, layouts=("contiguous",), lse=True,
+                         cpu_smoke_only=True, unavailable=_pairs_unavailable),
+    "cuda": Impl("cuda", _cuda_call, modes=("decode",), dtypes=cuda_limits.DTYPES,
+                 head_dim_multiple=cuda_limits.HEAD_DIM_MULTIPLE, max_head_dim=cuda_limits.MAX_HEAD_DIM,
+                 devices=("cuda",), min_capability=_cap_text(cuda_limits.MIN_CAPABILITY), lse=True,
+                 unavailable=_cuda_unavailable),
 }
 
 

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from . import settings as env
+from . import triton_limits
 from .config import load_config
 from .stats import record_capability
 
-TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
 _override: list = []  # stack of capability_override() values
 
 
@@ -90,16 +89,26 @@ def capability_overridden() -> str | None:
     return over
 
 
+def device_capability(device=None) -> tuple[int, int] | None:
+    """The hardware's compute capability, `(major, minor)`, or None off CUDA: what a kernel
+    can run on, so overrides do not apply (`capability` is the policy's view). The one place
+    that asks torch; `device=None` is the current CUDA device."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        return None
+    return tuple(torch.cuda.get_device_capability(device))
+
+
 def capability(device: torch.device) -> str | None:
     """Compute capability the policy uses for `device`; None for a CPU without override."""
     over = capability_overridden()
     if over is not None:
         record_capability(over, "override")
         return over
-    if device.type != "cuda":
+    hw = device_capability(device)
+    if hw is None:
         return None
-    major, minor = torch.cuda.get_device_capability(device)
-    cap = f"{major}.{minor}"
+    cap = f"{hw[0]}.{hw[1]}"
     record_capability(cap, "device")
     return cap
 
@@ -110,16 +119,11 @@ def interpreting() -> bool:
 
 def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
     """Why the Triton kernel cannot (or, by ADR policy, must not) serve this call, as
-    `(reason, detail)`, or None when it can. The ADR rule yields to NSA_TRITON_SEL_FORCE."""
-    if q.device.type != "cuda" and not interpreting():
-        return "device", f"q is on {q.device}; Triton needs a CUDA device or TRITON_INTERPRET=1"
-    if q.dtype not in TRITON_DTYPES:
-        return "dtype", f"q.dtype={q.dtype}; the Triton kernel takes fp16, bf16 or fp32"
-    if q.dtype == torch.bfloat16 and q.device.type != "cuda":
-        return "dtype", "bf16 under TRITON_INTERPRET computes wrongly (triton issue 11584)"
-    for name, d in (("Dk", Dk), ("Dv", Dv)):
-        if d % 8 or d > MAX_HEAD_DIM:
-            return "head_dim", f"{name}={d}; the Triton kernel takes multiples of 8 up to {MAX_HEAD_DIM}"
+    `(reason, detail)`, or None when it can: the kernels' own limits (`triton_limits`), then
+    capability and the ADR rule, which yields to NSA_TRITON_SEL_FORCE."""
+    why = triton_limits.unsupported(q, Dk, Dv, interpreting())
+    if why is not None:
+        return why
     if cap is not None:
         if _parse_cap(cap, "capability") < _parse_cap(st.min_cap, "policy.triton_sel_min_capability"):
             return "capability", f"SM {cap} is below policy.triton_sel_min_capability={st.min_cap}"

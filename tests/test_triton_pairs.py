@@ -72,11 +72,11 @@ def test_a_triton_without_gluon_keeps_the_triton_kernel(monkeypatch):
     monkeypatch.delattr(triton.experimental, "gluon")
     monkeypatch.delitem(sys.modules, "selgate.kernels.triton.pairs")
     monkeypatch.delattr(package, "pairs")
-    fwd._pair_kernel.cache_clear()
+    fwd.pair_kernel.cache_clear()
     try:
-        assert fwd._pair_kernel() is None
+        assert fwd.pair_kernel() is None
     finally:
-        fwd._pair_kernel.cache_clear()
+        fwd.pair_kernel.cache_clear()
 
 
 def _compile(dtype: str, D: int) -> None:

@@ -54,9 +54,9 @@ build_seconds: dict[str, float] = {}  # arch -> wall time of this process's buil
 
 
 def device_arch(device=None) -> str:
-    import torch
+    from selgate.kernels.policy import device_capability
 
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = device_capability(device)
     return f"{major}{minor}"
 
 

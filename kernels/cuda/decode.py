@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 
 from selgate.kernels.errors import BackendUnavailable
+from selgate.kernels.policy import device_capability
 from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 
 from . import build
 
+# What the kernel takes; the conformance registry declares the `cuda` entry from these.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HEAD_DIM_MULTIPLE = 8  # 16-byte vectors of fp16/bf16
 MAX_HEAD_DIM = 256
 MAX_RANGES = 1024  # per row; the row's prefix sums live in shared memory
 MAX_S_KV = 2**31 - 1  # key indices and row lengths are int32 in the kernel
@@ -48,8 +51,9 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
     if q.dtype not in DTYPES:
         return BackendUnavailable("dtype", f"expected fp16, bf16 or fp32, got {q.dtype}")
     for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
-        if dim % 8 or dim > MAX_HEAD_DIM:
-            return BackendUnavailable("head_dim", f"{name}={dim}: expected a multiple of 8 up to {MAX_HEAD_DIM}")
+        if dim % HEAD_DIM_MULTIPLE or dim > MAX_HEAD_DIM:
+            return BackendUnavailable("head_dim", f"{name}={dim}: expected a multiple of {HEAD_DIM_MULTIPLE} "
+                                                  f"up to {MAX_HEAD_DIM}")
     if d.n > MAX_RANGES:
         return BackendUnavailable("ranges", f"n={d.n} ranges per row: at most {MAX_RANGES}")
     if d.S_kv > MAX_S_KV:
@@ -58,9 +62,10 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
         return BackendUnavailable("no_cuda", "no CUDA device is visible")
     if q.device.type != "cuda":
         return BackendUnavailable("device", f"inputs are on {q.device}, not on a CUDA device")
-    cap = torch.cuda.get_device_capability(q.device)
+    cap = device_capability(q.device)
     if cap < MIN_CAPABILITY:
-        return BackendUnavailable("capability", f"compute capability {cap[0]}.{cap[1]} < 8.0")
+        return BackendUnavailable("capability", f"compute capability {cap[0]}.{cap[1]} < "
+                                                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}")
     return None
 
 

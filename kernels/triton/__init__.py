@@ -5,12 +5,16 @@ from __future__ import annotations
 import torch
 
 from selgate.kernels.errors import BackendUnavailable
-from selgate.kernels.policy import capability, settings, triton_unsupported
+from selgate.kernels import triton_limits
+from selgate.kernels.policy import capability, interpreting, settings, triton_unsupported
 from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 
 from .autograd import selection_attention_triton_autograd
-from .fwd import INT32_MAX, triton_forward
+from . import tuning
+from .fwd import INT32_MAX, launch_config, pair_kernel, tma_unsupported, triton_forward
+
+FORWARD_KERNELS = ("gather", "tma", "pairs")
 
 
 def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
@@ -42,4 +46,36 @@ def run_triton(q, k, v, norm, *, scale: float, positions, allow_grad: bool):
     return run(q, k, v, norm, scale=scale, positions=positions)
 
 
-__all__ = ["run_triton", "selection_attention_triton", "triton_forward"]
+def forward_kernel_unsupported(kernel: str, q, k, v, positions=None) -> str | None:
+    """Why the forward kernel `kernel` (FORWARD_KERNELS) cannot take this call, or None."""
+    if kernel == "tma":
+        return tma_unsupported(k, v)
+    if kernel == "pairs":
+        pairs = pair_kernel()
+        return "this triton has no Gluon" if pairs is None else pairs.unsupported(q, k, v, positions)
+    if kernel != "gather":
+        raise ValueError(f"kernel: expected one of {FORWARD_KERNELS}, got {kernel!r}")
+    return None
+
+
+def selection_attention_kernel(kernel: str, q, k, v, ranges, *, scale=None, positions=None, return_lse=False):
+    """One named forward kernel ("gather", "tma" or "pairs"), whatever the profile would
+    choose: the conformance matrix checks each kernel on its own this way. Strict: raises
+    `BackendUnavailable` when that kernel cannot take the call, never runs another. Forward
+    only (no autograd); the launch parameters are the profile's for the call's kind."""
+    d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
+    why = triton_limits.unsupported(q, d.Dk, d.Dv, interpreting())
+    if why is not None:
+        raise BackendUnavailable(*why)
+    detail = forward_kernel_unsupported(kernel, q, k, v, positions)
+    if detail is not None:
+        raise BackendUnavailable(kernel, detail)
+    cfg = launch_config(d.Dk, d.Dv, q.element_size(), tuning.kind_of(q.device, d.S))
+    cfg = {**cfg, "TMA": kernel == "tma", "PAIRS": kernel == "pairs"}
+    norm = normalize_ranges(ranges, d.S_kv, positions)
+    o, lse = triton_forward(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions, config=cfg)
+    return (o, lse) if return_lse else o
+
+
+__all__ = ["FORWARD_KERNELS", "forward_kernel_unsupported", "run_triton", "selection_attention_kernel",
+           "selection_attention_triton", "triton_forward"]

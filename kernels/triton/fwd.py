@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from selgate.kernels.policy import interpreting
+from selgate.kernels.policy import device_capability, interpreting
+from selgate.kernels.triton_limits import TMA_MIN_CAPABILITY
 from selgate.kernels.stats import record_launch
 
 from . import tuning
@@ -240,19 +241,29 @@ def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=No
     return tuning.fwd_config(Dk, Dv, item, kind, dtype=dtype, S_kv=S_kv, n=n, tune=tune)
 
 
-def tma_supported(k, v) -> bool:
-    """Whether K and V can be read through tensor descriptors: SM >= 9.0 (or the
-    interpreter), at least one key and positive strides (a descriptor takes neither an empty
-    shape nor a broadcast, stride-0, dimension) and every row on a 16-byte boundary."""
+def tma_unsupported(k, v) -> str | None:
+    """Why K and V cannot be read through tensor descriptors, or None: they need SM >= 9.0
+    (or the interpreter), at least one key, keys counted in int32, and positive strides (a
+    descriptor takes neither an empty shape nor a broadcast, stride-0, dimension) with every
+    row on a 16-byte boundary."""
     if k.shape[2] == 0:
-        return False
+        return "no keys: a tensor descriptor takes no empty dimension"
+    if k.shape[2] > INT32_MAX:
+        return f"S_kv={k.shape[2]} > 2^31 - 1: tensor descriptor coordinates are int32"
     if k.device.type == "cuda":
-        if torch.cuda.get_device_capability(k.device)[0] < 9:
-            return False
+        cap = device_capability(k.device)
+        if cap < TMA_MIN_CAPABILITY:
+            return f"SM {cap[0]}.{cap[1]} < {TMA_MIN_CAPABILITY[0]}.{TMA_MIN_CAPABILITY[1]}"
     elif not interpreting():
-        return False
-    return all(x.data_ptr() % 16 == 0 and all(st > 0 and st * x.element_size() % 16 == 0 for st in x.stride()[:3])
-               for x in (k, v))
+        return f"k is on {k.device}; TMA needs a CUDA device or TRITON_INTERPRET=1"
+    for name, x in (("k", k), ("v", v)):
+        if x.data_ptr() % 16 or not all(st > 0 and st * x.element_size() % 16 == 0 for st in x.stride()[:3]):
+            return f"{name} strides {x.stride()}: rows not positive 16-byte multiples on a 16-byte boundary"
+    return None
+
+
+def tma_supported(k, v) -> bool:
+    return tma_unsupported(k, v) is None
 
 
 def tma_descriptors(k, v, block_l: int):
@@ -265,7 +276,7 @@ def tma_descriptors(k, v, block_l: int):
 
 
 @functools.cache
-def _pair_kernel():
+def pair_kernel():
     """pairs.py, imported where a profile turns it on; None (this kernel serves) where this
     Triton has no Gluon."""
     try:
@@ -304,7 +315,7 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
             tune=lambda default: tuning.tune_fwd(
                 lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
                 default=default, do_bench=tuning.device_bench(q.device))["config"])
-        pairs = _pair_kernel() if cfg.get("PAIRS") else None
+        pairs = pair_kernel() if cfg.get("PAIRS") else None
         if pairs is not None and pairs.unsupported(q, k, v, positions) is None:
             record_launch("triton_fwd")
             record_launch("triton_fwd_pairs")

@@ -26,11 +26,15 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from selgate.kernels.policy import device_capability
+from selgate.kernels.triton_limits import (PAIRS_CAPABILITY_MAJOR, PAIRS_DTYPES, PAIRS_HEAD_DIMS,
+                                           PAIRS_MAX_HEADS)
+
 ROWS = 2  # rows a program (one warp each); 4 and 8 were slower (fewer programs fit an SM)
 BLOCK = 32  # keys a tile
 STAGES = 2  # tiles in flight a program; 3 stages (98 KB of shared memory) were slower
-HEADS = 16  # heads padded to the MMA's 16 rows
-HEAD_DIMS = (64, 128)
+HEADS = PAIRS_MAX_HEADS  # heads padded to the MMA's 16 rows
+HEAD_DIMS = PAIRS_HEAD_DIMS
 LOG2E = 1.4426950408889634
 
 
@@ -248,8 +252,8 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
 def unsupported(q, k, v, positions) -> str | None:
     """Why this kernel cannot take the call (None when it can): an SM 9.x device (the one it
     was measured on) and `layout_problem`."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "not an SM 9.x device"
+    if not q.is_cuda or device_capability(q.device)[0] != PAIRS_CAPABILITY_MAJOR:
+        return f"not an SM {PAIRS_CAPABILITY_MAJOR}.x device"
     return layout_problem(q, k, v, positions)
 
 
@@ -257,7 +261,7 @@ def layout_problem(q, k, v, positions) -> str | None:
     """fp16/bf16, Dk == Dv in HEAD_DIMS, h <= 16, no explicit positions, and K and V each
     addressable as one [B*G*S_kv, D] row table (the (b, g) strides collapse onto the key
     stride) on 16-byte boundaries; None when all hold."""
-    if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
+    if q.dtype not in PAIRS_DTYPES or not q.dtype == k.dtype == v.dtype:
         return f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
     B, S, G, h, Dk = q.shape
     if h > HEADS or Dk not in HEAD_DIMS or v.shape[3] != Dk:
