@@ -8,7 +8,8 @@ pytest by the runner through SELGATE_DURATIONS. Tests of at least COSTLY_S move 
 slowest first; every other test keeps its place, so a module's tests stay together and its
 fixtures and compiled kernels are reused. The order is the same on every xdist worker (each one
 collects and sorts the same way), which xdist requires; only the order changes, never the
-selection."""
+selection. A relative SELGATE_DURATIONS is taken from pytest's rootdir (the checkout, in a lane's
+image too)."""
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S) -> li
 def pytest_collection_modifyitems(config, items):
     path = settings.get(DURATIONS_ENV)
     if path:
-        items[:] = costly_first(items, load_durations(path))
+        items[:] = costly_first(items, load_durations(Path(config.rootpath) / path))
 
 
 def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S) -> dict:

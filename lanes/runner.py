@@ -188,8 +188,8 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     extension_cache_dir = settings.get("NSA_SEL_CUDA_CACHE", cache_root() / "cuda")
     env["NSA_SEL_CUDA_CACHE"] = str(extension_cache_dir)
     durations = DURATIONS_DIR / f"{name}.json"
-    if durations.exists():
-        env[DURATIONS_ENV] = str(durations)
+    if durations.exists():   # relative to the checkout: the same file inside a lane's image
+        env[DURATIONS_ENV] = os.path.relpath(durations, ROOT)
 
     junit = f"reports/out/{out_name}/junit.xml"
     args = [*selection_args(lane, policy_only=policy_only), *plugin_args(), *CONFIG_ARGS,

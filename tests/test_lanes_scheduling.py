@@ -64,7 +64,8 @@ def test_a_lane_with_committed_durations_names_them_to_its_run(tmp_path, monkeyp
     monkeypatch.setattr(runner, "DURATIONS_DIR", tmp_path)
     assert ordering.DURATIONS_ENV not in plan_lane(load_lane("cpu"), capability=None).env
     (tmp_path / "cpu.json").write_text('{"tests": {}}')
-    assert plan_lane(load_lane("cpu"), capability=None).env[ordering.DURATIONS_ENV] == str(tmp_path / "cpu.json")
+    named = plan_lane(load_lane("cpu"), capability=None).env[ordering.DURATIONS_ENV]
+    assert not os.path.isabs(named) and (runner.ROOT / named).resolve() == (tmp_path / "cpu.json").resolve()
 
 
 def test_costly_tests_go_first_slowest_first_and_the_rest_keep_their_place():
@@ -86,7 +87,7 @@ def test_the_plugin_orders_a_real_collection_the_same_way(tmp_path):
                                           "def test_x(i):\n    pass\n")
     durations = tmp_path / "durations.json"
     durations.write_text(json.dumps({"tests": {"test_mod.py::test_x[4]": 12.0, "test_mod.py::test_x[2]": 40.0}}))
-    env = {**os.environ, ordering.DURATIONS_ENV: str(durations), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {**os.environ, ordering.DURATIONS_ENV: durations.name, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}   # from rootdir
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "selgate.lanes.ordering",
                           "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_mod.py"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=120, check=False)
