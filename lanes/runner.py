@@ -39,6 +39,9 @@ CONFIG_ARGS = ("-c", "pyproject.toml", "--rootdir", ".")
 CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 CACHE_ENV = ("TRITON_CACHE_DIR", "NSA_SEL_CUDA_CACHE")
 GPU_GB_PER_WORKER = 10      # GPU memory (GB) one worker of a GPU lane may take
+# An idle worker takes tests queued behind another's long one (with `load` they wait for it:
+# 2 of the CPU lane's 8 minutes were its second worker idle behind a 330 s compile).
+DIST = "worksteal"
 UNSET_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 
 
@@ -193,7 +196,7 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
 
     junit = f"reports/out/{out_name}/junit.xml"
     args = [*selection_args(lane, policy_only=policy_only), *plugin_args(), *CONFIG_ARGS,
-            "-n", str(workers), "--dist", "load", "--max-worker-restart", str(lane["max_worker_restart"]),
+            "-n", str(workers), "--dist", DIST, "--max-worker-restart", str(lane["max_worker_restart"]),
             "--timeout", str(lane["timeout"]), "--timeout-method", "thread",
             "--junitxml", junit, "-o", "junit_family=xunit2", "-o", "console_output_style=progress",
             "-rfE"]
