@@ -45,7 +45,11 @@ def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S) -> li
 def pytest_collection_modifyitems(config, items):
     path = settings.get(DURATIONS_ENV)
     if path:
-        items[:] = costly_first(items, load_durations(Path(config.rootpath) / path))
+        full = Path(config.rootpath) / path
+        if not full.is_file():
+            raise pytest.UsageError(f"{DURATIONS_ENV}: no durations file {full} (relative paths are taken from "
+                                    f"the rootdir {config.rootpath})")
+        items[:] = costly_first(items, load_durations(full))
 
 
 def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S) -> dict:

@@ -95,6 +95,15 @@ def test_the_plugin_orders_a_real_collection_the_same_way(tmp_path):
     assert ids == ["test_x[2]", "test_x[4]", "test_x[0]", "test_x[1]", "test_x[3]", "test_x[5]"], out.stdout + out.stderr
 
 
+def test_a_missing_durations_file_is_a_usage_error_naming_it(tmp_path):
+    (tmp_path / "test_mod.py").write_text("def test_x():\n    pass\n")
+    env = {**os.environ, ordering.DURATIONS_ENV: "lanes/durations/cpu.json", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "selgate.lanes.ordering",
+                          "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_mod.py"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 4 and "SELGATE_DURATIONS: no durations file" in out.stderr, out.stdout + out.stderr
+
+
 def test_durations_are_recorded_from_a_lanes_junit(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out" / "cpu"
     out.mkdir(parents=True)
