@@ -18,8 +18,8 @@ def gather(q, k, v, ranges, *, scale=None):
     B, S, G, h, Dk = q.shape
     S_kv = k.shape[2]
     scale = Dk ** -0.5 if scale is None else scale
-    t = torch.arange(S) + S_kv - S
-    key = torch.arange(S_kv)
+    t = torch.arange(S, device=q.device) + S_kv - S
+    key = torch.arange(S_kv, device=q.device)
     r = ranges.long()[..., None]                                   # [B, S, G, n, 2, 1]
     mask = ((key >= r[..., 0, :]) & (key < r[..., 1, :])).any(3)   # [B, S, G, S_kv]
     mask &= (key <= t[:, None])[None, :, None]
