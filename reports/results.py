@@ -3,6 +3,7 @@ lane's inventory.json, or the note of a run refused before it started) with juni
 their lane and environment as properties."""
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -88,12 +89,27 @@ def _json(path: Path) -> dict | None:
         raise ValueError(f"{path}: not JSON ({e})") from None
 
 
+def junit_path(lane_dir: Path) -> Path:
+    """`junit.xml`, or the `junit.xml.gz` that committed evidence keeps (a lane's JUnit is
+    megabytes of repeated XML; gzip makes it a tenth)."""
+    plain = Path(lane_dir) / "junit.xml"
+    packed = plain.with_name("junit.xml.gz")
+    return packed if packed.exists() and not plain.exists() else plain
+
+
+def read_junit(path: Path) -> JUnitXml:
+    if path.suffix == ".gz":
+        with gzip.open(path) as f:
+            return JUnitXml.fromfile(f)
+    return JUnitXml.fromfile(str(path))
+
+
 def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
     """The lane's results, or None when it has neither junit.xml nor a refusal note;
     ValueError names a file that does not parse."""
     from selgate.lanes.runner import REFUSED_FILE
 
-    junit = Path(lane_dir) / "junit.xml"
+    junit = junit_path(lane_dir)
     refused = _json(Path(lane_dir) / REFUSED_FILE)
     if refused is not None:
         return LaneResult(name, junit, None, refused=str(refused.get("error", "no reason recorded")))
@@ -102,7 +118,7 @@ def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
     result = LaneResult(name, junit, _json(junit.parent / ENV_FILE), inventory=_json(junit.parent / INVENTORY_FILE))
     by_id: dict = {}
     try:
-        suites = list(JUnitXml.fromfile(str(junit)))
+        suites = list(read_junit(junit))
     except SyntaxError as e:  # ElementTree's and lxml's parse errors both derive from it
         raise ValueError(f"{junit}: not a JUnit XML file ({e})") from None
     for suite in suites:
@@ -140,7 +156,7 @@ def merge(results: dict, path: Path) -> JUnitXml:
     for name, lane in results.items():
         if lane.refused is not None:
             continue
-        for suite in JUnitXml.fromfile(str(lane.junit)):
+        for suite in read_junit(lane.junit):
             suite.name = f"{name}"
             suite.add_property("lane", name)
             for key, value in sorted((lane.environment or {"environment": "missing"}).items()):

@@ -896,6 +896,7 @@ __global__ void __launch_bounds__(kSimtThreads, 2) sel_decode_simt(const Params 
         sum += e;
       }
       sum = warp_sum(sum);
+      __syncwarp();  // every lane's read of m_run[hh] is ordered before lane 0 rewrites it (racecheck)
       if (lane == 0) {
         const float a = exp2f(m_old - m_new);
         alpha[hh] = a;
