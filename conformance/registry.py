@@ -31,7 +31,6 @@ from .cases import SIZES, Case
 
 LOW_AND_FP32 = (torch.float16, torch.bfloat16, torch.float32)
 ALL_DTYPES = LOW_AND_FP32 + (torch.float64,)
-BF16_INTERPRETER = "triton interpreter computes bf16 wrongly (triton-lang/triton#11584)"
 
 
 @dataclass(frozen=True)
@@ -318,7 +317,7 @@ _pairs_call, _ = _kernel("pairs")
 # Declared from the kernels' own limits (selgate.kernels.triton_limits, kernels/cuda/decode.py).
 _TRITON = dict(dtypes=triton_limits.DTYPES, head_dim_multiple=triton_limits.HEAD_DIM_MULTIPLE,
                max_head_dim=triton_limits.MAX_HEAD_DIM, lse=True, cpu_smoke_only=True,
-               cpu_dtype_skips={torch.bfloat16: BF16_INTERPRETER})
+               cpu_dtype_skips={torch.bfloat16: triton_limits.BF16_INTERPRETER})
 
 REGISTRY = {
     # The dense-mask golden formulation, checked against the gather one the matrix compares

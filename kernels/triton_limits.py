@@ -9,7 +9,7 @@ import torch
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8
 MAX_HEAD_DIM = 256
-BF16_INTERPRETER = "bf16 under TRITON_INTERPRET computes wrongly (triton issue 11584)"
+BF16_INTERPRETER = "bf16 under TRITON_INTERPRET computes wrongly (triton-lang/triton#11584)"
 
 TMA_MIN_CAPABILITY = (9, 0)  # tensor descriptors
 

@@ -1,7 +1,7 @@
 """The Triton backward (dq, dk, dv) against fp64 reference gradients (SPEC.md tolerances).
 
 On CPU the kernels run under TRITON_INTERPRET=1 on tiny shapes; bf16 runs on GPU only
-(the interpreter computes bf16 dots wrongly, triton issue 11584). Outputs are NaN-poisoned
+(the interpreter computes bf16 dots wrongly, triton-lang/triton#11584). Outputs are NaN-poisoned
 before each call, and NaN keys outside the selection must not leak into any gradient."""
 import os
 
@@ -23,7 +23,7 @@ from tests.helpers import random_inputs  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16,
           pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-              DEVICE == "cpu", reason="bf16 is wrong under TRITON_INTERPRET (triton issue 11584)"))]
+              DEVICE == "cpu", reason="bf16 is wrong under TRITON_INTERPRET (triton-lang/triton#11584)"))]
 
 
 def heavy_reuse_ranges(B, S, G, S_kv, l_sel, n, seed):

@@ -25,7 +25,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [
     torch.float32, torch.float16,
     pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-        not ON_GPU, reason="the Triton interpreter computes bf16 wrongly (triton issue 11584)")),
+        not ON_GPU, reason="the Triton interpreter computes bf16 wrongly (triton-lang/triton#11584)")),
 ]
 # (B, S, G, h, Dk, Dv, S_kv, n): decode, prefill with Dk=8 and h=16, h=1 with S > S_kv rows
 SHAPES = {
