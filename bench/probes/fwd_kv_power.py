@@ -61,7 +61,6 @@ for rnd in range(2):
         t_st, sm2, w2, r2 = sampled(lambda: stream_ms(xs))
         rows.append((rnd, layout, t_db, sm1, w1, t_st, sm2, w2, r1 + r2))
         print(rows[-1], flush=True)
-        del xs
 print("| round | layout | do_bench ms | SM MHz | W | stream ms | SM MHz | W | event reasons |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:

@@ -21,8 +21,8 @@ def _attend(q, k, v, mask, scale):
     s = torch.where(sel, s, 0.0)
     top = torch.where(sel, s, float("-inf")).amax(-1, keepdim=True).clamp(min=-1e30)
     p = torch.where(sel, torch.exp(s - top), 0.0)
-    l = p.sum(-1, keepdim=True)
-    o = torch.einsum("bthgk,bthkd->bthgd", p, v_rows) / torch.where(l > 0, l, 1.0)
+    total = p.sum(-1, keepdim=True)
+    o = torch.einsum("bthgk,bthkd->bthgd", p, v_rows) / torch.where(total > 0, total, 1.0)
     return o.to(v.dtype)
 
 

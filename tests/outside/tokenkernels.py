@@ -31,8 +31,8 @@ def gather(q, k, v, ranges, *, scale=None):
     s = torch.where(sel, s, 0.0)
     top = torch.where(sel, s, float("-inf")).amax(-1, keepdim=True).clamp(min=-1e300)
     p = torch.where(sel, torch.exp(s - top), 0.0)
-    l = p.sum(-1, keepdim=True)
-    return (torch.einsum("bsghk,bsgkd->bsghd", p, v_rows) / torch.where(l > 0, l, 1.0)).to(v.dtype)
+    total = p.sum(-1, keepdim=True)
+    return (torch.einsum("bsghk,bsgkd->bsghd", p, v_rows) / torch.where(total > 0, total, 1.0)).to(v.dtype)
 
 
 def off_by_a_little(q, k, v, ranges, *, scale=None):
