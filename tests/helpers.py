@@ -2,11 +2,24 @@
 SPEC.md's acceptance against the fp64 reference."""
 from __future__ import annotations
 
+import pytest
 import torch
 
+from selgate.kernels import reset_stats
+from selgate.kernels.policy import ENV_FLAGS
 from selgate.reference import resolve_scale, selection_attention_ref
 from selgate.reference.golden import gather_attention
 from selgate.reference.ranges import expand_ranges, selected_lengths
+
+
+@pytest.fixture
+def clean_dispatcher(monkeypatch):
+    """The dispatcher with none of its flags set and its counters reset, before and after."""
+    for name in ENV_FLAGS:
+        monkeypatch.delenv(name, raising=False)
+    reset_stats()
+    yield
+    reset_stats()
 
 
 def random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.float64, seed=0,

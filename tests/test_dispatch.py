@@ -19,7 +19,7 @@ from selgate.kernels import config as config_mod
 from selgate.kernels.errors import StrictModeError
 from selgate.kernels.policy import ENV_FLAGS, settings
 from selgate.reference import RangeError, normalize_ranges, selected_lengths, selection_attention_ref
-from tests.helpers import random_inputs
+from tests.helpers import clean_dispatcher, random_inputs  # noqa: F401 (a fixture)
 
 ON_GPU = torch.cuda.is_available()
 CAN_LAUNCH = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
@@ -27,13 +27,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 needs_triton = pytest.mark.skipif(not CAN_LAUNCH, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ENV_FLAGS:
-        monkeypatch.delenv(name, raising=False)
-    reset_stats()
-    yield
-    reset_stats()
+pytestmark = pytest.mark.usefixtures("clean_dispatcher")
 
 
 def inputs(dtype=torch.float32, **kw):

@@ -14,10 +14,9 @@ import torch
 
 from selgate.kernels import capability_override, reset_stats, selection_attention, selection_attention_varlen, stats
 from selgate.kernels.errors import ConfigError, StrictModeError
-from selgate.kernels.policy import ENV_FLAGS
 from selgate.reference import normalize_ranges, selection_attention_ref
 from selgate.reference.varlen import varlen_to_batched
-from tests.helpers import random_inputs
+from tests.helpers import clean_dispatcher, random_inputs  # noqa: F401 (a fixture)
 
 ON_GPU = torch.cuda.is_available()
 CAN_LAUNCH = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
@@ -28,13 +27,7 @@ BACKENDS = ("reference", "sdpa", pytest.param("triton", marks=needs_triton))
 INT64_MAX = 2**63 - 1
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ENV_FLAGS:
-        monkeypatch.delenv(name, raising=False)
-    reset_stats()
-    yield
-    reset_stats()
+pytestmark = pytest.mark.usefixtures("clean_dispatcher")
 
 
 def call(backend, *args, **kw):
