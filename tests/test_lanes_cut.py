@@ -80,7 +80,9 @@ def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming
     assert lane is not None, output[-3000:]
     outcomes = [c.outcome for c in lane.cases]
     assert all(c.nodeid.startswith("test_slow_lane.py::test_step[") for c in lane.cases), lane.cases
-    assert outcomes.count("pass") >= 6 and len(outcomes) < TESTS, outcomes
+    # a test marks itself before its worker reports it: up to one report per worker (2) may be
+    # in flight when the signal lands, and the JUnit holds what the controller had received
+    assert outcomes.count("pass") >= 6 - 2 and len(outcomes) < TESTS, outcomes
     cut = json.loads((out_root / "cpu" / "environment.json").read_text())["cut"]
     assert not (out_root / "cpu" / "inventory.json").exists()   # its collection is stopped, not waited for
     assert cut["signal"] == "SIGINT" and cut["tests_collected"] == TESTS
