@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from selgate.reports.stamp import outcome_known
+
 INTERVAL_ENV = "SELGATE_PROGRESS_S"
 DEFAULT_INTERVAL_S = 30.0
 STEP_PERCENT = 5
@@ -80,7 +82,7 @@ class ProgressPlugin:
         self.progress.total = len(ids)
 
     def pytest_runtest_logreport(self, report):
-        if report.when == "teardown" or report.failed:
+        if outcome_known(report):
             self._write(self.progress.finished(report.nodeid))
 
 

@@ -24,7 +24,7 @@ from .tree import tree_stamp
 
 TREE = pytest.StashKey[dict]()
 INVENTORY = pytest.StashKey[subprocess.Popen]()
-# Tests with a final report so far, and what interrupted the session: a cut run records how
+# Tests whose outcome is known so far, and what interrupted the session: a cut run records how
 # far it got. Module state, like pytest's own plugins keep per session; reset as one starts.
 _done: set = set()
 _interrupt: list = []
@@ -89,10 +89,15 @@ def _controller_xml(config) -> str | None:
     return None if hasattr(config, "workerinput") else config.option.xmlpath
 
 
+def outcome_known(report) -> bool:
+    """A test's outcome is known at its call report, at a setup that did not pass (skipped or
+    errored) or at any failure (xdist reports a crashed worker's test once, as failed): the
+    moment the JUnit holds it, so that a cut run never counts fewer tests done than its JUnit."""
+    return report.when == "call" or (report.when == "setup" and not report.passed) or report.failed
+
+
 def pytest_runtest_logreport(report):
-    """A test is done at its teardown report, or at a failure of its own (xdist reports a
-    crashed worker's test once, as failed)."""
-    if report.when == "teardown" or report.failed:
+    if outcome_known(report):
         _done.add(report.nodeid)
 
 
