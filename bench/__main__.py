@@ -5,6 +5,7 @@
   baseline    promote a results CSV to the committed baseline of its device
   compare     compare the latest results with the baseline (exit 1 when a config regressed)
   tune        tune the Triton launch parameters ahead of time (writes configs/tuned/<device>.json)
+  plot        draw the decode and prefill PNGs from results CSVs (needs matplotlib: selgate[plots])
 """
 from __future__ import annotations
 
@@ -187,6 +188,23 @@ def cmd_compare(a) -> int:
     return 1 if cmp.blocking else 0
 
 
+def cmd_plot(a) -> int:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("python -m selgate.bench plot needs matplotlib, an optional dependency: pip install selgate[plots]",
+              file=sys.stderr)
+        return 2
+    from .plots import PlotError, write_plots
+
+    try:
+        lines = write_plots(a.csv, a.out)
+    except PlotError as e:
+        raise SystemExit(f"plot: {e}") from None
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m selgate.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,6 +219,10 @@ def main(argv=None) -> int:
     b.add_argument("--device")
     c = sub.add_parser("compare", help="latest results vs the committed baseline")
     c.add_argument("--device")
+    pl = sub.add_parser("plot", help="decode and prefill PNGs from results CSVs (bench/plots.py)")
+    pl.add_argument("--csv", type=Path, nargs="+", required=True,
+                    help="results CSVs of one device; a later CSV's row replaces an earlier one of the same config and method")
+    pl.add_argument("--out", type=Path, required=True, help="folder for the PNGs (docs/img for the docs)")
     from . import tune
 
     tune.add_parser(sub, int_list, choice_list, DTYPES)
@@ -213,7 +235,7 @@ def main(argv=None) -> int:
         except (ImportError, AttributeError, TypeError, ValueError, OSError) as e:
             parser.error(str(e))
     commands = {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare,
-                "tune": tune.cmd_tune}
+                "tune": tune.cmd_tune, "plot": cmd_plot}
     return commands[a.command](a)
 
 

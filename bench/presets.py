@@ -6,7 +6,9 @@ D=Dv=128, L in {512, 1024}; prefill bf16 B=1, T=65536, 64 heads in 4 groups, D=D
 reported beside it). `seed`: H in {4, 8}, D, Dv in {64, 128}, L in {16..1024}, N in {64, 256, 1024},
 few/many/mixed (504 decode configurations, few timed calls each). `full`: both.
 `launch`: Triton launch variants (BLOCK_L x warps x stages) over L, for the optimiser's
-per-bucket block sizes.
+per-bucket block sizes. `prefill_scaling`: the acceptance prefill setting at T in {4k .. 64k}
+(`PREFILL_SCALING_T`), ours beside fla-core and the SDPA baselines that fit, for the prefill
+plot (bench/plots.py).
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ def acceptance_decode(dtype: str) -> list[Problem]:
     return [decode_problem(1024, 8, 128, 128, L, dist, dtype) for L in (512, 1024) for dist in ("few", "many")]
 
 
-def acceptance_prefill(dtype: str) -> Problem:
-    return prefill_problem(65536, 64, 4, 128, 128, 64, 16, dtype)
+def acceptance_prefill(dtype: str, T: int = 65536) -> Problem:
+    return prefill_problem(T, 64, 4, 128, 128, 64, 16, dtype)
 
 
 def acceptance(dtype: str = "bfloat16") -> list[Matrix]:
@@ -68,7 +70,24 @@ def full(dtype: str = "bfloat16") -> list[Matrix]:
     return first + [dataclasses.replace(m, problems=[p for p in m.problems if p.key not in seen]) for m in seed(dtype)]
 
 
-PRESETS = {"acceptance": acceptance, "seed": seed, "full": full, "launch": launch}
+PREFILL_SCALING_T = (4096, 8192, 16384, 32768, 65536)
+# gather_sdpa is left out: its gathered K/V (~132 GiB at 64k, linear in T) is over the dense
+# budget (SELGATE_BENCH_DENSE_BUDGET_MB, 8 GiB) even at T=4096; masked_sdpa's mask (quadratic
+# in T) fits at T=4096 only, and is recorded as a skip above it.
+PREFILL_SCALING_METHODS = ("triton", "fla_nsa", "sdpa", "masked_sdpa", "dense_causal")
+
+
+def prefill_scaling(dtype: str = "bfloat16") -> list[Matrix]:
+    """Prefill forward time against T: the acceptance prefill's heads, dims and selection (64
+    heads in 4 groups, D=Dv=128, 16 blocks of 64) at each of PREFILL_SCALING_T, K and V as
+    separate tensors, the acceptance prefill's timing settings. On the H100 about a minute:
+    ~15 s of timed calls (13 calls per row, parity run included; packed SDPA, linear in T, is
+    ~12 s of it from its 474 ms at 64k) plus start-up and compilation."""
+    problems = [acceptance_prefill(dtype, T) for T in PREFILL_SCALING_T]
+    return [Matrix("prefill-scaling", problems, Settings(warmup=2, iters=10, max_seconds=4.0), PREFILL_SCALING_METHODS)]
+
+
+PRESETS = {"acceptance": acceptance, "seed": seed, "full": full, "launch": launch, "prefill_scaling": prefill_scaling}
 
 
 def acceptance_checks(rows: list[dict]) -> list[str]:

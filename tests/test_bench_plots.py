@@ -1,0 +1,142 @@
+"""`python -m selgate.bench plot`: PNGs from results CSVs (a few synthetic rows under the real
+column names), the skipped prefill plot, a missing column, matplotlib missing; and the
+`prefill_scaling` preset that feeds the prefill plot."""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import sys
+
+import pytest
+
+from selgate.bench import tables
+from selgate.bench.__main__ import main
+from selgate.bench.inputs import decode_problem
+from selgate.bench.presets import PRESETS, PREFILL_SCALING_T, acceptance_prefill
+
+PNG = b"\x89PNG\r\n\x1a\n"
+DEVICE = "NVIDIA H100 80GB HBM3"
+SOFTWARE = "torch 2.11.0 triton 3.6.0 driver 580.159.04 commit abc1234"
+DECODE = ("decode_ms_vs_L.png", "decode_hbm_fraction_vs_L.png")
+PREFILL = "prefill_ms_vs_T.png"
+
+
+@pytest.fixture
+def mpl():
+    return pytest.importorskip("matplotlib")
+
+
+def row(p, method: str, ms: float, *, status: str = "ok", **fields) -> dict:
+    base = dataclasses.asdict(p)
+    del base["l_sel"], base["n_blocks"]
+    r = {"config": p.key, **base, "method": method, "ours": method in ("triton", "cuda", "sdpa"), "status": status,
+         "device": DEVICE, "software": SOFTWARE, "copy_gbps": 3000.0, "matmul_tflops": 800.0}
+    if status == "ok":
+        r.update(ms=ms, ms_lo=ms * 0.98, ms_hi=ms * 1.02, iters=15, frac_copy=min(0.02 / ms, 0.97))
+    return {**r, **fields}
+
+
+def decode_rows() -> list[dict]:
+    rows = []
+    for dist in ("few", "many"):
+        for L in (16, 64, 256):
+            p = decode_problem(64, 4, 64, 64, L, dist, "bfloat16")
+            rows += [row(p, "triton", 0.1 + L / 4000, graph_ms=0.01 + L / 5000),
+                     row(p, "cuda", 0.03 + L / 5000, graph_ms=0.01 + L / 5000),
+                     row(p, "sdpa", 1.2 + L / 1000), row(p, "gather_sdpa", 0.5 + L / 500),
+                     row(p, "dense_causal", 0.0, status="skip", note="prefill only")]
+    return rows
+
+
+def prefill_rows(Ts) -> list[dict]:
+    rows = []
+    for T in Ts:
+        p = acceptance_prefill("bfloat16", T)
+        rows += [row(p, "triton", 15.6 * T / 65536), row(p, "fla_nsa", 21.4 * T / 65536),
+                 row(p, "sdpa", 473.5 * T / 65536), row(p, "dense_causal", 112.8 * (T / 65536) ** 2),
+                 row(p, "masked_sdpa", 5.0) if T == 4096 else row(p, "masked_sdpa", 0.0, status="skip")]
+    return rows
+
+
+def plot(capsys, out, *csvs) -> str:
+    assert main(["plot", "--csv", *map(str, csvs), "--out", str(out)]) == 0
+    return capsys.readouterr().out
+
+
+def assert_png(path) -> bytes:
+    data = path.read_bytes()
+    assert data.startswith(PNG) and 10_000 < len(data) < 200_000, (path, len(data))
+    return data
+
+
+def test_decode_plots_written_and_a_single_T_prefill_skipped(mpl, tmp_path, capsys):
+    csv_path = tables.write_csv(decode_rows() + prefill_rows([65536]), tmp_path / "run.csv")
+    out = plot(capsys, tmp_path / "img", csv_path)
+    for name in DECODE:
+        assert_png(tmp_path / "img" / name)
+        assert f"wrote {tmp_path / 'img' / name} (" in out
+    assert not (tmp_path / "img" / PREFILL).exists()
+    assert f"skipped {PREFILL}: the prefill rows hold one sequence length (T=65536" in out
+    assert "--sweep prefill_scaling" in out
+
+
+def test_prefill_plot_from_a_second_csv_and_identical_bytes_on_rerun(mpl, tmp_path, capsys):
+    first = tables.write_csv(decode_rows() + prefill_rows([65536]), tmp_path / "full.csv")
+    scaling = tables.write_csv(prefill_rows(PREFILL_SCALING_T), tmp_path / "prefill_scaling.csv")
+    out = plot(capsys, tmp_path / "a", first, scaling)
+    assert f"wrote {tmp_path / 'a' / PREFILL} (" in out and "T 4096/8192/16384/32768/65536" in out
+    plot(capsys, tmp_path / "b", first, scaling)
+    for name in (*DECODE, PREFILL):
+        assert assert_png(tmp_path / "a" / name) == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_titles_name_the_device_and_software(mpl, tmp_path):
+    from selgate.bench import plots
+
+    rows = plots.load([tables.write_csv(decode_rows() + prefill_rows([4096, 8192]), tmp_path / "run.csv")])
+    with plots._style():
+        figs = plots.decode_figures(rows)
+        figs[PREFILL] = plots.prefill_figure(rows)
+    assert set(figs) == {*DECODE, PREFILL}
+    for fig, _ in figs.values():
+        title = fig.get_suptitle()
+        assert DEVICE in title and SOFTWARE in title
+
+
+def test_a_missing_column_is_named(mpl, tmp_path, capsys):
+    path = tmp_path / "old.csv"
+    columns = [c for c in tables.COLUMNS if c != "frac_copy"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(decode_rows())
+    with pytest.raises(SystemExit) as e:
+        main(["plot", "--csv", str(path), "--out", str(tmp_path / "img")])
+    assert f"{path}: missing column frac_copy" in str(e.value.code)
+    assert not (tmp_path / "img").exists()
+
+
+def test_rows_of_two_devices_are_refused(mpl, tmp_path):
+    a = tables.write_csv(decode_rows(), tmp_path / "a.csv")
+    b = tables.write_csv([dict(r, device="NVIDIA A100-SXM4-80GB") for r in prefill_rows([4096, 8192])], tmp_path / "b.csv")
+    with pytest.raises(SystemExit, match="rows of 2 devices"):
+        main(["plot", "--csv", str(a), str(b), "--out", str(tmp_path / "img")])
+
+
+def test_without_matplotlib_exit_2_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    csv_path = tables.write_csv(decode_rows(), tmp_path / "run.csv")
+    assert main(["plot", "--csv", str(csv_path), "--out", str(tmp_path / "img")]) == 2
+    assert "pip install selgate[plots]" in capsys.readouterr().err
+    assert not (tmp_path / "img").exists()
+
+
+def test_prefill_scaling_preset_is_the_acceptance_prefill_over_T():
+    (m,) = PRESETS["prefill_scaling"]()
+    assert [p.S for p in m.problems] == [4096, 8192, 16384, 32768, 65536] == list(PREFILL_SCALING_T)
+    ref = acceptance_prefill("bfloat16")
+    for p in m.problems:
+        assert dataclasses.replace(p, S=ref.S, S_kv=ref.S_kv) == ref  # only T differs
+    assert m.problems[-1].key == ref.key
+    assert m.methods[:2] == ("triton", "fla_nsa") and {"sdpa", "dense_causal"} <= set(m.methods)
+    assert (m.settings.warmup, m.settings.iters) == (2, 10)
