@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from selgate.kernels.cuda import build, decode, selection_attention_cuda
+from selgate.kernels.cuda import DecodeLaunch, Pdl, Prefetch, Schedule, build, decode, selection_attention_cuda
+from selgate.kernels.cuda.launch import EXT_ORDER
 from selgate.kernels.errors import BackendUnavailable
 from selgate.reference import normalize_ranges
 from tests.helpers import assert_matches_reference, poison_unselected, random_inputs
@@ -160,18 +161,23 @@ def test_normalized_ranges_pass_through_unchanged(runnable):
 
 
 def test_launch_overrides_reach_the_extension(runnable):
+    """The extension takes [stages, split, warps, pdl, slab, schedule, prefetch, occupancy]
+    (tune_of in sel_decode_bind.cpp); no launch is all automatic (zeros)."""
     ext = runnable(FakeExtension())
     q, k, v, r = decode_inputs()
     selection_attention_cuda(q, k, v, r)
-    selection_attention_cuda(q, k, v, r, tune=(3, 2, 4, 1))
-    assert ext.calls[0]["tune"] == [] and ext.calls[1]["tune"] == [3, 2, 4, 1]
+    selection_attention_cuda(q, k, v, r, launch=DecodeLaunch(stages=3, split=2, warps=4, pdl=Pdl.TRIGGER_AFTER_LOOP))
+    selection_attention_cuda(q, k, v, r, launch=DecodeLaunch(schedule=Schedule.SHARED_SLABS, prefetch=Prefetch.NONE,
+                                                             occupancy=5))
+    assert [c["tune"] for c in ext.calls] == [[0] * 8, [3, 2, 4, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 2, 1, 5]]
 
 
-@pytest.mark.parametrize("tune", [(1, 2, 3, 4, 5, 6, 7, 8, 9), (-1,)])
-def test_bad_launch_overrides_are_input_errors(runnable, tune):
-    runnable(FakeExtension())
-    with pytest.raises(ValueError, match="^tune: expected up to 8 non-negative ints"):
-        selection_attention_cuda(*decode_inputs(), tune=tune)
+@pytest.mark.parametrize("launch", [(3, 2, 4, 1), [0, 0, 0, 2], (), {"stages": 3}, 3])
+def test_launch_overrides_by_position_are_refused(runnable, launch):
+    ext = runnable(FakeExtension())
+    with pytest.raises(TypeError, match="^launch: .*DecodeLaunch"):
+        selection_attention_cuda(*decode_inputs(), launch=launch)
+    assert ext.calls == []
 
 
 def test_misaligned_views_are_copied_before_the_kernel(runnable):
@@ -413,21 +419,38 @@ def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, 
     assert res["ok"], res
 
 
+SHARED, PER_WARP = Schedule.SHARED_SLABS, Schedule.PER_WARP_SLABS
+AFTER_LOOP, AFTER_WAIT = Pdl.TRIGGER_AFTER_LOOP, Pdl.TRIGGER_AFTER_WAIT
+
+
 @gpu
-@pytest.mark.parametrize("tune", [(2, 1, 1, 0), (3, 2, 4, 1), (2, 4, 2, 0), (6, 3, 2, 0), (0, 2, 0, 0), (0, 4, 0, 0),
-                                  (2, 1, 2, 0, 16), (3, 2, 4, 1, 16), (0, 0, 0, 0, 16), (0, 0, 0, 2, 0, 1),
-                                  (2, 0, 0, 0, 0, 2), (6, 0, 0, 2, 0, 2), (0, 0, 0, 3), (2, 1, 2, 3, 32, 1),
-                                  (4, 0, 0, 1, 0, 2)])
+@pytest.mark.parametrize("launch", [
+    DecodeLaunch(stages=2, split=1, warps=1),
+    DecodeLaunch(stages=3, split=2, warps=4, pdl=AFTER_LOOP),
+    DecodeLaunch(stages=2, split=4, warps=2),
+    DecodeLaunch(stages=6, split=3, warps=2),
+    DecodeLaunch(split=2),
+    DecodeLaunch(split=4),
+    DecodeLaunch(stages=2, split=1, warps=2, slab=16),
+    DecodeLaunch(stages=3, split=2, warps=4, pdl=AFTER_LOOP, slab=16),
+    DecodeLaunch(slab=16),
+    DecodeLaunch(pdl=Pdl.OFF, schedule=PER_WARP),
+    DecodeLaunch(stages=2, schedule=SHARED),
+    DecodeLaunch(stages=6, pdl=Pdl.OFF, schedule=SHARED),
+    DecodeLaunch(pdl=AFTER_WAIT),
+    DecodeLaunch(stages=2, split=1, warps=2, pdl=AFTER_WAIT, slab=32, schedule=PER_WARP),
+    DecodeLaunch(stages=4, pdl=AFTER_LOOP, schedule=SHARED),
+], ids=DecodeLaunch.label)
 @pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"),
                                                 (2, 256, 256, 333, "many")])
-def test_gpu_parity_of_launch_overrides(tune, h, Dk, Dv, L, dist):
+def test_gpu_parity_of_launch_overrides(launch, h, Dk, Dv, L, dist):
     """Warps, ring depth, cluster split, PDL, keys per warp step and per-warp or shared slabs change the
     schedule, never the function."""
     from selgate.bench.check_cuda_decode import run_case
 
-    if (tune[1] > 1 or tune[3] in (1, 3)) and torch.cuda.get_device_capability() < (9, 0):
+    if launch.needs_sm90() and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("clusters and PDL need SM 9.0")
-    res = run_case(h, Dk, Dv, L, dist, torch.bfloat16, "mma", seed=L + h, device=torch.device("cuda"), tune=tune)
+    res = run_case(h, Dk, Dv, L, dist, torch.bfloat16, "mma", seed=L + h, device=torch.device("cuda"), launch=launch)
     assert res["ok"], res
 
 
@@ -440,15 +463,17 @@ def test_gpu_kv_views_give_the_contiguous_result(layout, dtype, kernel):
     view's keys, or a row addressed as if dense, shows."""
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=dtype, h=8, Dk=64, Dv=128, S_kv=700, n=12, B=3, G=2, seed=4))
     kk, vv = kv_views(k, v, layout)
-    for tune in ((), (2, 1, 4, 0), (4, 1, 2, 3, 32, 2)) if kernel == "mma" else ((),):
-        want = selection_attention_cuda(q, k, v, r, return_lse=True, kernel=kernel, tune=tune)
-        got = selection_attention_cuda(q, kk, vv, r, return_lse=True, kernel=kernel, tune=tune)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (layout, tune)
+    launches = (DecodeLaunch(), DecodeLaunch(stages=2, split=1, warps=4),
+                DecodeLaunch(stages=4, split=1, warps=2, pdl=AFTER_WAIT, slab=32, schedule=SHARED))
+    for launch in launches if kernel == "mma" else (DecodeLaunch(),):
+        want = selection_attention_cuda(q, k, v, r, return_lse=True, kernel=kernel, launch=launch)
+        got = selection_attention_cuda(q, kk, vv, r, return_lse=True, kernel=kernel, launch=launch)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (layout, launch)
         assert not got[0].isnan().any()
 
 
 @gpu
-@pytest.mark.parametrize("prefetch", [1, 2, 3, 4])
+@pytest.mark.parametrize("prefetch", [p for p in Prefetch if p != Prefetch.AUTO], ids=lambda p: p.name)
 def test_gpu_prefetched_first_keys_are_only_a_hint(prefetch):
     """The tail-landing launch asks L2 for keys [0, 64) before its wait (NSA's block 0); rows that
     select none of them (NaN here, with every other unselected key) still match the reference."""
@@ -457,7 +482,8 @@ def test_gpu_prefetched_first_keys_are_only_a_hint(prefetch):
     norm = normalize_ranges(r, k.shape[2])
     kp, vp = poison_unselected(k, v, norm)
     assert kp[:, :, :64].isnan().all()
-    o, lse = selection_attention_cuda(q, kp, vp, r, return_lse=True, kernel="mma", tune=(0, 0, 0, 3, 0, 2, prefetch, 2))
+    launch = DecodeLaunch(pdl=AFTER_WAIT, schedule=SHARED, prefetch=prefetch, occupancy=2)
+    o, lse = selection_attention_cuda(q, kp, vp, r, return_lse=True, kernel="mma", launch=launch)
     assert_matches_reference(q, k, v, norm, o, lse)
 
 
@@ -469,29 +495,48 @@ def test_gpu_dispatchable_errors_stay_reasons():
     assert reason_of(q, k, v, r, kernel="mma").reason == "dtype"
 
 
+def raw_tune(**values) -> list[int]:
+    """The extension's tune list with `values` by field name, unchecked: for launches DecodeLaunch
+    refuses to build, so the extension's own refusal is still tested."""
+    return [values.get(name, 0) for name in EXT_ORDER]
+
+
 @gpu
-@pytest.mark.parametrize("tune, D, message", [
-    ((2, 8, 2, 0), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
-    ((2, 2, 8, 0), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
-    ((4, 1, 8, 1), 128, "more than 4 warps are verified only for Dk \\+ Dv <= 128"),
-    ((0, 0, 0, 0, 8), 64, "slab \\(keys per warp step\\) must be 16 or 32, got 8"),
-    ((0, 0, 4, 0, 0, 2), 64, "the shared-slab schedule runs 2 warps, no split and 32-key slabs, got 4 warps"),
-    ((0, 0, 0, 0, 0, 3), 64, "schedule must be 1 \\(per-warp slabs\\) or 2 \\(shared slabs\\), got 3"),
-    ((0, 0, 0, 4), 64, "pdl must be 0 \\(automatic\\), 1 \\(on\\), 2 \\(off\\) or 3 \\(on, next grid triggered right "
-                       "after the wait\\), got 4"),
-    ((0, 0, 0, 0, 0, 0, 5), 64, "prefetch must be in \\[0, 4\\], got 5")])
-def test_unverified_launches_are_refused(tune, D, message):
-    """Launches that crashed on the H100, or were never verified, are refused with the reason."""
+@pytest.mark.parametrize("values, D, message", [
+    (dict(stages=2, split=8, warps=2), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
+    (dict(stages=2, split=2, warps=8), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
+    (dict(slab=8), 64, "slab \\(keys per warp step\\) must be 16 or 32, got 8"),
+    (dict(warps=4, schedule=2), 64, "the shared-slab schedule runs 2 warps, no split and 32-key slabs, got 4 warps"),
+    (dict(schedule=3), 64, "schedule must be 1 \\(per-warp slabs\\) or 2 \\(shared slabs\\), got 3"),
+    (dict(pdl=4), 64, "pdl must be 0 \\(automatic\\), 1 \\(on\\), 2 \\(off\\) or 3 \\(on, next grid triggered right "
+                      "after the wait\\), got 4"),
+    (dict(prefetch=5), 64, "prefetch must be in \\[0, 4\\], got 5")])
+def test_unverified_launches_are_refused_by_the_extension(values, D, message):
+    """Launches that crashed on the H100, or were never verified, are refused by the extension with
+    the reason, behind DecodeLaunch's own checks (tests/test_cuda_launch.py)."""
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=D, Dv=D))
-    with pytest.raises(BackendUnavailable, match=message):
-        selection_attention_cuda(q, k, v, r, kernel="mma", tune=tune)
+    norm = normalize_ranges(r, k.shape[2]).contiguous()
+    ext = build.load_extension()
+    with pytest.raises(RuntimeError, match=message):
+        ext.fwd(q.contiguous(), k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous(), norm, None, D ** -0.5, True,
+                raw_tune(**values))
+
+
+@gpu
+def test_more_than_4_warps_at_wide_heads_are_refused():
+    """8 warps crashed the host process on the H100 at Dk = Dv = 128: a shape DecodeLaunch cannot
+    see, so the extension refuses it and the wrapper raises it as a reason."""
+    q, k, v, r = (t.cuda() for t in decode_inputs(dtype=torch.bfloat16, Dk=128, Dv=128))
+    launch = DecodeLaunch(stages=4, split=1, warps=8, pdl=AFTER_LOOP)
+    with pytest.raises(BackendUnavailable, match="more than 4 warps are verified only for Dk \\+ Dv <= 128"):
+        selection_attention_cuda(q, k, v, r, kernel="mma", launch=launch)
 
 
 @gpu
 def test_keys_beyond_int32_are_refused():
     """The tensor-core kernel counts positions in 32 bits: S_kv >= 2^31 is refused with its reason."""
     with pytest.raises(RuntimeError, match="S_kv must be below 2\\^31 keys, got 2147483648"):
-        build.load_extension().plan(1, 1, 1, 4, 2 ** 31, 64, 64, 8, True, [])
+        build.load_extension().plan(1, 1, 1, 4, 2 ** 31, 64, 64, 8, True, DecodeLaunch().ext_tune())
 
 
 @gpu
@@ -515,7 +560,7 @@ def test_automatic_launch_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, s
     PDL mode of shared slabs depends on the blocks an SM holds (`bps` on the H100), so another
     count skips it."""
     B = int(rows_per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
-    plan = build.load_extension().plan(1, B, 1, 8, S_kv, Dk, Dv, 8, True, [])
+    plan = build.load_extension().plan(1, B, 1, 8, S_kv, Dk, Dv, 8, True, DecodeLaunch().ext_tune())
     assert plan[10] == schedule
     if torch.cuda.get_device_capability()[0] < 9:
         assert plan[7] == 0 and plan[11] == 1  # PDL needs SM 9.0, the prefetch needs PDL
@@ -551,16 +596,17 @@ def test_gpu_the_last_keys_below_2_31(dtype, kernel):
 
 
 @gpu
-@pytest.mark.parametrize("tune", [(), (0, 0, 0, 0, 0, 1), (2, 0, 0, 0, 0, 2), (3, 2, 4, 0)],
+@pytest.mark.parametrize("launch", [DecodeLaunch(), DecodeLaunch(schedule=PER_WARP), DecodeLaunch(stages=2, schedule=SHARED),
+                                    DecodeLaunch(stages=3, split=2, warps=4)],
                          ids=["auto", "per_warp", "shared", "split2"])
 @pytest.mark.parametrize("dtype, kernel", [(torch.float16, "mma"), (torch.float32, "simt")])
 @pytest.mark.parametrize("kind", ["nan_q", "inf_key"])
-def test_gpu_non_finite_rows_have_nan_lse(kind, dtype, kernel, tune):
+def test_gpu_non_finite_rows_have_nan_lse(kind, dtype, kernel, launch):
     """lse = NaN where the row's top score is not finite (the reference's decision), never the
     empty row's -inf; the finite heads keep the reference's values."""
-    if kernel == "simt" and tune:
+    if kernel == "simt" and launch != DecodeLaunch():
         pytest.skip("launch overrides are the tensor-core kernel's")
-    if tune and tune[1] > 1 and torch.cuda.get_device_capability() < (9, 0):
+    if launch.needs_sm90() and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("clusters need SM 9.0")
     q, k, v, _ = decode_inputs(dtype=torch.float32, h=4, Dk=64, Dv=64, S_kv=300, n=2, B=1, G=1, seed=8)
     r = torch.tensor([[[[[0, 300], [0, 0]]]]])
@@ -574,7 +620,7 @@ def test_gpu_non_finite_rows_have_nan_lse(kind, dtype, kernel, tune):
         q[..., 0] = q[..., 0].abs() + 0.5
         bad[:] = True
     q, k, v, r, bad = (t.cuda() for t in (q.to(dtype), k.to(dtype), v.to(dtype), r, bad))
-    o, lse = selection_attention_cuda(q, k, v, r, return_lse=True, kernel=kernel, tune=tune)
+    o, lse = selection_attention_cuda(q, k, v, r, return_lse=True, kernel=kernel, launch=launch)
     assert bool(lse[bad].isnan().all()), lse
     if (~bad).any():
         from selgate.reference import selection_attention_ref

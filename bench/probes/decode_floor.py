@@ -17,7 +17,7 @@ pdl` split into s programs a row that each write an [h, Dv] fp32 partial, the la
 kernel with a one-kernel merge (FlashDecoding without a second launch) pays. Timed by CUDA-graph replay over the
 same rotating input sets as `check_cuda_decode`, beside the same-size copy, the CUDA kernel
 (automatic launch, which triggers right after the wait at every decode check grid point, and
-`cuda pdl`: tune pdl=1, triggered after its loop) and the Triton decode kernel.
+`cuda pdl`: DecodeLaunch(pdl=Pdl.TRIGGER_AFTER_LOOP), triggered after its loop) and the Triton decode kernel.
 Usage on a GPU machine: python3 bench/probes/decode_floor.py
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from selgate.bench.timing import measure_limits
-from selgate.kernels.cuda import selection_attention_cuda
+from selgate.kernels.cuda import DecodeLaunch, Pdl, selection_attention_cuda
 from selgate.bench.check_cuda_decode import L_SEL, copy_us, graph_us, grid_sets, triton_method
 from selgate.kernels.triton.tiles import gather_keys
 
@@ -134,7 +134,7 @@ def main() -> None:
         "merge 2": read_merge(2),
         "cuda": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True),
         "cuda pdl": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True,
-                                                       tune=(0, 0, 0, 1)),
+                                                       launch=DecodeLaunch(pdl=Pdl.TRIGGER_AFTER_LOOP)),
     }
     tri = triton_method()
     if tri is not None:

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from selgate.bench.timing import time_graph
-from selgate.kernels.cuda import build
+from selgate.kernels.cuda import DecodeLaunch, Prefetch, build
 from selgate.bench.check_cuda_decode import nsa_inputs
 
 HEADER = r'''
@@ -93,9 +93,10 @@ def pct(x: torch.Tensor, q: float) -> float:
     return float(torch.quantile(x.double(), q))
 
 
-def probe(ext, N, h, D, n, tune=(), sets_count=4):
+def probe(ext, N, h, D, n, launch: DecodeLaunch = DecodeLaunch(), sets_count=4):
     sets = [nsa_inputs(N, h, D, n, torch.bfloat16, seed=s, device="cuda") for s in range(sets_count)]
-    calls = [lambda x=x: ext.fwd(x.q, x.k.flatten(0, 1), x.v.flatten(0, 1), x.ranges, None, x.scale, True, list(tune)) for x in sets]
+    tune = launch.ext_tune()  # the patched extension takes the overrides as the plain one does
+    calls = [lambda x=x: ext.fwd(x.q, x.k.flatten(0, 1), x.v.flatten(0, 1), x.ranges, None, x.scale, True, tune) for x in sets]
     per_call = time_graph(calls, torch.device("cuda")).median_ms * 1e3
     ext.timeline()  # reset
     g = torch.cuda.CUDAGraph()
@@ -122,7 +123,7 @@ def probe(ext, N, h, D, n, tune=(), sets_count=4):
     exit_lag = body[..., 5].max(1, keepdim=True).values - body[..., 5]
     sm = (tl[0, :, 0] >> 40).long()
     blocks_per_sm = torch.bincount(sm).float()
-    out = (f"N={N} h={h} D={D} n={n} tune={list(tune) or 'auto'}: graph {per_call:.1f} us/call; span med "
+    out = (f"N={N} h={h} D={D} n={n} launch={launch.label()}: graph {per_call:.1f} us/call; span med "
            f"{spans[2:7].median():.1f} us, gap med {gaps[1:].median():.2f} us, last store to first wait return med "
            f"{wake[1:].median():.2f} us, wait returns spread med {(tw.max(1).values - tw.min(1).values)[2:7].median():.2f} us; warps/call {warps_per_call}, "
            f"warps per SM min/max {blocks_per_sm[blocks_per_sm > 0].min():.0f}/{blocks_per_sm.max():.0f}\n")
@@ -138,8 +139,8 @@ def main() -> int:
     ext = patched_extension()
     shapes = [(256, 4, 64, 8), (256, 8, 64, 8), (256, 4, 64, 16), (1024, 8, 64, 8)]
     for shape in shapes:  # the automatic launch, and the launch of before tail landing (occupancy not capped)
-        for tune in ((), (0, 0, 0, 0, 0, 0, 1, 6)):
-            print(probe(ext, *shape, tune=tune), flush=True)
+        for launch in (DecodeLaunch(), DecodeLaunch(prefetch=Prefetch.NONE, occupancy=6)):
+            print(probe(ext, *shape, launch=launch), flush=True)
     return 0
 
 

@@ -2,8 +2,9 @@
 from selgate.kernels import settings as env
 
 from .decode import selection_attention_cuda
+from .launch import DecodeLaunch, Pdl, Prefetch, Schedule
 
-__all__ = ["selection_attention_cuda"]
+__all__ = ["DecodeLaunch", "Pdl", "Prefetch", "Schedule", "selection_attention_cuda"]
 
 if env.get("NSA_SEL_CUDA_BUILD"):
     from .build import prebuild

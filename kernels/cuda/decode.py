@@ -10,6 +10,9 @@ from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 
 from . import build
+from .launch import DecodeLaunch
+
+_AUTOMATIC = DecodeLaunch()
 
 # What the kernel takes; the conformance registry declares the `cuda` entry from these.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -69,27 +72,37 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
     return None
 
 
+def launch_tune(launch) -> list[int]:
+    """The extension's `tune` list for `launch` (None: automatic); anything but a DecodeLaunch
+    is a TypeError, a positional tuple or list most of all."""
+    if launch is None:
+        launch = _AUTOMATIC
+    elif isinstance(launch, (tuple, list)):
+        raise TypeError(f"launch: positional overrides are not accepted, got {type(launch).__name__} {launch!r}; use "
+                        "selgate.kernels.cuda.DecodeLaunch, whose fields are named (e.g. DecodeLaunch(stages=3, pdl=Pdl.OFF))")
+    elif not isinstance(launch, DecodeLaunch):
+        raise TypeError(f"launch: expected a DecodeLaunch or None, got {type(launch).__name__} {launch!r}")
+    return launch.ext_tune()
+
+
 def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
-                             normalized=False, kernel: str = "auto", tune=None):
+                             normalized=False, kernel: str = "auto", launch: DecodeLaunch | None = None):
     """Selection attention for decode (S == 1) on the CUDA kernel; same contract as the reference.
 
     q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] -> o [B,1,G,h,Dv]
     (dtype of v), and lse fp32 [B,1,G,h] with `return_lse`. Ranges are normalised first
     unless `normalized=True` (the kernel still clamps every read to `<= t`). `kernel`:
-    "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt". `tune`:
-    optional `(stages, split, warps, pdl, slab, schedule, prefetch, occupancy)` launch overrides of the
-    tensor-core kernel, 0 = automatic (benchmarks sweep them; results do not depend on them beyond
-    rounding).
+    "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt". `launch`: a
+    `DecodeLaunch` of launch overrides for the tensor-core kernel (launch.py; None or its defaults:
+    automatic; benchmarks sweep them; results do not depend on them beyond rounding). A tuple or
+    list is refused with a TypeError: the overrides are named fields, never positions.
 
     Raises ValueError/TypeError for bad input and `BackendUnavailable` (reason "not_decode",
     "dtype", "head_dim", "ranges", "no_cuda", "device", "capability", "build" or "launch")
     when this backend cannot serve the call."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    tune = [int(x) for x in (tune or ())]
-    if len(tune) > 8 or any(x < 0 for x in tune):
-        raise ValueError("tune: expected up to 8 non-negative ints (stages, split, warps, pdl, slab, schedule, "
-                         f"prefetch, occupancy), got {tune}")
+    tune = launch_tune(launch)
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     reason = unsupported_reason(q, d)
     if reason is not None:
