@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from selgate.reports.stamp import outcome_known
+from selgate.reports.outcome import outcome_known
 
 INTERVAL_ENV = "SELGATE_PROGRESS_S"
 DEFAULT_INTERVAL_S = 30.0

@@ -20,6 +20,7 @@ from selgate.kernels import settings
 from .environment import ENV_FILE, collect_environment
 from .families import family_of
 from .inventory import INVENTORY_FILE, collect_inventory, start_inventory
+from .outcome import outcome_known
 from .tree import tree_stamp
 
 TREE = pytest.StashKey[dict]()
@@ -87,13 +88,6 @@ def configuration_of(config) -> dict:
 def _controller_xml(config) -> str | None:
     """The JUnit path on the controller; None on xdist workers and runs without JUnit."""
     return None if hasattr(config, "workerinput") else config.option.xmlpath
-
-
-def outcome_known(report) -> bool:
-    """A test's outcome is known at its call report, at a setup that did not pass (skipped or
-    errored) or at any failure (xdist reports a crashed worker's test once, as failed): the
-    moment the JUnit holds it, so that a cut run never counts fewer tests done than its JUnit."""
-    return report.when == "call" or (report.when == "setup" and not report.passed) or report.failed
 
 
 def pytest_runtest_logreport(report):
