@@ -8,7 +8,7 @@ finished). Forward: `triton.autotune` over BLOCK_L x warps x stages. Backward: o
 time around the defaults, then the winners combined (prefill shapes: training). Jobs run in
 order decode fwd, prefill fwd, bwd; a job that would not finish within `--budget_s` (judged by
 the longest job of its phase so far) is skipped and listed. The launch path then reads the file
-from `configs/tuned/` (or `NSA_SEL_TUNED_DIR`) with no tuning at call time.
+from `configs/tuned/` (or `SELGATE_TRITON_TUNED_DIR`) with no tuning at call time.
 """
 from __future__ import annotations
 
@@ -168,11 +168,13 @@ def verify(path: Path, entries: list[dict], rl: int) -> str:
     """Point the launch path at `path` and check it picks every entry just tuned."""
     import os
 
+    from selgate.kernels import settings
     from selgate.kernels.triton import tuning
     from selgate.kernels.triton.bwd import launch_config as bwd_config
     from selgate.kernels.triton.fwd import launch_config as fwd_config
 
-    old = os.environ.get(tuning.ENV_TUNED_DIR)
+    # the folder under every name of the variable (a former name set to another folder would conflict)
+    saved = {name: os.environ.pop(name) for name in settings.names(tuning.ENV_TUNED_DIR) if name in os.environ}
     os.environ[tuning.ENV_TUNED_DIR] = str(path.parent)
     tuning.clear_cache()
     try:
@@ -188,10 +190,8 @@ def verify(path: Path, entries: list[dict], rl: int) -> str:
             ok += picked and tuning.last_choice(e["op"])[2].startswith("tuned")
         return f"verify: the launch path picks {ok}/{len(entries)} tuned entries from {path}"
     finally:
-        if old is None:
-            os.environ.pop(tuning.ENV_TUNED_DIR, None)
-        else:
-            os.environ[tuning.ENV_TUNED_DIR] = old
+        os.environ.pop(tuning.ENV_TUNED_DIR, None)
+        os.environ.update(saved)
         tuning.clear_cache()
 
 

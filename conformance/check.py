@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from selgate.kernels import settings
+
 from .cases import SIZES
 from .check_report import Verdict, judge, render
 from .registry import resolve
@@ -62,7 +64,7 @@ def run(args) -> Verdict:
     for stale in ("junit.xml", "environment.json", "report.md"):   # never judge an earlier run
         (out / stale).unlink(missing_ok=True)
     impl = resolve(args.impl, declare=args.declare)[0]   # a usage error surfaces here, in-process
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "SELGATE_LANE": "check",
+    env = {**settings.current_environ(), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "SELGATE_LANE": "check",
            # the caller's directory, where `pkg.mod` usually lives, for the workers too
            "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:

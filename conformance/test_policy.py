@@ -1,7 +1,7 @@
 """Family policy: the dispatcher's ADR and fallback rules, proven by its counters.
 
 ADR-2025-08-M4-02: on SM 8.9 the Triton selection kernel never launches unless
-NSA_TRITON_SEL_FORCE=1. Every rung that leaves Triton records its reason, and whatever
+SELGATE_TRITON_FORCE=1. Every rung that leaves Triton records its reason, and whatever
 backend serves the call gives the golden result (a fallback has the fast path's semantics).
 Capabilities are simulated with `capability_override`; on CPU Triton runs in its interpreter.
 """
@@ -23,14 +23,14 @@ TRITON_SKIP = skip_reason(REGISTRY["triton"], None, "cuda" if torch.cuda.is_avai
 # (capability, env, backend that must serve the call, fallback reason that must be counted)
 SCENARIOS = {
     "sm89-adr-keeps-triton-off": ("8.9", {}, "sdpa", "triton:adr_policy"),
-    "sm89-forced-runs-triton": ("8.9", {"NSA_TRITON_SEL_FORCE": "1"}, "triton", None),
-    "sm89-force-beats-disabled-flag": ("8.9", {"NSA_TRITON_SEL_FORCE": "1", "NSA_USE_TRITON_SEL": "0"}, "triton", None),
+    "sm89-forced-runs-triton": ("8.9", {"SELGATE_TRITON_FORCE": "1"}, "triton", None),
+    "sm89-force-beats-disabled-flag": ("8.9", {"SELGATE_TRITON_FORCE": "1", "SELGATE_TRITON_ENABLE": "0"}, "triton", None),
     "sm90-runs-triton": ("9.0", {}, "triton", None),
     "sm80-runs-triton": ("8.0", {}, "triton", None),
     "sm75-below-min-capability": ("7.5", {}, "sdpa", "triton:capability"),
-    "sm90-min-L": ("9.0", {"NSA_SEL_TRITON_MIN_L": "100000"}, "sdpa", "triton:min_L"),
-    "sm90-disabled-flag": ("9.0", {"NSA_USE_TRITON_SEL": "0"}, "sdpa", "triton:disabled"),
-    "sm90-force-parity": ("9.0", {"NSA_FORCE_PARITY": "1"}, "reference", None),
+    "sm90-min-L": ("9.0", {"SELGATE_TRITON_MIN_L": "100000"}, "sdpa", "triton:min_L"),
+    "sm90-disabled-flag": ("9.0", {"SELGATE_TRITON_ENABLE": "0"}, "sdpa", "triton:disabled"),
+    "sm90-force-parity": ("9.0", {"SELGATE_FORCE_PARITY": "1"}, "reference", None),
 }
 
 
@@ -39,7 +39,7 @@ def dispatcher(monkeypatch):
     """The dispatcher with its flags cleared (min-L 0 unless a scenario sets it) and counters reset."""
     for flag in ENV_FLAGS:
         monkeypatch.delenv(flag, raising=False)
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     import selgate.kernels as kernels
     kernels.reset_stats()
     return kernels
@@ -64,7 +64,7 @@ def test_policy(dispatcher, monkeypatch, scenario):
     assert launched == (served_by == "triton"), f"{scenario}: triton_fwd launches {launched}, counters {st}"
     if reason is not None:
         assert st["fallback_reasons"].get(reason) == 1, f"{scenario}: reason {reason} not counted once: {st}"
-    if served_by != "reference":  # NSA_FORCE_PARITY returns before the capability rung
+    if served_by != "reference":  # SELGATE_FORCE_PARITY returns before the capability rung
         assert st["capability"] == cap and st["capability_source"] == "override", st
     o_ref, lse_ref = selection_attention_ref(inp.q, inp.k, inp.v, inp.ranges, return_lse=True)
     assert_close("o", o, o_ref, dtype=CASE.dtype, case_id=f"policy {scenario}")

@@ -3,15 +3,15 @@
 One ladder, walked in this order, each rung leaving the fast path with a reason code
 (counted in `stats()`, logged once per reason):
 1. explicit `backend=` ("triton", "sdpa", "reference", "cuda"); `auto` continues below;
-2. NSA_FORCE_PARITY=1: everything goes to the fp64 reference ("reference");
+2. SELGATE_FORCE_PARITY=1: everything goes to the fp64 reference ("reference");
 3. device: CPU goes to sdpa ("cpu") and never imports triton, unless TRITON_INTERPRET=1
    and a capability override simulate a GPU (policy tests);
 4. dtype, head dims, compute capability and the ADR policy (`policy.triton_unsupported`);
-5. gradients: inputs that require grad use the Triton backward; NSA_SEL_TRITON_ALLOW_GRAD=0 sends them to sdpa ("grad");
-6. min-L: max selected length below NSA_SEL_TRITON_MIN_L goes to sdpa ("min_L");
-7. flags: NSA_USE_TRITON_SEL=0 goes to sdpa ("disabled").
-NSA_TRITON_SEL_FORCE=1 skips the ADR rule, min-L and NSA_USE_TRITON_SEL. For decode, the
-CUDA kernel is tried before Triton when NSA_SEL_CUDA=1 or `backend="cuda"`. A backend that
+5. gradients: inputs that require grad use the Triton backward; SELGATE_TRITON_ALLOW_GRAD=0 sends them to sdpa ("grad");
+6. min-L: max selected length below SELGATE_TRITON_MIN_L goes to sdpa ("min_L");
+7. flags: SELGATE_TRITON_ENABLE=0 goes to sdpa ("disabled").
+SELGATE_TRITON_FORCE=1 skips the ADR rule, min-L and SELGATE_TRITON_ENABLE. For decode, the
+CUDA kernel is tried before Triton when SELGATE_CUDA_ENABLE=1 or `backend="cuda"`. A backend that
 raises hands over to the next rung (sdpa last) unless strict mode forbids it, or unless it
 is the backend the caller named and the error is a malformed setting (`ConfigError`).
 """
@@ -37,9 +37,9 @@ def _normalize(ranges, d, positions, bytes_per_key: int):
     """`(normalised ranges, counted)`. CUDA tensors take one Triton launch that also adds
     the call's selected tokens and K/V bytes to the device counters (`counted`); the torch
     formulation's ~30 small ops cost ~1 ms of host time per decode step on the H100 host.
-    NSA_SEL_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too, and so does an S_kv
+    SELGATE_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too, and so does an S_kv
     past the launch's packed sort key (MAX_S_KV)."""
-    if ranges.is_cuda and env.get("NSA_SEL_TRITON_NORMALIZE"):
+    if ranges.is_cuda and env.get("SELGATE_TRITON_NORMALIZE"):
         from .triton.normalize import MAX_S_KV, normalize_ranges_triton
 
         if d.S_kv <= MAX_S_KV:
@@ -86,23 +86,23 @@ def _plan(q, d, backend: str, st) -> list:
 
 def _triton_skip(q, k, v, d, norm, st, explicit: bool):
     """The first rung that keeps this call off Triton, as `(reason, detail)`, or None.
-    An explicit request skips the performance rungs (min-L, NSA_USE_TRITON_SEL)."""
+    An explicit request skips the performance rungs (min-L, SELGATE_TRITON_ENABLE)."""
     if not explicit and q.device.type != "cuda" and not (interpreting() and capability_overridden()):
         return "cpu", f"q is on {q.device}; auto uses sdpa there"
     why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
     if why is not None:
         return why
     if not st.allow_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return "grad", "inputs require grad and NSA_SEL_TRITON_ALLOW_GRAD is off"
+        return "grad", "inputs require grad and SELGATE_TRITON_ALLOW_GRAD is off"
     if explicit or st.force_triton:
         return None
     if st.min_L > 0:
         # The one host read of the ladder; skipped when S_kv alone bounds L below min-L.
         L_max = d.S_kv if d.S_kv < st.min_L else int(selected_lengths(norm).max())
         if L_max < st.min_L:
-            return "min_L", f"max selected length {L_max} < NSA_SEL_TRITON_MIN_L={st.min_L}"
+            return "min_L", f"max selected length {L_max} < SELGATE_TRITON_MIN_L={st.min_L}"
     if not st.use_triton:
-        return "disabled", "NSA_USE_TRITON_SEL=0"
+        return "disabled", "SELGATE_TRITON_ENABLE=0"
     return None
 
 
@@ -110,7 +110,7 @@ def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", r
                         positions=None, strict=None):
     """NSA selection attention (SPEC.md) through the fallback ladder (module docstring).
 
-    `strict` (default NSA_SEL_STRICT) turns every departure from the requested backend, or
+    `strict` (default SELGATE_STRICT) turns every departure from the requested backend, or
     from the one the policy chose for `auto`, into `StrictModeError`. Returns `o`, or
     `(o, lse)` with `return_lse`."""
     if backend not in BACKENDS:

@@ -20,22 +20,23 @@ from .stats import record_capability
 _override: list = []  # stack of capability_override() values
 
 
-# The variables that steer the dispatcher (tests clear them for a known state).
-ENV_FLAGS = tuple(name for name, var in env.VARS.items() if var.group == "dispatcher")
+# The variables that steer the dispatcher, under their current and former names (tests clear
+# them all for a known state).
+ENV_FLAGS = tuple(name for var in env.VARS.values() if var.group == "dispatcher" for name in var.names)
 
 
 @dataclass(frozen=True)
 class Settings:
     """One call's view of config and flags (env over device profile over base.yaml)."""
 
-    use_triton: bool      # NSA_USE_TRITON_SEL
-    force_triton: bool    # NSA_TRITON_SEL_FORCE: ignore ADR policy, min-L and NSA_USE_TRITON_SEL
-    min_L: int            # NSA_SEL_TRITON_MIN_L
-    force_parity: bool    # NSA_FORCE_PARITY: route everything to the fp64 reference
-    strict: bool          # NSA_SEL_STRICT
-    allow_grad: bool      # NSA_SEL_TRITON_ALLOW_GRAD
-    validate: bool        # NSA_SEL_VALIDATE: reject ranges breaking the producer contract
-    use_cuda: bool        # NSA_SEL_CUDA: try the CUDA decode kernel first
+    use_triton: bool      # SELGATE_TRITON_ENABLE
+    force_triton: bool    # SELGATE_TRITON_FORCE: ignore ADR policy, min-L and SELGATE_TRITON_ENABLE
+    min_L: int            # SELGATE_TRITON_MIN_L
+    force_parity: bool    # SELGATE_FORCE_PARITY: route everything to the fp64 reference
+    strict: bool          # SELGATE_STRICT
+    allow_grad: bool      # SELGATE_TRITON_ALLOW_GRAD
+    validate: bool        # SELGATE_VALIDATE_RANGES: reject ranges breaking the producer contract
+    use_cuda: bool        # SELGATE_CUDA_ENABLE: try the CUDA decode kernel first
     disabled_caps: tuple  # policy.triton_sel_disabled_capabilities
     min_cap: str          # policy.triton_sel_min_capability
     budget_bytes: int     # runtime.sdpa_budget_mb: gathered K/V per chunk in the sdpa and reference paths
@@ -45,14 +46,14 @@ def settings(device_name: str | None = None) -> Settings:
     cfg = load_config(device_name)
     rt, pol = cfg["runtime"], cfg["policy"]
     return Settings(
-        use_triton=env.get("NSA_USE_TRITON_SEL", rt["use_triton_sel"]),
-        force_triton=env.get("NSA_TRITON_SEL_FORCE"),
-        min_L=int(env.get("NSA_SEL_TRITON_MIN_L", rt["sel_triton_min_L"])),
-        force_parity=env.get("NSA_FORCE_PARITY"),
-        strict=env.get("NSA_SEL_STRICT"),
-        allow_grad=env.get("NSA_SEL_TRITON_ALLOW_GRAD", rt["sel_triton_allow_grad"]),
-        validate=env.get("NSA_SEL_VALIDATE"),
-        use_cuda=env.get("NSA_SEL_CUDA"),
+        use_triton=env.get("SELGATE_TRITON_ENABLE", rt["use_triton_sel"]),
+        force_triton=env.get("SELGATE_TRITON_FORCE"),
+        min_L=int(env.get("SELGATE_TRITON_MIN_L", rt["sel_triton_min_L"])),
+        force_parity=env.get("SELGATE_FORCE_PARITY"),
+        strict=env.get("SELGATE_STRICT"),
+        allow_grad=env.get("SELGATE_TRITON_ALLOW_GRAD", rt["sel_triton_allow_grad"]),
+        validate=env.get("SELGATE_VALIDATE_RANGES"),
+        use_cuda=env.get("SELGATE_CUDA_ENABLE"),
         disabled_caps=tuple(str(c) for c in pol["triton_sel_disabled_capabilities"]),
         min_cap=str(pol["triton_sel_min_capability"]),
         budget_bytes=int(rt["sdpa_budget_mb"]) << 20,
@@ -62,7 +63,7 @@ def settings(device_name: str | None = None) -> Settings:
 @contextlib.contextmanager
 def capability_override(cap: str):
     """Pretend the device has compute capability `cap` (e.g. "8.9") inside the block.
-    Takes precedence over NSA_SEL_CAPABILITY; both show in logs and `stats()`."""
+    Takes precedence over SELGATE_CAPABILITY; both show in logs and `stats()`."""
     _parse_cap(cap, "capability_override")
     _override.append(str(cap))
     try:
@@ -80,12 +81,12 @@ def _parse_cap(cap: str, name: str) -> tuple:
 
 
 def capability_overridden() -> str | None:
-    """The override in force (context manager first, then NSA_SEL_CAPABILITY), or None."""
+    """The override in force (context manager first, then SELGATE_CAPABILITY), or None."""
     if _override:
         return _override[-1]
-    over = env.get("NSA_SEL_CAPABILITY")
+    over = env.get("SELGATE_CAPABILITY")
     if over is not None:
-        _parse_cap(over, "NSA_SEL_CAPABILITY")
+        _parse_cap(over, "SELGATE_CAPABILITY")
     return over
 
 
@@ -120,7 +121,7 @@ def interpreting() -> bool:
 def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
     """Why the Triton kernel cannot (or, by ADR policy, must not) serve this call, as
     `(reason, detail)`, or None when it can: the kernels' own limits (`triton_limits`), then
-    capability and the ADR rule, which yields to NSA_TRITON_SEL_FORCE."""
+    capability and the ADR rule, which yields to SELGATE_TRITON_FORCE."""
     why = triton_limits.unsupported(q, Dk, Dv, interpreting())
     if why is not None:
         return why
@@ -129,5 +130,5 @@ def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
             return "capability", f"SM {cap} is below policy.triton_sel_min_capability={st.min_cap}"
         if cap in st.disabled_caps and not st.force_triton:
             return "adr_policy", (f"SM {cap} is in policy.triton_sel_disabled_capabilities "
-                                  "(ADR-2025-08-M4-02); set NSA_TRITON_SEL_FORCE=1 to run it")
+                                  "(ADR-2025-08-M4-02); set SELGATE_TRITON_FORCE=1 to run it")
     return None

@@ -3,7 +3,7 @@
 Counters are process-wide and read with `stats()`. Token and byte counts stay on the
 device as running sums (one int64 [tokens, bytes] tensor per device, which the Triton
 range normaliser adds to as it runs), so counting never synchronises the hot path;
-`stats()` reads them. With `NSA_DEBUG_LOG=1` every decision is logged as a `sel.<backend>.*` line on the
+`stats()` reads them. With `SELGATE_DEBUG_LOG=1` every decision is logged as a `sel.<backend>.*` line on the
 `selgate.kernels` logger; a fallback reason is logged once per reason in any case.
 """
 from __future__ import annotations
@@ -28,11 +28,11 @@ _capability: dict = {}
 
 
 def debug_enabled() -> bool:
-    return env.get("NSA_DEBUG_LOG")
+    return env.get("SELGATE_DEBUG_LOG")
 
 
 def debug(msg: str) -> None:
-    """Log a `sel.*` line when NSA_DEBUG_LOG=1 (INFO on `selgate.kernels`)."""
+    """Log a `sel.*` line when SELGATE_DEBUG_LOG=1 (INFO on `selgate.kernels`)."""
     if debug_enabled():
         if log.getEffectiveLevel() > logging.INFO:
             log.setLevel(logging.INFO)
@@ -74,7 +74,7 @@ def record_launch(kernel: str) -> None:
 
 def record_fallback(backend: str, reason: str, detail: str = "", *, error: bool = False) -> None:
     """Count that `backend` was left for `reason`; log it once per reason (WARNING when a
-    kernel raised, INFO for a policy decision) and on every call with NSA_DEBUG_LOG=1."""
+    kernel raised, INFO for a policy decision) and on every call with SELGATE_DEBUG_LOG=1."""
     key = f"{backend}:{reason}"
     with _lock:
         _fallbacks[key] += 1

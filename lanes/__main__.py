@@ -40,9 +40,9 @@ def _detect(args) -> int:
     plan = plan_lane(load_lane(d.lane), capability=d.capability)
     print("would run: " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + ["python", "-m", "pytest",
                                                                                     *plan.pytest_args]))
-    override = settings.get("NSA_SEL_CAPABILITY")
+    override = settings.get("SELGATE_CAPABILITY")
     if override:
-        print(f"NSA_SEL_CAPABILITY={override} is set: the dispatcher's policy uses it, "
+        print(f"SELGATE_CAPABILITY={override} is set: the dispatcher's policy uses it, "
               "the lane is still chosen by the hardware (see `run --emulate`)")
     return 0
 
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     r.add_argument("-k", help="pytest -k expression narrowing the lane")
     r.add_argument("--docker", action="store_true", help="run inside the lane's image")
     r.add_argument("--emulate", action="store_true",
-                   help="run a GPU lane on another GPU under NSA_SEL_CAPABILITY=<lane's capability>; "
+                   help="run a GPU lane on another GPU under SELGATE_CAPABILITY=<lane's capability>; "
                         "results go to reports/out/<lane>-emulated/")
     r.add_argument("--policy-only", action="store_true", help="run only the lane's policy checks")
     r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")

@@ -31,7 +31,7 @@ from .config import LANE_DIR
 ROOT = LANE_DIR.parent
 WORKDIR = "/opt/selgate"          # where docker/*.Dockerfile put the sources
 CACHE_MOUNT = "/cache/triton"     # the images' TRITON_CACHE_DIR
-EXTENSION_CACHE_MOUNT = "/cache/cuda"   # NSA_SEL_CUDA_CACHE inside: the CUDA extension's builds
+EXTENSION_CACHE_MOUNT = "/cache/cuda"   # SELGATE_CUDA_CACHE inside: the CUDA extension's builds
 ENGINE_ERROR = 125                # what `docker run` itself exits with when the engine fails it
 
 
@@ -77,9 +77,9 @@ def container_env(env: dict) -> dict:
     .git); not CUDA_VISIBLE_DEVICES, whose host numbering means nothing inside."""
     from selgate.reports.environment import commit
 
-    out = {k: str(v) for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = settings.current_environ({k: str(v) for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"})
     out["TRITON_CACHE_DIR"] = CACHE_MOUNT
-    out["NSA_SEL_CUDA_CACHE"] = EXTENSION_CACHE_MOUNT
+    out["SELGATE_CUDA_CACHE"] = EXTENSION_CACHE_MOUNT
     out.setdefault("SELGATE_COMMIT", commit())
     return out
 

@@ -8,9 +8,10 @@ tensors to Triton only with a capability override there)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+
+from selgate.kernels import settings
 
 PROBE_L = 128   # selected keys per row: above the min-L threshold, so only policy keeps Triton off
 
@@ -43,8 +44,9 @@ def probe() -> dict:
 
 
 def probe_in_subprocess(env: dict, timeout: float = 600) -> dict:
-    """`probe()`'s counters from a fresh interpreter with `env` added to os.environ."""
-    full = {**os.environ, **{k: str(v) for k, v in env.items()}}
+    """`probe()`'s counters from a fresh interpreter with `env` added to os.environ (selgate's
+    variables under their current names, so the check's env replaces a former name's value)."""
+    full = {**settings.current_environ(), **settings.current_environ({k: str(v) for k, v in env.items()})}
     proc = subprocess.run([sys.executable, "-m", "selgate.lanes.policy"], env=full, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:

@@ -37,7 +37,7 @@ PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.lanes.xdist_gpu", "selgate
 CONFORMANCE_PLUGIN = "selgate.conformance.plugin"   # the matrix's --impl and --size, where installed
 CONFIG_ARGS = ("-c", "pyproject.toml", "--rootdir", ".")
 CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-CACHE_ENV = ("TRITON_CACHE_DIR", "NSA_SEL_CUDA_CACHE")
+CACHE_ENV = ("TRITON_CACHE_DIR", *settings.names("SELGATE_CUDA_CACHE"))
 GPU_GB_PER_WORKER = 10      # GPU memory (GB) one worker of a GPU lane may take
 # An idle worker takes tests queued behind another's long one (with `load` they wait for it:
 # 2 of the CPU lane's 8 minutes were its second worker idle behind a 330 s compile).
@@ -72,9 +72,10 @@ def inventory_command(lane: dict) -> list:
 
 def run_env(extra: dict) -> dict:
     """os.environ with the lane's variables, plugin autoloading off and pytest's option
-    variables removed."""
-    env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
-    return {**env, **extra, **CLEAN_ENV}
+    variables removed; selgate's variables under their current names only, so that what the
+    lane sets replaces what the caller set under a former name."""
+    env = {k: v for k, v in settings.current_environ().items() if k not in UNSET_ENV}
+    return {**env, **settings.current_environ(extra), **CLEAN_ENV}
 
 
 def clear_out(out_name: str, out_root: Path | None = None) -> Path:
@@ -108,7 +109,7 @@ class LanePlan:
     env: dict = field(default_factory=dict)
     cache_dir: Path = None      # TRITON_CACHE_DIR
     workers: int = 1
-    extension_cache_dir: Path = None   # NSA_SEL_CUDA_CACHE: the CUDA decode extension's builds
+    extension_cache_dir: Path = None   # SELGATE_CUDA_CACHE: the CUDA decode extension's builds
 
 
 def visible_gpu_count() -> int:
@@ -162,7 +163,7 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
         raise ValueError(f"lane {name}: --emulate needs a GPU lane, {name} runs on {lane['device']}")
     if lane["device"] == "cuda" and capability not in map(str, lane["capabilities"]) and not emulate:
         raise ValueError(f"lane {name}: expects compute capability {lane['capabilities']}, this device "
-                         f"has {capability}; pass --emulate to run it under NSA_SEL_CAPABILITY={target}")
+                         f"has {capability}; pass --emulate to run it under SELGATE_CAPABILITY={target}")
     workers = lane_workers(lane, lane["workers"] if workers is None else workers, gpus=gpus,
                            gpu_memory=gpu_memory, cpus=cpus)
     if workers < 1:
@@ -170,26 +171,26 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
 
     out_name = f"{name}-emulated" if emulate else name
     arch = f"sm{capability.replace('.', '')}" if capability else "cpu"
-    env = {k_: str(v) for k_, v in (lane["env"] or {}).items()}
+    env = settings.current_environ({k_: str(v) for k_, v in (lane["env"] or {}).items()})
     env.update(tolerance_env(lane))
     outside = settings.get(TOL_ENV)
     if outside and outside != env.get(TOL_ENV):
-        raise ValueError(f"{TOL_ENV}: set in the environment to {outside!r}; only "
+        raise ValueError(f"{settings.source(TOL_ENV)}: set in the environment to {outside!r}; only "
                          f"lanes/{name}.yaml (tolerance_overrides, with a reason and the measured error) "
                          f"may change a tolerance: unset it")
-    if lane["device"] == "cuda" and "NSA_SEL_CUDA_BUILD" not in os.environ:
+    if lane["device"] == "cuda" and not any(n in os.environ for n in settings.names("SELGATE_CUDA_BUILD")):
         # Each worker builds (or loads) the CUDA decode extension when it imports it during
         # collection, outside any per-test timeout that could kill a build half-way; the
         # builders take turns (kernels/cuda/build.py). The caller's own setting wins.
-        env.setdefault("NSA_SEL_CUDA_BUILD", "1")
+        env.setdefault("SELGATE_CUDA_BUILD", "1")
     env["SELGATE_LANE"] = out_name
     if emulate:
-        env["NSA_SEL_CAPABILITY"] = target
+        env["SELGATE_CAPABILITY"] = target
     cache_dir = cache_root() / "triton" / f"{out_name}-{arch}"
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     # builds are keyed by source hash, architecture and torch inside (kernels/cuda/build.py)
-    extension_cache_dir = settings.get("NSA_SEL_CUDA_CACHE", cache_root() / "cuda")
-    env["NSA_SEL_CUDA_CACHE"] = str(extension_cache_dir)
+    extension_cache_dir = settings.get("SELGATE_CUDA_CACHE", cache_root() / "cuda")
+    env["SELGATE_CUDA_CACHE"] = str(extension_cache_dir)
     durations = DURATIONS_DIR / f"{name}.json"
     if durations.exists():   # relative to the checkout: the same file inside a lane's image
         env[DURATIONS_ENV] = os.path.relpath(durations, ROOT)
@@ -212,7 +213,7 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
     print(f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
-          f"TRITON_CACHE_DIR={plan.cache_dir}, NSA_SEL_CUDA_CACHE={plan.extension_cache_dir}", flush=True)
+          f"TRITON_CACHE_DIR={plan.cache_dir}, SELGATE_CUDA_CACHE={plan.extension_cache_dir}", flush=True)
     if docker:
         from .docker_backend import run_lane_in_docker
 

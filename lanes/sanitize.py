@@ -96,9 +96,9 @@ def sanitizer_command(tool: str, cases: list, sanitizer: str) -> list:
 
 def child_env() -> dict:
     """The caches the lanes use, and no caching allocator."""
-    return {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "NSA_SEL_CUDA_BUILD": "1",
+    return {**settings.current_environ(), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "SELGATE_CUDA_BUILD": "1",
             "TRITON_CACHE_DIR": str(cache_root() / "triton" / f"{OUT_NAME}-sm90"),
-            "NSA_SEL_CUDA_CACHE": str(settings.get("NSA_SEL_CUDA_CACHE", cache_root() / "cuda"))}
+            "SELGATE_CUDA_CACHE": str(settings.get("SELGATE_CUDA_CACHE", cache_root() / "cuda"))}
 
 
 def run_tool(tool: str, cases: list, sanitizer: str, out_dir: Path, timeout_s: float) -> ToolResult:

@@ -42,7 +42,7 @@ def collect_environment() -> dict:
         "capability": "none",
         "driver": "none",
         "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
-        "capability_override": settings.get("NSA_SEL_CAPABILITY") or "none",
+        "capability_override": settings.get("SELGATE_CAPABILITY") or "none",
         "tolerance_overrides": settings.get("SELGATE_TOL_OVERRIDES") or "none",
         "commit": commit(),
         "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
+from selgate.kernels import settings
 
 from .families import FAMILIES, HARNESS, OTHER
 from .gate import Verdict
@@ -28,10 +29,11 @@ def _lane_cfg(lane: str) -> dict | None:
 def repro_command(case, environment: dict | None) -> str:
     """One shell line re-running `case` alone with its lane's env, size and overrides."""
     cfg = _lane_cfg(case.lane)
-    env = {"SELGATE_LANE": case.lane, **{k: str(v) for k, v in ((cfg or {}).get("env") or {}).items()}}
+    lane_env = settings.current_environ({k: str(v) for k, v in ((cfg or {}).get("env") or {}).items()})
+    env = {"SELGATE_LANE": case.lane, **lane_env}
     environment = environment or {}
     if environment.get("capability_override", "none") != "none":
-        env["NSA_SEL_CAPABILITY"] = environment["capability_override"]
+        env["SELGATE_CAPABILITY"] = environment["capability_override"]
     if environment.get("tolerance_overrides", "none") != "none":
         env[TOL_ENV] = environment["tolerance_overrides"]
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())

@@ -87,7 +87,7 @@ def config_dir(tmp_path, monkeypatch):
     shutil.copy(config.CONFIG_DIR / "base.yaml", tmp_path / "base.yaml")
     (tmp_path / "profiles" / "nvidia-h100-80gb-hbm3.yaml").write_text("policy:\n  triton_sel_min_capability: '9.0'\n")
     monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
-    monkeypatch.delenv("NSA_SEL_TRITON_MIN_L", raising=False)
+    monkeypatch.delenv("SELGATE_TRITON_MIN_L", raising=False)
     config.load_config.cache_clear()
     yield tmp_path
     config.load_config.cache_clear()
@@ -122,7 +122,7 @@ def test_a_tma_kind_keeps_its_launch_parameters(config_dir):
 
 def test_env_still_overrides_the_measured_profile(config_dir, monkeypatch):
     thresholds.write_profile(thresholds.derive(sweep({16: 2.0})), DEVICE, source="sweep.csv")
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "512")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "512")
     assert policy.settings(DEVICE).min_L == 512
 
 

@@ -71,7 +71,7 @@ def test_explicit_backends_match_reference_and_count(backend):
 
 
 def test_force_parity_routes_auto_to_reference(monkeypatch):
-    monkeypatch.setenv("NSA_FORCE_PARITY", "1")
+    monkeypatch.setenv("SELGATE_FORCE_PARITY", "1")
     selection_attention(*inputs())
     assert stats()["calls"] == {"reference": 1}
 
@@ -80,8 +80,8 @@ def test_unknown_backend_and_bad_flag_are_named(monkeypatch):
     q, k, v, r = inputs()
     with pytest.raises(ValueError, match="backend: expected one of .*'flash'"):
         selection_attention(q, k, v, r, backend="flash")
-    monkeypatch.setenv("NSA_SEL_STRICT", "maybe")
-    with pytest.raises(ValueError, match="NSA_SEL_STRICT: expected one of .*'maybe'"):
+    monkeypatch.setenv("SELGATE_STRICT", "maybe")
+    with pytest.raises(ValueError, match="SELGATE_STRICT: expected one of .*'maybe'"):
         selection_attention(q, k, v, r)
 
 
@@ -89,7 +89,7 @@ def test_validate_flag_rejects_overlaps_instead_of_normalising(monkeypatch):
     q, k, v, _ = inputs(S=1)
     bad = torch.tensor([[0, 10], [5, 12], [0, 0]], device=DEVICE).expand(2, 1, 2, 3, 2)
     selection_attention(q, k, v, bad)  # default: normalised silently
-    monkeypatch.setenv("NSA_SEL_VALIDATE", "1")
+    monkeypatch.setenv("SELGATE_VALIDATE_RANGES", "1")
     with pytest.raises(RangeError, match=r"ranges\[0, 0, 0, 1\] = \(5, 12\) overlaps"):
         selection_attention(q, k, v, bad)
     good = torch.tensor([[0, 4], [5, 12], [0, 0]], device=DEVICE).expand(2, 1, 2, 3, 2)
@@ -119,7 +119,7 @@ def test_kernel_error_falls_back_once_logged_and_strict_raises(monkeypatch, capl
 
 
 def test_debug_log_lines(monkeypatch, caplog):
-    monkeypatch.setenv("NSA_DEBUG_LOG", "1")
+    monkeypatch.setenv("SELGATE_DEBUG_LOG", "1")
     with caplog.at_level(logging.INFO, logger="selgate.kernels"):
         selection_attention(*inputs(), backend="sdpa")
     assert any(m.startswith("sel.sdpa.call rows=12 tokens=") for m in caplog.messages), caplog.messages
@@ -146,7 +146,7 @@ def test_config_precedence_base_profile_env(monkeypatch, config_dir):
     (folder / "profiles" / "cpu.yaml").write_text("runtime:\n  sel_triton_min_L: 22\n")
     config_mod.load_config.cache_clear()
     assert settings("cpu").min_L == 22
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "33")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "33")
     assert settings("cpu").min_L == 33
 
 
@@ -168,7 +168,7 @@ def test_sdpa_budget_from_config_reaches_the_sdpa_and_reference_paths(monkeypatc
 @needs_triton
 def test_sm89_never_launches_without_force_and_does_with_it(monkeypatch):
     q, k, v, r = inputs()
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     with capability_override("8.9"):
         selection_attention(q, k, v, r)
         s = stats()
@@ -178,7 +178,7 @@ def test_sm89_never_launches_without_force_and_does_with_it(monkeypatch):
         with pytest.raises(StrictModeError, match="adr_policy"):
             selection_attention(q, k, v, r, backend="triton", strict=True)
         assert stats()["launches"] == {}
-        monkeypatch.setenv("NSA_TRITON_SEL_FORCE", "1")
+        monkeypatch.setenv("SELGATE_TRITON_FORCE", "1")
         o = selection_attention(q, k, v, r)
     assert stats()["launches"] == {"triton_fwd": 1} and stats()["calls"] == {"sdpa": 1, "triton": 1}
     assert (o.double() - selection_attention_ref(q, k, v, r)).abs().max() <= 1e-5
@@ -186,7 +186,7 @@ def test_sm89_never_launches_without_force_and_does_with_it(monkeypatch):
 
 @needs_triton
 def test_capability_env_override_is_logged(monkeypatch, caplog):
-    monkeypatch.setenv("NSA_SEL_CAPABILITY", "8.9")
+    monkeypatch.setenv("SELGATE_CAPABILITY", "8.9")
     with caplog.at_level(logging.INFO, logger="selgate.kernels"):
         selection_attention(*inputs())
     assert "sel.policy.capability value=8.9 source=override" in caplog.messages
@@ -199,10 +199,10 @@ def test_min_L_routes_both_ways(monkeypatch):
     q, k, v, r = inputs()
     L = max_L(r, k.shape[2])
     with capability_override("9.0"):
-        monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", str(L + 1))
+        monkeypatch.setenv("SELGATE_TRITON_MIN_L", str(L + 1))
         selection_attention(q, k, v, r)
         assert stats()["launches"] == {} and stats()["fallback_reasons"] == {"triton:min_L": 1}
-        monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", str(L))
+        monkeypatch.setenv("SELGATE_TRITON_MIN_L", str(L))
         selection_attention(q, k, v, r)
     assert stats()["launches"] == {"triton_fwd": 1} and stats()["calls"] == {"sdpa": 1, "triton": 1}
 
@@ -213,10 +213,10 @@ def test_min_L_routes_both_ways(monkeypatch):
     ("9.0", {}, {"Dv": 264}, "head_dim"),
     ("9.0", {}, {"dtype": torch.float64}, "dtype"),
     ("7.5", {}, {}, "capability"),
-    ("9.0", {"NSA_USE_TRITON_SEL": "0"}, {}, "disabled"),
+    ("9.0", {"SELGATE_TRITON_ENABLE": "0"}, {}, "disabled"),
 ])
 def test_unsupported_or_disabled_falls_back_with_reason(monkeypatch, cap, flags, kw, reason):
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     for name, val in flags.items():
         monkeypatch.setenv(name, val)
     q, k, v, r = inputs(**kw)
@@ -227,7 +227,7 @@ def test_unsupported_or_disabled_falls_back_with_reason(monkeypatch, cap, flags,
         if reason != "disabled":  # an explicit request skips only the performance rungs
             with pytest.raises(StrictModeError, match=reason):
                 selection_attention(q, k, v, r, backend="triton", strict=True)
-        else:  # ... of which NSA_USE_TRITON_SEL is one (README: an explicit backend skips it)
+        else:  # ... of which SELGATE_TRITON_ENABLE is one (README: an explicit backend skips it)
             reset_stats()
             o = selection_attention(q, k, v, r, backend="triton", strict=True)
             assert stats()["launches"] == {"triton_fwd": 1} and stats()["fallback_reasons"] == {}
@@ -236,8 +236,8 @@ def test_unsupported_or_disabled_falls_back_with_reason(monkeypatch, cap, flags,
 
 @needs_triton
 def test_grad_goes_to_sdpa_unless_allowed(monkeypatch):
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
-    monkeypatch.setenv("NSA_SEL_TRITON_ALLOW_GRAD", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_ALLOW_GRAD", "0")
     q, k, v, r = inputs()
     for t in (q, k, v):
         t.requires_grad_(True)
@@ -246,7 +246,7 @@ def test_grad_goes_to_sdpa_unless_allowed(monkeypatch):
     o.sum().backward()
     assert stats()["fallback_reasons"] == {"triton:grad": 1} and stats()["launches"] == {}
     assert q.grad is not None and torch.isfinite(q.grad).all()
-    monkeypatch.setenv("NSA_SEL_TRITON_ALLOW_GRAD", "1")
+    monkeypatch.setenv("SELGATE_TRITON_ALLOW_GRAD", "1")
     with capability_override("9.0"):
         o = selection_attention(q, k, v, r)
     assert o.requires_grad and stats()["launches"] == {"triton_fwd": 1} and stats()["calls"]["triton"] == 1
@@ -256,7 +256,7 @@ def test_grad_goes_to_sdpa_unless_allowed(monkeypatch):
 def test_auto_call_captures_in_a_cuda_graph_and_replays_new_inputs(monkeypatch):
     """With the min-L rung off (the H100 profile's 0) a call never reads the device back, so a
     decode loop can capture it; the replay must compute on whatever the inputs now hold."""
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     q, k, v, r = inputs(torch.float32, S=1, Dk=64, Dv=64, S_kv=300, n=4)
     selection_attention(q, k, v, r)  # compiles outside the capture
     graph = torch.cuda.CUDAGraph()

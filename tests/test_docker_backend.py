@@ -113,7 +113,7 @@ def test_cpu_lane_builds_its_image_mounts_reports_and_cache_and_returns_pytest_s
                              str(tmp_path / "cache"): {"bind": "/cache/triton", "mode": "rw"},
                              str(tmp_path / "cuda"): {"bind": "/cache/cuda", "mode": "rw"}}
     assert kw["environment"]["TRITON_CACHE_DIR"] == "/cache/triton" and kw["environment"]["SELGATE_LANE"] == "cpu"
-    assert kw["environment"]["NSA_SEL_CUDA_CACHE"] == "/cache/cuda"
+    assert kw["environment"]["SELGATE_CUDA_CACHE"] == "/cache/cuda"
     assert kw["environment"]["SELGATE_COMMIT"]   # the image holds no .git for the stamp to read
     assert client.container.removed and (tmp_path / "out" / "cpu").is_dir()
 

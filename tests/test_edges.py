@@ -77,7 +77,7 @@ def test_triton_backward_refuses_keys_past_2_31(monkeypatch):
     """The Triton backward counts keys in int32: gradients past 2^31 keys go to sdpa with a
     reason (or raise under strict), never through a forward whose backward would wrap. Only q
     requires grad: a dk of 2^31 keys would not fit in memory."""
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     k0, v0, k, v = constant_kv(2**31 + 10)
     q = torch.randn(1, 1, 1, 2, 16, device=DEVICE, requires_grad=True)
     ranges = torch.tensor([[[[[2**31, 2**31 + 10]]]]], device=DEVICE)
@@ -138,8 +138,8 @@ def test_varlen_int32_ranges_stay_int32_below_2_31():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_positions_whose_t_plus_1_overflows_are_refused(backend, validate, monkeypatch):
     """t = 2^63 - 1 made t + 1 wrap to -2^63 and every row silently empty, in every backend;
-    NSA_SEL_VALIDATE=1 blamed the ranges."""
-    monkeypatch.setenv("NSA_SEL_VALIDATE", validate)
+    SELGATE_VALIDATE_RANGES=1 blamed the ranges."""
+    monkeypatch.setenv("SELGATE_VALIDATE_RANGES", validate)
     q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=30, n=2,
                                                      dtype=torch.float32))
     pos = torch.tensor([[5, INT64_MAX]], device=DEVICE)
@@ -151,7 +151,7 @@ def test_positions_whose_t_plus_1_overflows_are_refused(backend, validate, monke
 def test_int64_positions_still_capture_in_a_cuda_graph(monkeypatch):
     """The positions check reads the device back; under CUDA-graph capture it is skipped (the
     eager warm-up call checks), so a decode loop with int64 positions still captures."""
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     q, k, v, r = (t.cuda() for t in random_inputs(B=2, S=1, G=2, h=2, Dk=64, Dv=64, S_kv=300, n=4,
                                                    dtype=torch.float32))
     pos = torch.full((2, 1), 299, device="cuda")
@@ -284,17 +284,17 @@ def test_cu_seqlens_must_be_tensors(which, bad):
 # --- malformed settings ----------------------------------------------------------------
 
 @needs_triton
-@pytest.mark.parametrize("var, value", [("NSA_SEL_TRITON_FWD_CONFIG", "garbage"),
-                                        ("NSA_SEL_TRITON_FWD_CONFIG", "BLOCK_X=3"),
-                                        ("NSA_SEL_TRITON_TMA", "maybe"),
-                                        ("NSA_SEL_RANGE_LEN", "long")])
+@pytest.mark.parametrize("var, value", [("SELGATE_TRITON_FWD_CONFIG", "garbage"),
+                                        ("SELGATE_TRITON_FWD_CONFIG", "BLOCK_X=3"),
+                                        ("SELGATE_TRITON_TMA", "maybe"),
+                                        ("SELGATE_TRITON_RANGE_LEN", "long")])
 def test_a_named_backend_raises_on_malformed_settings_and_auto_records_why(var, value, monkeypatch):
     """backend='triton' fell back to sdpa with one warning line; now it raises naming the
     variable. 'auto' may still fall back, with reason 'config' in stats()."""
     from selgate.kernels.triton import tuning
 
     monkeypatch.setenv(var, value)
-    monkeypatch.setenv("NSA_SEL_TRITON_MIN_L", "0")
+    monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     monkeypatch.setattr(tuning, "_state", None)  # settings are read once per state
     q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=20, n=2,
                                                       dtype=torch.float32))

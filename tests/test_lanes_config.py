@@ -19,8 +19,8 @@ def test_every_lane_yaml_loads_and_declares_a_policy():
 
 def test_sm89_lane_asserts_the_adr_both_ways():
     checks = {c["triton_launches"]: c["env"] for c in load_lane("sm89")["policy"]}
-    assert checks[False] == {"NSA_SEL_CAPABILITY": "8.9"}
-    assert checks[True] == {"NSA_SEL_CAPABILITY": "8.9", "NSA_TRITON_SEL_FORCE": "1"}
+    assert checks[False] == {"SELGATE_CAPABILITY": "8.9"}
+    assert checks[True] == {"SELGATE_CAPABILITY": "8.9", "SELGATE_TRITON_FORCE": "1"}
 
 
 @pytest.mark.parametrize("cap,lane", [(None, "cpu"), ("9.0", "sm90"), ("8.9", "sm89"), ("8.0", "sm80"),
@@ -87,21 +87,21 @@ def test_cpu_plan_runs_xdist_with_timeout_junit_and_triton_cache():
     assert "selgate.lanes.xdist_gpu" in args and "selgate.reports.stamp" in args
     assert "lanes/test_lane_policy.py" in args
     assert plan.env["TRITON_INTERPRET"] == "1" and plan.env["SELGATE_LANE"] == "cpu"
-    assert "NSA_SEL_CUDA_BUILD" not in plan.env
+    assert "SELGATE_CUDA_BUILD" not in plan.env
     assert plan.env["TRITON_CACHE_DIR"].endswith("triton/cpu-cpu")
 
 
 def test_gpu_lane_refuses_the_wrong_device_unless_emulated(monkeypatch):
-    monkeypatch.delenv("NSA_SEL_CUDA_BUILD", raising=False)
+    monkeypatch.delenv("SELGATE_CUDA_BUILD", raising=False)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         plan_lane(load_lane("sm90"), capability=None)
     with pytest.raises(ValueError, match=r"this device has 9.0; pass --emulate"):
         plan_lane(load_lane("sm89"), capability="9.0", gpus=1)
     plan = plan_lane(load_lane("sm89"), capability="9.0", gpus=2, emulate=True, policy_only=True)
-    assert plan.env["NSA_SEL_CAPABILITY"] == "8.9"
-    assert plan.env["NSA_SEL_CUDA_BUILD"] == "1"   # built at collection, outside per-test timeouts
-    monkeypatch.setenv("NSA_SEL_CUDA_BUILD", "0")   # the caller's own setting passes through untouched
-    assert "NSA_SEL_CUDA_BUILD" not in plan_lane(load_lane("sm89"), capability="9.0", gpus=1, emulate=True).env
+    assert plan.env["SELGATE_CAPABILITY"] == "8.9"
+    assert plan.env["SELGATE_CUDA_BUILD"] == "1"   # built at collection, outside per-test timeouts
+    monkeypatch.setenv("SELGATE_CUDA_BUILD", "0")   # the caller's own setting passes through untouched
+    assert "SELGATE_CUDA_BUILD" not in plan_lane(load_lane("sm89"), capability="9.0", gpus=1, emulate=True).env
     assert plan.out_name == "sm89-emulated"
     assert plan.env["TRITON_CACHE_DIR"].endswith("triton/sm89-emulated-sm90")
     assert plan.pytest_args[0] == "lanes/test_lane_policy.py" and "conformance" not in plan.pytest_args

@@ -52,12 +52,12 @@ def test_per_gpu_workers_on_a_cpu_lane_are_rejected(tmp_path):
 
 def test_triton_and_extension_caches_persist_under_one_root(tmp_path, monkeypatch):
     monkeypatch.setenv("SELGATE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("NSA_SEL_CUDA_CACHE", raising=False)
+    monkeypatch.delenv("SELGATE_CUDA_CACHE", raising=False)
     plan = plan_lane(load_lane("sm90"), capability="9.0", gpus=1, gpu_memory=H100, cpus=16)
     assert plan.env["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton" / "sm90-sm90")
-    assert plan.env["NSA_SEL_CUDA_CACHE"] == str(tmp_path / "cache" / "cuda") == str(plan.extension_cache_dir)
-    monkeypatch.setenv("NSA_SEL_CUDA_CACHE", str(tmp_path / "mine"))   # the caller's own place wins
-    assert plan_lane(load_lane("cpu"), capability=None).env["NSA_SEL_CUDA_CACHE"] == str(tmp_path / "mine")
+    assert plan.env["SELGATE_CUDA_CACHE"] == str(tmp_path / "cache" / "cuda") == str(plan.extension_cache_dir)
+    monkeypatch.setenv("SELGATE_CUDA_CACHE", str(tmp_path / "mine"))   # the caller's own place wins
+    assert plan_lane(load_lane("cpu"), capability=None).env["SELGATE_CUDA_CACHE"] == str(tmp_path / "mine")
 
 
 def test_a_lane_with_committed_durations_names_them_to_its_run(tmp_path, monkeypatch):

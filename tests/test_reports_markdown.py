@@ -38,7 +38,7 @@ def test_repro_carries_the_emulated_capability_and_overrides(tmp_path):
     lane = load_results([tmp_path / "res"])["sm89-emulated"]
     env = {**lane.environment, "capability_override": "8.9", "tolerance_overrides": '{"fp16": {"max_factor": 3}}'}
     line = repro_command(lane.cases[0], env)
-    assert line.startswith("SELGATE_LANE=sm89-emulated NSA_SEL_CAPABILITY=8.9 "
+    assert line.startswith("SELGATE_LANE=sm89-emulated SELGATE_CAPABILITY=8.9 "
                            "SELGATE_TOL_OVERRIDES='{\"fp16\": {\"max_factor\": 3}}' python -m pytest")
     assert line.endswith("--size small -p no:xdist")
 

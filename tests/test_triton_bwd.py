@@ -266,7 +266,7 @@ def test_dispatcher_routes_grad_to_the_triton_backward(monkeypatch):
     from selgate.kernels.errors import StrictModeError
     q, k, v, r, _ = make_case("h1_dk8", torch.float32, seed=6)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    monkeypatch.delenv("NSA_SEL_TRITON_ALLOW_GRAD", raising=False)  # default: on
+    monkeypatch.delenv("SELGATE_TRITON_ALLOW_GRAD", raising=False)  # default: on
     o = selection_attention(*leaves, r, backend="triton", strict=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(8)).to(DEVICE)
     (o * do).sum().backward()
@@ -274,7 +274,7 @@ def test_dispatcher_routes_grad_to_the_triton_backward(monkeypatch):
                                                                         device=DEVICE), torch.float64)
     for name, leaf, b in zip(("dq", "dk", "dv"), leaves, ref):
         assert_within_spec(leaf.grad, b, b, torch.float32, f"dispatched {name}")
-    monkeypatch.setenv("NSA_SEL_TRITON_ALLOW_GRAD", "0")
+    monkeypatch.setenv("SELGATE_TRITON_ALLOW_GRAD", "0")
     with pytest.raises(StrictModeError, match="grad"):
         selection_attention(*leaves, r, backend="triton", strict=True)
 

@@ -40,7 +40,7 @@ def test_many_overlapping_ranges_merge_into_one():
 def test_dispatcher_on_cuda_uses_it(monkeypatch):
     if DEVICE != "cuda":
         pytest.skip("the dispatcher normalises with Triton only for CUDA tensors")
-    monkeypatch.setenv("NSA_SEL_TRITON_NORMALIZE", "1")
+    monkeypatch.setenv("SELGATE_TRITON_NORMALIZE", "1")
     import selgate.kernels.triton.normalize as normalize
     calls = []
     real = normalize.normalize_ranges_triton

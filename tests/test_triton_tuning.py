@@ -21,7 +21,7 @@ from selgate.bench import tables, thresholds
 from selgate.bench.__main__ import main
 from selgate.bench.inputs import decode_problem, make_ranges, prefill_problem
 from selgate.bench.tune import launch_bucket, range_slots
-from selgate.kernels import config
+from selgate.kernels import config, settings
 from selgate.kernels.triton import tuning
 from selgate.kernels.triton import bwd as bwd_mod
 from selgate.kernels.triton import fwd as fwd_mod
@@ -33,8 +33,9 @@ CAN_LAUNCH = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
 launches = pytest.mark.skipif(not CAN_LAUNCH, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DATA = Path(__file__).parent / "data" / "bench"
-ENVS = (tuning.ENV_FWD, tuning.ENV_BWD, tuning.ENV_AUTOTUNE, tuning.ENV_TUNED, tuning.ENV_TUNED_DIR,
-        tuning.ENV_RANGE_LEN, "NSA_SEL_TRITON_MIN_L")
+ENVS = tuple(name for var in (tuning.ENV_FWD, tuning.ENV_BWD, tuning.ENV_AUTOTUNE, tuning.ENV_TUNED,
+                              tuning.ENV_TUNED_DIR, tuning.ENV_RANGE_LEN, "SELGATE_TRITON_MIN_L")
+             for name in settings.names(var))   # under former names too
 
 
 @pytest.fixture
@@ -148,7 +149,7 @@ def test_precedence_env_over_tuned_over_by_L_bucket_over_profile(cfg, monkeypatc
     assert pick()[1] == "configs triton_fwd.by_L_bucket.interpreter.128"
     monkeypatch.setenv(tuning.ENV_FWD, "BLOCK_L=x")
     tuning.clear_cache()
-    with pytest.raises(ValueError, match="NSA_SEL_TRITON_FWD_CONFIG"):
+    with pytest.raises(ValueError, match="SELGATE_TRITON_FWD_CONFIG"):
         pick()
 
 
@@ -169,7 +170,7 @@ def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkey
 
 def test_the_profile_turns_the_pair_kernel_on_per_kind_and_the_env_flag_overrides_it(cfg, monkeypatch):
     """`pairs: true` (the H100's prefill) sends supported calls to pairs.py; other kinds keep
-    fwd.py; NSA_SEL_TRITON_PAIRS=0|1 overrides the profile, read once per state."""
+    fwd.py; SELGATE_TRITON_PAIRS=0|1 overrides the profile, read once per state."""
     write_profile(cfg, "triton_fwd:\n"
                        "  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, pairs: true}\n"
                        "  decode: {block_l: 16, num_warps: 4, num_stages: 1}\n")

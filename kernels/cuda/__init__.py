@@ -1,4 +1,4 @@
-"""CUDA selection decode kernel (S = 1), compiled on first use (NSA_SEL_CUDA_BUILD=1: at import)."""
+"""CUDA selection decode kernel (S = 1), compiled on first use (SELGATE_CUDA_BUILD=1: at import)."""
 from selgate.kernels import settings as env
 
 from .decode import selection_attention_cuda
@@ -6,7 +6,7 @@ from .launch import DecodeLaunch, Pdl, Prefetch, Schedule
 
 __all__ = ["DecodeLaunch", "Pdl", "Prefetch", "Schedule", "selection_attention_cuda"]
 
-if env.get("NSA_SEL_CUDA_BUILD"):
+if env.get("SELGATE_CUDA_BUILD"):
     from .build import prebuild
 
     prebuild()

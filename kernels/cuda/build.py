@@ -40,11 +40,11 @@ def source_hash(source_dir: Path = SOURCE_DIR) -> str:
 
 
 def cache_dir(arch: str, source_dir: Path = SOURCE_DIR) -> Path:
-    """Build directory for compute capability `arch` (e.g. "90"): `$NSA_SEL_CUDA_CACHE`
+    """Build directory for compute capability `arch` (e.g. "90"): `$SELGATE_CUDA_CACHE`
     (default ~/.cache/selgate/cuda) / `<hash16>-sm<arch>-torch<version>`."""
     import torch
 
-    base = env.get("NSA_SEL_CUDA_CACHE")
+    base = env.get("SELGATE_CUDA_CACHE")
     return base / f"{source_hash(source_dir)[:16]}-sm{arch}-torch{torch.__version__.replace('+', '_')}"
 
 
@@ -79,7 +79,7 @@ def _build(arch: str):
     start = time.perf_counter()
     try:
         ext = _load_in(out, f"selgate_sel_decode_{out.name[:16]}_sm{arch}", SOURCE_DIR, arch,
-                       verbose=env.get("NSA_SEL_CUDA_VERBOSE"))
+                       verbose=env.get("SELGATE_CUDA_VERBOSE"))
     except Exception as exc:  # lock, compiler, linker or import failure: keep the reason, fall back
         return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
     build_seconds[arch] = time.perf_counter() - start
@@ -99,7 +99,7 @@ def _load_in(out: Path, name: str, source_dir: Path, arch: str, *, verbose: bool
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(out.name + ".lock"), "w") as guard:
-        _take_turn(guard, out, env.get("NSA_SEL_CUDA_BUILD_WAIT"))
+        _take_turn(guard, out, env.get("SELGATE_CUDA_BUILD_WAIT"))
         (out / "lock").unlink(missing_ok=True)
         return load(name=name, sources=[str(source_dir / s) for s in SOURCES], extra_cflags=list(CXX_FLAGS),
                     extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
@@ -118,7 +118,7 @@ def _take_turn(guard, out: Path, wait_s: float) -> None:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"another process has been building into {out} for more than {wait_s:g} s "
-                                   "(NSA_SEL_CUDA_BUILD_WAIT)") from None
+                                   f"({env.source('SELGATE_CUDA_BUILD_WAIT')})") from None
             time.sleep(0.2)
 
 
@@ -156,17 +156,17 @@ def load_patched(name: str, edits: dict[str, list[tuple[str, str]]]):
 
 
 def prebuild() -> None:
-    """Eager build (NSA_SEL_CUDA_BUILD=1 at import): compile now for the current device so the
+    """Eager build (SELGATE_CUDA_BUILD=1 at import): compile now for the current device so the
     first decode call pays nothing. Without a CUDA device there is nothing to build for."""
     import warnings
 
     import torch
 
     if not torch.cuda.is_available():
-        warnings.warn("NSA_SEL_CUDA_BUILD=1 but no CUDA device is visible: the CUDA decode kernel is not built",
+        warnings.warn("SELGATE_CUDA_BUILD=1 but no CUDA device is visible: the CUDA decode kernel is not built",
                       RuntimeWarning, stacklevel=2)
         return
     try:
         load_extension()
     except BuildError as exc:
-        warnings.warn(f"NSA_SEL_CUDA_BUILD=1: {exc}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"SELGATE_CUDA_BUILD=1: {exc}", RuntimeWarning, stacklevel=2)

@@ -22,7 +22,7 @@ def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, r
     """Selection attention on the Triton kernel; strict: raises `BackendUnavailable` with a
     reason code instead of falling back. `normalized=True` skips range normalisation when
     the caller already did it. Inputs that require grad run the autograd Function of
-    `autograd.py` (Triton backward) unless NSA_SEL_TRITON_ALLOW_GRAD=0, which refuses them ("grad")."""
+    `autograd.py` (Triton backward) unless SELGATE_TRITON_ALLOW_GRAD=0, which refuses them ("grad")."""
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     st = settings()
     why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
@@ -39,7 +39,7 @@ def run_triton(q, k, v, norm, *, scale: float, positions, allow_grad: bool):
     call the dispatcher's Triton rung makes, so a decode step pays for its checks once."""
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if grad and not allow_grad:
-        raise BackendUnavailable("grad", "inputs require grad and NSA_SEL_TRITON_ALLOW_GRAD is off")
+        raise BackendUnavailable("grad", "inputs require grad and SELGATE_TRITON_ALLOW_GRAD is off")
     if grad and k.shape[2] > INT32_MAX:
         raise BackendUnavailable("S_kv", f"k: S_kv={k.shape[2]} > 2^31 - 1; the Triton backward counts keys in int32")
     run = selection_attention_triton_autograd if grad else triton_forward

@@ -374,7 +374,7 @@ def _pow2(x: int, lo: int = 16) -> int:
 def launch_config(Dk: int, Dv: int, dtype: torch.dtype, *, S_kv=None, n=None, kind=None, tune=None) -> dict:
     """Launch parameters of the backward (keys of `default_config`), chosen by
     `tuning.bwd_config`, cached per (kind, Dk, Dv, L bucket of (S_kv, n), dtype): env
-    `NSA_SEL_TRITON_BWD_CONFIG` > persisted tuned config (`configs/tuned/`) > `default_config`.
+    `SELGATE_TRITON_BWD_CONFIG` > persisted tuned config (`configs/tuned/`) > `default_config`.
     No kernel here accumulates into its output (dk/dv are zero-filled by `triton_backward`
     before every launch), so tuning reruns need no reset_to_zero."""
     kind = kind or ("interpreter" if INTERPRET else "prefill")

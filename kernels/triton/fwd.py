@@ -228,12 +228,12 @@ def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
 def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None, n=None, tune=None) -> dict:
     """BLOCK_L, num_warps, num_stages, TMA and TAIL_L for one call of `kind` ("decode",
     "prefill" or "interpreter", whose small tiles make tiny test rows span several tiles).
-    TMA comes from `triton_fwd.<kind>.tma` (env NSA_SEL_TRITON_TMA); such a kind skips tuned
+    TMA comes from `triton_fwd.<kind>.tma` (env SELGATE_TRITON_TMA); such a kind skips tuned
     entries, which time the gather path. PAIRS (pairs.py's kernel where it applies) comes
-    from `triton_fwd.<kind>.pairs` (env NSA_SEL_TRITON_PAIRS).
+    from `triton_fwd.<kind>.pairs` (env SELGATE_TRITON_PAIRS).
 
     Chosen by `tuning.fwd_config`, cached per (kind, Dk, Dv, L bucket of (S_kv, n), dtype):
-    env `NSA_SEL_TRITON_FWD_CONFIG` > persisted tuned config (`configs/tuned/`) > the
+    env `SELGATE_TRITON_FWD_CONFIG` > persisted tuned config (`configs/tuned/`) > the
     profile's `triton_fwd.by_L_bucket.<kind>` > `triton_fwd.<kind>` (`configs/`); profile
     values shrink until the pipelined K/V tiles fit `triton_fwd.smem_budget_kb`. Without
     `dtype`, `S_kv` and `n` only the profile's `triton_fwd.<kind>` applies. The kernel only

@@ -1,23 +1,23 @@
 """Launch parameters of the Triton forward and backward: selection, persisted tuning, autotuning.
 
 Selection, once per key and then a dict lookup (no file read, no yaml, no device read per call):
-  1. env override `NSA_SEL_TRITON_FWD_CONFIG` / `NSA_SEL_TRITON_BWD_CONFIG`, e.g.
+  1. env override `SELGATE_TRITON_FWD_CONFIG` / `SELGATE_TRITON_BWD_CONFIG`, e.g.
      `BLOCK_L=32,num_warps=8` or `block_n=32,chunk=1024`: the keys given replace the chosen
      ones, verbatim (no shared-memory clamp);
-  2. the persisted tuned config `configs/tuned/<device-slug>.json` (folder: `NSA_SEL_TUNED_DIR`),
+  2. the persisted tuned config `configs/tuned/<device-slug>.json` (folder: `SELGATE_TRITON_TUNED_DIR`),
      written by `python -m selgate.bench tune`; a file whose triton version (or device) differs
      from the running one is ignored, with the reason logged once and kept in `tuning_status()`;
-     `NSA_SEL_TUNED=0` ignores the file;
+     `SELGATE_TRITON_TUNED=0` ignores the file;
   3. the profile's `triton_fwd.by_L_bucket.<kind>` (the threshold optimiser writes it);
   4. the profile/base `triton_fwd.<kind>` (forward) or `bwd.default_config` (backward).
   Profile values (3, 4) shrink to the forward's shared-memory budget as before.
 Key: (op, kind, Dk, Dv, L bucket, dtype); kind is decode (S == 1), prefill or interpreter (CPU).
 A key without an entry in a table takes the table's nearest bucket at or above, else the largest.
 L bucket: l_bucket(min(S_kv, n * range_len)), range_len = NSA's l_sel: a bound on L the host knows, no device read.
-(range_len: configs `triton_tuning.range_len`, default 64, env `NSA_SEL_RANGE_LEN`; builder ranges are at most
+(range_len: configs `triton_tuning.range_len`, default 64, env `SELGATE_TRITON_RANGE_LEN`; builder ranges are at most
 n blocks of l_sel keys, so the bound holds for them; for other ranges it only picks the launch parameters.)
 
-Nothing is benchmarked inside a normal call. `NSA_SEL_TRITON_AUTOTUNE=1` tunes a key that has
+Nothing is benchmarked inside a normal call. `SELGATE_TRITON_AUTOTUNE=1` tunes a key that has
 neither an env override nor a persisted entry on its first call (never while a CUDA graph is
 being captured), keeps the result for the process and does not write it; the warm-up command
 `python -m selgate.bench tune` tunes ahead of time and writes the file.
@@ -52,14 +52,14 @@ from selgate.kernels.errors import ConfigError
 log = logging.getLogger("selgate.kernels")
 
 FORMAT = 1
-ENV_FWD = "NSA_SEL_TRITON_FWD_CONFIG"
-ENV_BWD = "NSA_SEL_TRITON_BWD_CONFIG"
-ENV_AUTOTUNE = "NSA_SEL_TRITON_AUTOTUNE"
-ENV_TUNED = "NSA_SEL_TUNED"
-ENV_TUNED_DIR = "NSA_SEL_TUNED_DIR"
-ENV_RANGE_LEN = "NSA_SEL_RANGE_LEN"
-ENV_TMA = "NSA_SEL_TRITON_TMA"
-ENV_PAIRS = "NSA_SEL_TRITON_PAIRS"
+ENV_FWD = "SELGATE_TRITON_FWD_CONFIG"
+ENV_BWD = "SELGATE_TRITON_BWD_CONFIG"
+ENV_AUTOTUNE = "SELGATE_TRITON_AUTOTUNE"
+ENV_TUNED = "SELGATE_TRITON_TUNED"
+ENV_TUNED_DIR = "SELGATE_TRITON_TUNED_DIR"
+ENV_RANGE_LEN = "SELGATE_TRITON_RANGE_LEN"
+ENV_TMA = "SELGATE_TRITON_TMA"
+ENV_PAIRS = "SELGATE_TRITON_PAIRS"
 DEFAULT_RANGE_LEN = 64
 FWD_KEYS = ("BLOCK_L", "num_warps", "num_stages")
 BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "dq_tma", "dq_tail_n", "block_n", "block_m", "warps", "stages",
@@ -79,7 +79,7 @@ def l_bucket(L: int) -> int:
 
 
 def range_len(cfg: dict | None = None) -> int:
-    """Longest range the host assumes (NSA's l_sel): env NSA_SEL_RANGE_LEN > configs > 64."""
+    """Longest range the host assumes (NSA's l_sel): env SELGATE_TRITON_RANGE_LEN > configs > 64."""
     cfg = load_config() if cfg is None else cfg
     return int(settings.get(ENV_RANGE_LEN, (cfg.get("triton_tuning") or {}).get("range_len", DEFAULT_RANGE_LEN)))
 
@@ -198,7 +198,7 @@ class _State:
         self.range_len = range_len(owner)
         self.cache: dict = {}
         self.table: dict | None = None  # tuned table (lazy)
-        self.session: dict = {}  # NSA_SEL_TRITON_AUTOTUNE results of this process
+        self.session: dict = {}  # SELGATE_TRITON_AUTOTUNE results of this process
         self.path: Path | None = None
         self.reason: str | None = None
         self.last: dict = {}
@@ -312,7 +312,7 @@ def profile_fwd_config(cfg_all: dict, Dk: int, Dv: int, item: int, kind: str, b:
 
 def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None, n=None, tune=None) -> dict:
     """Launch parameters {BLOCK_L, num_warps, num_stages} of the forward (module docstring).
-    `tune(default) -> config` runs when NSA_SEL_TRITON_AUTOTUNE=1 and the key has no entry."""
+    `tune(default) -> config` runs when SELGATE_TRITON_AUTOTUNE=1 and the key has no entry."""
     st = _current()
     b = l_bucket(min(S_kv, n * st.range_len)) if S_kv is not None and n is not None else None
     env = st.env_fwd
