@@ -248,7 +248,7 @@ def test_failed_build_is_remembered_not_retried(monkeypatch):
 
 
 def test_cache_dir_is_keyed_by_source_and_arch(tmp_path, monkeypatch):
-    monkeypatch.setenv("NSA_SEL_CUDA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SELGATE_CUDA_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "src"
     src.mkdir()
     for name in (*build.SOURCES, *build.HEADERS):
@@ -265,7 +265,7 @@ def _fake_compiler(monkeypatch, tmp_path, seconds=0.0):
     torch's lock file was in its build directory; builds land under tmp_path."""
     import torch.utils.cpp_extension as cpp
 
-    monkeypatch.setenv("NSA_SEL_CUDA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SELGATE_CUDA_CACHE", str(tmp_path / "cache"))
     calls, mu = [], threading.Lock()
 
     def load(*, build_directory, **kw):
@@ -312,7 +312,7 @@ def test_torch_lock_left_by_a_killed_builder_does_not_hang_the_next_build(tmp_pa
 @pytest.mark.timeout(60)
 def test_a_build_that_never_ends_elsewhere_is_a_build_error_not_a_hang(tmp_path, monkeypatch):
     calls = _fake_compiler(monkeypatch, tmp_path)
-    monkeypatch.setenv("NSA_SEL_CUDA_BUILD_WAIT", "0.5")
+    monkeypatch.setenv("SELGATE_CUDA_BUILD_WAIT", "0.5")
     out = build.cache_dir("90")
     out.mkdir(parents=True)
     holder = _hold_build_lock(out)
@@ -320,7 +320,7 @@ def test_a_build_that_never_ends_elsewhere_is_a_build_error_not_a_hang(tmp_path,
         err = build._build("90")
     finally:
         _release(holder)
-    assert isinstance(err, build.BuildError) and "NSA_SEL_CUDA_BUILD_WAIT" in str(err)
+    assert isinstance(err, build.BuildError) and "SELGATE_CUDA_BUILD_WAIT" in str(err)
     assert calls == []
 
 
@@ -339,7 +339,7 @@ def test_builders_in_one_cache_take_turns(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(ON_GPU, reason="checks the no-device path of the eager build")
 def test_eager_build_without_a_device_warns_and_imports():
-    env = {**os.environ, "NSA_SEL_CUDA_BUILD": "1"}
+    env = {**os.environ, "SELGATE_CUDA_BUILD": "1"}
     out = subprocess.run([sys.executable, "-c", "import selgate.kernels.cuda"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr

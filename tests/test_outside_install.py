@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTSIDE = Path(__file__).resolve().parent / "outside"
@@ -45,8 +46,11 @@ def outside(tmp_path_factory):
     an empty directory holding only the outside kernels."""
     base = tmp_path_factory.mktemp("outside")
     dist = base / "dist"
-    rc, log = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(dist), str(ROOT)], base)
+    # setuptools builds in the checkout's build/: one xdist worker at a time
+    (ROOT / "build").mkdir(exist_ok=True)
+    with FileLock(ROOT / "build" / "wheel.lock"):
+        rc, log = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(dist), str(ROOT)], base)
     assert rc == 0, log
     wheel, = dist.glob("selgate-*.whl")
     env_dir = base / "venv"

@@ -21,18 +21,6 @@ from selgate.kernels.policy import ENV_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Files that may still name a variable by a former name while another change owns them; each
-# still reads its value through the registry's aliases. Empty this once they are renamed.
-PENDING_RENAME = frozenset({
-    "kernels/cuda/decode.py",
-    "bench/check_cuda_decode.py",
-    "tests/test_cuda_decode.py",
-    "bench/probes/decode_timeline.py",
-    "bench/probes/decode_floor.py",
-    "bench/plots.py",
-    "bench/__main__.py",
-    "docs/performance.md",
-})
 # The registry, the page generated from it, and the changelog that records the renames.
 REGISTRY_FILES = frozenset({"kernels/settings.py", "docs/configuration.md", "CHANGELOG.md"})
 # Results recorded by an earlier run (test ids included), replaced by the next run, not edited.
@@ -254,7 +242,7 @@ def test_no_product_file_names_a_variable_by_a_former_name():
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(settings.DEPRECATED, key=len, reverse=True))) + r")\b")
     found = {}
     for rel in tracked_files():
-        if rel in REGISTRY_FILES or rel in PENDING_RENAME or rel.startswith(RECORDS):
+        if rel in REGISTRY_FILES or rel.startswith(RECORDS):
             continue
         path = ROOT / rel
         try:
