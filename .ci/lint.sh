@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lint the Python sources (ruff, rules in pyproject.toml), the GitHub workflows (actionlint,
+# Lint the Python sources (ruff check and ruff format --check, settings in pyproject.toml), the GitHub workflows (actionlint,
 # with shellcheck on their run: scripts), the Dockerfiles (hadolint) and the CI shell
 # scripts (shellcheck), and refuse tracked files
 # over 1 MB that .ci/large-files does not allow (results belong in CI artifacts and git
@@ -28,7 +28,8 @@ if [ ! -x "$VENV/bin/actionlint" ] || [ ! -x "$VENV/bin/hadolint" ] || [ ! -x "$
 fi
 export PATH="$PWD/$VENV/bin:$PATH"
 ruff check --no-cache .
+ruff format --check --no-cache .
 actionlint -no-color
 hadolint docker/*.Dockerfile
 shellcheck .ci/*.sh .ci/run bin/*
-echo "lint: no tracked file over 1 MB outside .ci/large-files; Python ($(ruff --version)); workflows (actionlint $(actionlint -version | head -n 1)), Dockerfiles ($(hadolint --version)) and .ci/*.sh, .ci/run, bin/* (shellcheck) clean"
+echo "lint: no tracked file over 1 MB outside .ci/large-files; Python ($(ruff --version): lint and format); workflows (actionlint $(actionlint -version | head -n 1)), Dockerfiles ($(hadolint --version)) and .ci/*.sh, .ci/run, bin/* (shellcheck) clean"

@@ -1,12 +1,13 @@
 """`python -m selgate.bench <command>`.
 
-  sel         run a benchmark (one decode or prefill matrix, or a `--sweep` preset)
-  thresholds  derive the device profile (`sel_triton_min_L`, block sizes) from a results CSV
-  baseline    promote a results CSV to the committed baseline of its device
-  compare     compare the latest results with the baseline (exit 1 when a config regressed)
-  tune        tune the Triton launch parameters ahead of time (writes configs/tuned/<device>.json)
-  plot        draw the decode and prefill PNGs from results CSVs (needs matplotlib: selgate[plots])
+sel         run a benchmark (one decode or prefill matrix, or a `--sweep` preset)
+thresholds  derive the device profile (`sel_triton_min_L`, block sizes) from a results CSV
+baseline    promote a results CSV to the committed baseline of its device
+compare     compare the latest results with the baseline (exit 1 when a config regressed)
+tune        tune the Triton launch parameters ahead of time (writes configs/tuned/<device>.json)
+plot        draw the decode and prefill PNGs from results CSVs (needs matplotlib: selgate[plots])
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,16 @@ from .presets import PRESETS, Matrix, acceptance_checks
 from .sweep import Settings, retime_graph, run_sweep
 from .timing import measure_limits
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
-          "float16": "float16", "float32": "float32", "fp64": "float64", "float64": "float64"}
+DTYPES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "float32": "float32",
+    "fp64": "float64",
+    "float64": "float64",
+}
 
 
 def int_list(text: str) -> list[int]:
@@ -44,6 +53,7 @@ def choice_list(choices):
         if bad or not items:
             raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {sorted(choices)}, got {text!r}")
         return items
+
     return parse
 
 
@@ -79,19 +89,24 @@ def add_sel(sub) -> None:
     p.add_argument("--l_sel", type=int, default=64, help="prefill selection block size")
     p.add_argument("--n_blocks", type=int, default=16, help="prefill selected blocks per query")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--backends", type=method_list,
-                   help=f"comma list of {','.join(METHODS)}, "
-                        "Triton launch variants triton@<BLOCK_L>x<warps>x<stages>, "
-                        "or an outside kernel package.module:callable (loaded as `selgate check` loads it)")
-    p.add_argument("--declare", type=Path,
-                   help="YAML declarations of the one outside kernel in --backends (as `selgate check --declare`)")
+    p.add_argument(
+        "--backends",
+        type=method_list,
+        help=f"comma list of {','.join(METHODS)}, "
+        "Triton launch variants triton@<BLOCK_L>x<warps>x<stages>, "
+        "or an outside kernel package.module:callable (loaded as `selgate check` loads it)",
+    )
+    p.add_argument(
+        "--declare", type=Path, help="YAML declarations of the one outside kernel in --backends (as `selgate check --declare`)"
+    )
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
     p.add_argument("--budget_s", type=float, default=330.0, help="stop measuring after this many seconds")
     p.add_argument("--no_parity", action="store_true", help="skip the parity check against fp64")
-    p.add_argument("--graph", action="store_true",
-                   help="also time decode rows of capturable methods from a CUDA graph (graph_ms column)")
+    p.add_argument(
+        "--graph", action="store_true", help="also time decode rows of capturable methods from a CUDA graph (graph_ms column)"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, help="output folder (default bench/results/<device>/<date>)")
     p.add_argument("--name", help="file name stem (default: the preset, else 'sel')")
@@ -106,10 +121,26 @@ def matrices(a) -> list[Matrix]:
     if a.T is not None:
         if a.decode:
             raise SystemExit("--decode and --T (prefill) exclude each other")
-        return [Matrix("prefill", [prefill_problem(a.T, a.heads, a.groups, D, Dv, a.l_sel, a.n_blocks, dtype, B=a.B)
-                                   for D in a.D for Dv in (a.Dv or [D])], s)]
-    problems = [decode_problem(N, H, D, Dv, L, dist, dtype, G=a.G, S_kv=a.S_kv or None)
-                for N in a.N for H in a.H for D in a.D for Dv in (a.Dv or [D]) for L in a.L_list for dist in a.dist]
+        return [
+            Matrix(
+                "prefill",
+                [
+                    prefill_problem(a.T, a.heads, a.groups, D, Dv, a.l_sel, a.n_blocks, dtype, B=a.B)
+                    for D in a.D
+                    for Dv in (a.Dv or [D])
+                ],
+                s,
+            )
+        ]
+    problems = [
+        decode_problem(N, H, D, Dv, L, dist, dtype, G=a.G, S_kv=a.S_kv or None)
+        for N in a.N
+        for H in a.H
+        for D in a.D
+        for Dv in (a.Dv or [D])
+        for L in a.L_list
+        for dist in a.dist
+    ]
     return [Matrix("decode", problems, s)]
 
 
@@ -139,8 +170,16 @@ def cmd_sel(a) -> int:
     rows, deadline = [], time.monotonic() + a.budget_s
     for m in groups:
         methods = a.backends or list(m.methods) or default_methods(device)
-        rows += run_sweep(m.problems, methods, device, limits, m.settings, device_name,
-                          budget_s=max(deadline - time.monotonic(), 0.0), desc=m.name)
+        rows += run_sweep(
+            m.problems,
+            methods,
+            device,
+            limits,
+            m.settings,
+            device_name,
+            budget_s=max(deadline - time.monotonic(), 0.0),
+            desc=m.name,
+        )
     name = a.name or a.sweep or "sel"
     recheck(rows, groups, device, device_name, name)
     out = a.out or tables.results_dir(device_name)
@@ -192,8 +231,9 @@ def cmd_plot(a) -> int:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print("python -m selgate.bench plot needs matplotlib, an optional dependency: pip install selgate[plots]",
-              file=sys.stderr)
+        print(
+            "python -m selgate.bench plot needs matplotlib, an optional dependency: pip install selgate[plots]", file=sys.stderr
+        )
         return 2
     from .plots import PlotError, write_plots
 
@@ -206,8 +246,9 @@ def cmd_plot(a) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m selgate.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m selgate.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add_sel(sub)
     t = sub.add_parser("thresholds", help="derive the device profile from a results CSV")
@@ -220,8 +261,13 @@ def main(argv=None) -> int:
     c = sub.add_parser("compare", help="latest results vs the committed baseline")
     c.add_argument("--device")
     pl = sub.add_parser("plot", help="decode and prefill PNGs from results CSVs (bench/plots.py)")
-    pl.add_argument("--csv", type=Path, nargs="+", required=True,
-                    help="results CSVs of one device; a later CSV's row replaces an earlier one of the same config and method")
+    pl.add_argument(
+        "--csv",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="results CSVs of one device; a later CSV's row replaces an earlier one of the same config and method",
+    )
     pl.add_argument("--out", type=Path, required=True, help="folder for the PNGs (docs/img for the docs)")
     from . import tune
 
@@ -234,8 +280,14 @@ def main(argv=None) -> int:
             outside.load(a.backends or [], a.declare)
         except (ImportError, AttributeError, TypeError, ValueError, OSError) as e:
             parser.error(str(e))
-    commands = {"sel": cmd_sel, "thresholds": cmd_thresholds, "baseline": cmd_baseline, "compare": cmd_compare,
-                "tune": tune.cmd_tune, "plot": cmd_plot}
+    commands = {
+        "sel": cmd_sel,
+        "thresholds": cmd_thresholds,
+        "baseline": cmd_baseline,
+        "compare": cmd_compare,
+        "tune": tune.cmd_tune,
+        "plot": cmd_plot,
+    }
     return commands[a.command](a)
 
 

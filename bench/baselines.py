@@ -8,6 +8,7 @@ A method says when it does not apply (`skip_reason`), whether it reads keys outs
 the selection by design (`reads_all_keys`: its parity check runs on clean keys), and
 whether it computes selection attention at all (dense causal attention is only a yardstick).
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,6 +63,7 @@ def _masked_bytes(p: Problem) -> int:
 
 def _build_masked(p, x):
     """Dense SDPA over all S_kv keys with a boolean mask of the selection (queries: (s, head) pairs)."""
+
     def call():
         key = torch.arange(p.S_kv, device=x.q.device)
         r = x.ranges.to(torch.int64)
@@ -71,6 +73,7 @@ def _build_masked(p, x):
         q = x.q.permute(0, 2, 1, 3, 4).reshape(p.B, p.G, p.S * p.h, p.D)
         o = F.scaled_dot_product_attention(q, x.k, x.v, attn_mask=mask, scale=x.scale)
         return o.reshape(p.B, p.G, p.S, p.h, p.Dv).permute(0, 2, 1, 3, 4)
+
     return call
 
 
@@ -80,6 +83,7 @@ def _gather_bytes(p: Problem) -> int:
 
 def _build_gather(p, x):
     """The plain approach: gather every row's keys padded to the longest row, one masked SDPA."""
+
     def call():
         L_max = max(int(selected_lengths(x.ranges).max()), 1)
         idx, valid = expand_ranges(x.ranges, L_max)  # [B, S, G, L_max]
@@ -88,9 +92,14 @@ def _build_gather(p, x):
         k_sel, v_sel = x.k[bi, gi, idx], x.v[bi, gi, idx]  # [B, S, G, L_max, D]
         rows = p.B * p.S * p.G
         o = F.scaled_dot_product_attention(
-            x.q.reshape(rows, 1, p.h, p.D), k_sel.reshape(rows, 1, L_max, p.D), v_sel.reshape(rows, 1, L_max, p.Dv),
-            attn_mask=valid.reshape(rows, 1, 1, L_max), scale=x.scale)
+            x.q.reshape(rows, 1, p.h, p.D),
+            k_sel.reshape(rows, 1, L_max, p.D),
+            v_sel.reshape(rows, 1, L_max, p.Dv),
+            attn_mask=valid.reshape(rows, 1, 1, L_max),
+            scale=x.scale,
+        )
         return _rows(o, p)
+
     return call
 
 
@@ -103,6 +112,7 @@ def _build_dense_causal(p, x):
     def call():
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=x.scale)
         return o.reshape(p.B, p.G, p.h, p.S, p.Dv).permute(0, 3, 1, 2, 4)
+
     return call
 
 
@@ -125,8 +135,7 @@ def _build_fla(p, x):
     k = x.k.transpose(1, 2).contiguous()
     v = x.v.transpose(1, 2).contiguous()
     idx = block_indices(x.ranges, p.l_sel, p.n_blocks, p.S_kv)
-    return lambda: _rows(parallel_nsa(q, k, v, block_indices=idx, block_counts=p.n_blocks, block_size=p.l_sel,
-                                      scale=x.scale), p)
+    return lambda: _rows(parallel_nsa(q, k, v, block_indices=idx, block_counts=p.n_blocks, block_size=p.l_sel, scale=x.scale), p)
 
 
 def triton_config(p: Problem, device: torch.device) -> dict:
@@ -182,21 +191,24 @@ def _needs(kind=None, cuda=False, budget=None, triton=False, module=None, gqa16=
         if module and importlib.util.find_spec(module.split(".")[0]) is None:
             return f"{module} not installed"
         return None
+
     return reason
 
 
-METHODS = {m.name: m for m in (
-    Method("sdpa", True, _build_sdpa),
-    Method("triton", True, _build_triton, _needs(triton=True), graphable=True),
-    Method("cuda", True, _build_cuda, _needs(kind="decode", cuda=True), graphable=True),
-    Method("auto", True, _build_auto, graphable=True),
-    Method("masked_sdpa", False, _build_masked, _needs(budget=_masked_bytes), reads_all_keys=True),
-    Method("gather_sdpa", False, _build_gather, _needs(budget=_gather_bytes)),
-    Method("dense_causal", False, _build_dense_causal, _needs(kind="prefill"), reads_all_keys=True,
-           same_function=False),
-    Method("fla_nsa", False, _build_fla, _needs(kind="prefill", cuda=True, module="fla.ops.nsa", gqa16=True)),
-    Method("reference", False, _build_reference),
-)}
+METHODS = {
+    m.name: m
+    for m in (
+        Method("sdpa", True, _build_sdpa),
+        Method("triton", True, _build_triton, _needs(triton=True), graphable=True),
+        Method("cuda", True, _build_cuda, _needs(kind="decode", cuda=True), graphable=True),
+        Method("auto", True, _build_auto, graphable=True),
+        Method("masked_sdpa", False, _build_masked, _needs(budget=_masked_bytes), reads_all_keys=True),
+        Method("gather_sdpa", False, _build_gather, _needs(budget=_gather_bytes)),
+        Method("dense_causal", False, _build_dense_causal, _needs(kind="prefill"), reads_all_keys=True, same_function=False),
+        Method("fla_nsa", False, _build_fla, _needs(kind="prefill", cuda=True, module="fla.ops.nsa", gqa16=True)),
+        Method("reference", False, _build_reference),
+    )
+}
 
 
 VARIANT = re.compile(r"triton@(\d+)x(\d+)x(\d+)$")
@@ -217,10 +229,11 @@ def get_method(name: str) -> Method:
         return outside.get(name)
     cfg = variant_config(name)
     if cfg is None:
-        raise ValueError(f"backend: expected one of {sorted(METHODS)}, triton@<BLOCK_L>x<warps>x<stages> "
-                         f"or package.module:callable, got {name!r}")
-    return Method(name, True, functools.partial(_build_triton_launch, config=cfg), METHODS["triton"].skip_reason,
-                  graphable=True)
+        raise ValueError(
+            f"backend: expected one of {sorted(METHODS)}, triton@<BLOCK_L>x<warps>x<stages> "
+            f"or package.module:callable, got {name!r}"
+        )
+    return Method(name, True, functools.partial(_build_triton_launch, config=cfg), METHODS["triton"].skip_reason, graphable=True)
 
 
 def default_methods(device: torch.device) -> list[str]:

@@ -17,6 +17,7 @@
 
 Writes DIR/triton_bwd.md and DIR/results.json; prints the tables last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,19 @@ from .train_check import verdict as train_verdict
 
 DEV = "cuda"
 NAMES = ("o", "lse", "dq", "dk", "dv")
-SWEEP = [{"overlap": False}, {"dq_tma": False}, {"dq_warps": 4}, {"dq_warps": 1}, {"dq_stages": 2}, {"dq_block_n": 32}, {"dq_tail_n": 16},
-         {"block_m": 64}, {"stages": 3}, {"chunk": 512}, {"block_n": 32}]
+SWEEP = [
+    {"overlap": False},
+    {"dq_tma": False},
+    {"dq_warps": 4},
+    {"dq_warps": 1},
+    {"dq_stages": 2},
+    {"dq_block_n": 32},
+    {"dq_tail_n": 16},
+    {"block_m": 64},
+    {"stages": 3},
+    {"chunk": 512},
+    {"block_n": 32},
+]
 
 
 def golden_grads(q, k, v, norm, do, w, sc, dtype):
@@ -81,8 +93,15 @@ def spec_check(dtype, got, ref, base, names=NAMES) -> dict:
     return res
 
 
-def parity(out: dict, deadline: float, dtypes=(torch.float32, torch.float16, torch.bfloat16), dims=(64, 128, 192),
-           heads=(1, 4, 16), patterns=("few", "many", "heavy_reuse"), modes=("decode", "prefill")) -> list:
+def parity(
+    out: dict,
+    deadline: float,
+    dtypes=(torch.float32, torch.float16, torch.bfloat16),
+    dims=(64, 128, 192),
+    heads=(1, 4, 16),
+    patterns=("few", "many", "heavy_reuse"),
+    modes=("decode", "prefill"),
+) -> list:
     g = torch.Generator().manual_seed(0)
     gd = torch.Generator(device=DEV).manual_seed(0)
     S_kv, G = 2112, 2
@@ -123,21 +142,30 @@ def parity(out: dict, deadline: float, dtypes=(torch.float32, torch.float16, tor
                     worst[key] = x[:3]
             if not ok:
                 print(f"PARITY FAIL {name} D={D} h={h} {pattern} {mode} zero_unselected={zero}: {r}", flush=True)
-        rows.append(f"| {name} | {D} | {n_ok}/{n_all} | "
-                    + " | ".join(f"{worst[k][0]:.2e} / {worst[k][1]:.2e} ({worst[k][2]:.1e})" for k in NAMES) + " |")
+        rows.append(
+            f"| {name} | {D} | {n_ok}/{n_all} | "
+            + " | ".join(f"{worst[k][0]:.2e} / {worst[k][1]:.2e} ({worst[k][2]:.1e})" for k in NAMES)
+            + " |"
+        )
         print(f"parity {name} D={D}: {n_ok}/{n_all} ok\n{rows[-1]}", flush=True)  # the row survives a cut-off call
     out["parity"] = rows
-    return ["| dtype | D=Dk=Dv | cases ok | " + " | ".join(f"worst {k}: max err / bound (mean)" for k in NAMES) + " |",
-            "| --- | --- | --- | " + " | ".join("---" for _ in NAMES) + " |", *rows,
-            "", "cases: h in {1, 4, 16} x few/many/heavy_reuse x decode (B=3) / prefill (S=48), G=2, S_kv=2112; "
-            "outputs NaN-poisoned, keys outside every row's selection NaN, their dk/dv must be exactly 0."]
+    return [
+        "| dtype | D=Dk=Dv | cases ok | " + " | ".join(f"worst {k}: max err / bound (mean)" for k in NAMES) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in NAMES) + " |",
+        *rows,
+        "",
+        "cases: h in {1, 4, 16} x few/many/heavy_reuse x decode (B=3) / prefill (S=48), G=2, S_kv=2112; "
+        "outputs NaN-poisoned, keys outside every row's selection NaN, their dk/dv must be exactly 0.",
+    ]
 
 
 def determinism(out: dict) -> list:
     B, S, G, h, D = 1, 4096, 4, 16, 128
     g = torch.Generator(device=DEV).manual_seed(1)
-    leaves = [torch.randn(*shape, device=DEV, generator=g).to(torch.bfloat16).requires_grad_()
-              for shape in ((B, S, G, h, D), (B, G, S, D), (B, G, S, D))]
+    leaves = [
+        torch.randn(*shape, device=DEV, generator=g).to(torch.bfloat16).requires_grad_()
+        for shape in ((B, S, G, h, D), (B, G, S, D), (B, G, S, D))
+    ]
     ranges = build_ranges(torch.rand(B, S, G, S // 64, device=DEV, generator=g), G=G, l_sel=64, n=16, S_kv=S)
     do = torch.randn(B, S, G, h, D, device=DEV, generator=g).to(torch.bfloat16)
     w = torch.randn(B, S, G, h, device=DEV, generator=g)
@@ -154,9 +182,11 @@ def determinism(out: dict) -> list:
     for _ in range(49):
         for i, (a, b) in enumerate(zip(first, once())):
             diff[i] += not torch.equal(a, b)
-    line = ("determinism: 50 forward+backward passes through selection_attention(backend='triton', strict=True), "
-            "bf16, B=1 S=S_kv=4096 G=4 h=16 D=128, 16 builder blocks of 64 (block 0 and 2 local blocks in every row): "
-            + ", ".join(f"{n} {'bitwise equal' if d == 0 else f'DIFFERS in {d} runs'}" for n, d in zip(NAMES, diff)))
+    line = (
+        "determinism: 50 forward+backward passes through selection_attention(backend='triton', strict=True), "
+        "bf16, B=1 S=S_kv=4096 G=4 h=16 D=128, 16 builder blocks of 64 (block 0 and 2 local blocks in every row): "
+        + ", ".join(f"{n} {'bitwise equal' if d == 0 else f'DIFFERS in {d} runs'}" for n, d in zip(NAMES, diff))
+    )
     out["determinism"] = diff
     print(line, flush=True)
     return [line]
@@ -167,9 +197,11 @@ def training(out: dict) -> list:
     losses = train_run(300)
     ok, first, last = train_verdict(losses)
     out["training"] = {"losses": losses[::10], "ok": ok}
-    line = (f"bf16 autocast toy training (selection layer G=2 h=4 D=32, T=256, 4 blocks of 32; target = first "
-            f"token, reached through block 0), 300 AdamW steps via the dispatcher's Triton path: loss {first:.4f} -> "
-            f"{last:.4f} (mean of first/last 20 steps), all finite: {'PASS' if ok else 'FAIL'} ({time.time() - t0:.0f} s)")
+    line = (
+        f"bf16 autocast toy training (selection layer G=2 h=4 D=32, T=256, 4 blocks of 32; target = first "
+        f"token, reached through block 0), 300 AdamW steps via the dispatcher's Triton path: loss {first:.4f} -> "
+        f"{last:.4f} (mean of first/last 20 steps), all finite: {'PASS' if ok else 'FAIL'} ({time.time() - t0:.0f} s)"
+    )
     print(line, flush=True)
     return [line]
 
@@ -178,6 +210,7 @@ def kernel_times(fn, reps: int = 3, top: int = 12) -> list:
     """Table rows `| kernel | ms |` of the device kernels `fn` launches (torch.profiler)."""
     try:
         from torch.profiler import ProfilerActivity, profile
+
         fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -224,9 +257,13 @@ def bench(out: dict, deadline: float) -> list:
         return torch.autograd.grad(o, s["leaves"], s["do"])
 
     lim = key_limit(norm, T)[:, :, 0, 0].contiguous()
-    res = {"fwd": ms(lambda s: triton_forward(s["q"], s["k"], s["v"], norm, scale=sc)),
-           "bwd": ms(bwd), "index": ms(lambda s: InverseIndex(norm, lim, G, T, 64, launch_config(D, D, dt)["chunk"])),
-           "fwd_bwd_autograd": ms(fwd_bwd_autograd), "fwd_bwd_dispatch": ms(fwd_bwd_dispatch)}
+    res = {
+        "fwd": ms(lambda s: triton_forward(s["q"], s["k"], s["v"], norm, scale=sc)),
+        "bwd": ms(bwd),
+        "index": ms(lambda s: InverseIndex(norm, lim, G, T, 64, launch_config(D, D, dt)["chunk"])),
+        "fwd_bwd_autograd": ms(fwd_bwd_autograd),
+        "fwd_bwd_dispatch": ms(fwd_bwd_dispatch),
+    }
     print(f"bench: {res}", flush=True)
     s0 = sets[0]
     torch.cuda.synchronize()
@@ -246,11 +283,12 @@ def bench(out: dict, deadline: float) -> list:
     do_t[:, tail] = s0["do"][:, tail]
     dq, dk, dv = triton_backward(s0["q"], s0["k"], s0["v"], s0["o"], s0["lse"], do_t, norm, scale=sc)
     zero_w = torch.zeros(1, 256, G, h, device=DEV)
-    ref = golden_grads(s0["q"][:, tail], s0["k"], s0["v"], norm[:, tail], do_t[:, tail].double(), zero_w.double(), sc,
-                       torch.float64)
+    ref = golden_grads(
+        s0["q"][:, tail], s0["k"], s0["v"], norm[:, tail], do_t[:, tail].double(), zero_w.double(), sc, torch.float64
+    )
     low = golden_grads(s0["q"][:, tail], s0["k"], s0["v"], norm[:, tail], do_t[:, tail], zero_w, sc, dt)
     tail_chk = spec_check(dt, (dq[:, tail], dk, dv), ref[2:], low[2:], names=("dq", "dk", "dv"))
-    tail_ok = all(x[3] for x in tail_chk.values()) and bool((dq[:, :T - 256] == 0).all())
+    tail_ok = all(x[3] for x in tail_chk.values()) and bool((dq[:, : T - 256] == 0).all())
     del ref, low, dq, dk, dv
     sweep = []
     for cfg in SWEEP:
@@ -281,31 +319,52 @@ def bench(out: dict, deadline: float) -> list:
         torch.cuda.synchronize()
         t_sdpa = ev[0].elapsed_time(ev[1])
     L = selected_lengths(norm)
-    out["bench"] = dict(res, sdpa_fwd_bwd=t_sdpa, peak_extra=peak - out_bytes, idx_bytes=idx_bytes, pairs=pairs,
-                        items=items, slots=slots, tail=tail_chk, sweep=[(c, t, n) for c, t, n in sweep])
-    mib = 1 / 2 ** 20
+    out["bench"] = dict(
+        res,
+        sdpa_fwd_bwd=t_sdpa,
+        peak_extra=peak - out_bytes,
+        idx_bytes=idx_bytes,
+        pairs=pairs,
+        items=items,
+        slots=slots,
+        tail=tail_chk,
+        sweep=[(c, t, n) for c, t, n in sweep],
+    )
+    mib = 1 / 2**20
     sdpa_ms = f"{t_sdpa:.1f} ms" if t_sdpa else "not run"
     speedup = f"{t_sdpa / res['fwd_bwd_autograd']:.1f}x" if t_sdpa else "-"
-    lines = [f"prefill: B=1 T=65536 G=4 h=16 (64 heads) D=Dv=128 bf16, 16 builder blocks of 64 per row "
-             f"(L {int(L.min())}..{int(L.max())}, mean {float(L.float().mean()):.0f}), do_bench median, 2 rotating input sets",
-             "", "| measurement | value |", "| --- | --- |",
-             f"| forward (triton_forward) | {res['fwd']:.2f} ms |",
-             f"| backward (triton_backward: delta, dq, index, dk/dv) | {res['bwd']:.2f} ms |",
-             f"| of which inverse-index build | {res['index']:.2f} ms |",
-             f"| **forward + backward (autograd Function)** | **{res['fwd_bwd_autograd']:.2f} ms** (target <= 50) |",
-             f"| forward + backward through selection_attention (normalise + dispatch) | {res['fwd_bwd_dispatch']:.2f} ms |",
-             f"| packed SDPA forward + backward | {sdpa_ms} |",
-             f"| speed-up vs packed SDPA | {speedup} |",
-             f"| peak extra memory of backward (beyond dq, dk, dv) | {(peak - out_bytes) * mib:.0f} MiB |",
-             f"| of which inverse index | {idx_bytes * mib:.0f} MiB ({pairs:,} (row, tile) pairs, {items:,} dk/dv "
-             f"programs, {slots:,} fp32 partial tiles) |",
-             f"| gradient parity, last 256 queries (3x bf16 baseline + floor) | {'PASS' if tail_ok else 'FAIL'}: "
-             + ", ".join(f"{k} {v[0]:.2e}/{v[1]:.2e}" for k, v in tail_chk.items()) + " |",
-             "", f"default launch config: {launch_config(D, D, dt)}", "",
-             "| backward config override | ms | check |", "| --- | --- | --- |",
-             *(f"| {c} | {'-' if t is None else round(t, 2)} | {n} |" for c, t, n in sweep),
-             "", "GPU time per kernel, one forward + backward (torch.profiler, mean of 3):", "",
-             "| kernel | ms |", "| --- | --- |", *kernels]
+    lines = [
+        f"prefill: B=1 T=65536 G=4 h=16 (64 heads) D=Dv=128 bf16, 16 builder blocks of 64 per row "
+        f"(L {int(L.min())}..{int(L.max())}, mean {float(L.float().mean()):.0f}), do_bench median, 2 rotating input sets",
+        "",
+        "| measurement | value |",
+        "| --- | --- |",
+        f"| forward (triton_forward) | {res['fwd']:.2f} ms |",
+        f"| backward (triton_backward: delta, dq, index, dk/dv) | {res['bwd']:.2f} ms |",
+        f"| of which inverse-index build | {res['index']:.2f} ms |",
+        f"| **forward + backward (autograd Function)** | **{res['fwd_bwd_autograd']:.2f} ms** (target <= 50) |",
+        f"| forward + backward through selection_attention (normalise + dispatch) | {res['fwd_bwd_dispatch']:.2f} ms |",
+        f"| packed SDPA forward + backward | {sdpa_ms} |",
+        f"| speed-up vs packed SDPA | {speedup} |",
+        f"| peak extra memory of backward (beyond dq, dk, dv) | {(peak - out_bytes) * mib:.0f} MiB |",
+        f"| of which inverse index | {idx_bytes * mib:.0f} MiB ({pairs:,} (row, tile) pairs, {items:,} dk/dv "
+        f"programs, {slots:,} fp32 partial tiles) |",
+        f"| gradient parity, last 256 queries (3x bf16 baseline + floor) | {'PASS' if tail_ok else 'FAIL'}: "
+        + ", ".join(f"{k} {v[0]:.2e}/{v[1]:.2e}" for k, v in tail_chk.items())
+        + " |",
+        "",
+        f"default launch config: {launch_config(D, D, dt)}",
+        "",
+        "| backward config override | ms | check |",
+        "| --- | --- | --- |",
+        *(f"| {c} | {'-' if t is None else round(t, 2)} | {n} |" for c, t, n in sweep),
+        "",
+        "GPU time per kernel, one forward + backward (torch.profiler, mean of 3):",
+        "",
+        "| kernel | ms |",
+        "| --- | --- |",
+        *kernels,
+    ]
     return lines
 
 
@@ -313,10 +372,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=270.0, help="stop starting new work after this many seconds")
-    ap.add_argument("--sections", nargs="+", default=["bench", "determinism", "training", "parity"],
-                    choices=["bench", "determinism", "training", "parity"])
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"],
-                    choices=["float32", "float16", "bfloat16"], help="parity dtypes")
+    ap.add_argument(
+        "--sections",
+        nargs="+",
+        default=["bench", "determinism", "training", "parity"],
+        choices=["bench", "determinism", "training", "parity"],
+    )
+    ap.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "float16", "bfloat16"],
+        choices=["float32", "float16", "bfloat16"],
+        help="parity dtypes",
+    )
     ap.add_argument("--dims", nargs="+", type=int, default=[64, 128, 192], help="parity head dims")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -325,17 +393,38 @@ def main():
     print("\n".join(f"{k}: {v}" for k, v in out["stamp"].items()), flush=True)
     sections = {name: ["not run (--sections)"] for name in ("bench", "determinism", "training", "parity")}
     dtypes = tuple(getattr(torch, d) for d in args.dtypes)
-    steps = (("bench", lambda: bench(out, t0 + args.budget_s * 0.5)), ("determinism", lambda: determinism(out)),
-             ("training", lambda: training(out)),
-             ("parity", lambda: parity(out, t0 + args.budget_s, dtypes=dtypes, dims=tuple(args.dims))))
+    steps = (
+        ("bench", lambda: bench(out, t0 + args.budget_s * 0.5)),
+        ("determinism", lambda: determinism(out)),
+        ("training", lambda: training(out)),
+        ("parity", lambda: parity(out, t0 + args.budget_s, dtypes=dtypes, dims=tuple(args.dims))),
+    )
 
     def report(done: dict) -> str:
         got = {**sections, **done}
-        md = ["# Triton selection backward on the device", "", "| | |", "| --- | --- |",
-              *(f"| {k} | {v} |" for k, v in out["stamp"].items()),
-              "", "## Benchmark", "", *got["bench"], "", "## Determinism", "", *got["determinism"],
-              "", "## Training", "", *got["training"], "", "## Gradient parity (SPEC.md, strict)", "",
-              *got["parity"]]
+        md = [
+            "# Triton selection backward on the device",
+            "",
+            "| | |",
+            "| --- | --- |",
+            *(f"| {k} | {v} |" for k, v in out["stamp"].items()),
+            "",
+            "## Benchmark",
+            "",
+            *got["bench"],
+            "",
+            "## Determinism",
+            "",
+            *got["determinism"],
+            "",
+            "## Training",
+            "",
+            *got["training"],
+            "",
+            "## Gradient parity (SPEC.md, strict)",
+            "",
+            *got["parity"],
+        ]
         (args.out / "triton_bwd.md").write_text("\n".join(md) + "\n")
         return "\n".join(md)
 

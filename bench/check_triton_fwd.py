@@ -6,6 +6,7 @@ packed SDPA and the copy bandwidth measured in the same run.
 
 Writes `DIR/parity.md`, `DIR/bench.md` and `DIR/results.json`; prints both tables last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,28 @@ from selgate.kernels.triton.fwd import launch_config, triton_forward
 DEV = "cuda"
 PATTERNS = ("few", "many", "mixed", "heavy_reuse")
 # Problem sizes (a CPU dry run of this script shrinks them).
-SIZES = {"parity_S_kv": 2112, "decode": (128, 8, 8, 128, 16384), "prefill_T": 65536, "int64_S_kv": (1 << 24) + 64,
-         "determinism": (2, 16, 4096, 20)}
-SWEEP = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3),
-         (32, 4, 2), (32, 2, 2), (64, 2, 2), (64, 4, 1), (128, 4, 1)]
+SIZES = {
+    "parity_S_kv": 2112,
+    "decode": (128, 8, 8, 128, 16384),
+    "prefill_T": 65536,
+    "int64_S_kv": (1 << 24) + 64,
+    "determinism": (2, 16, 4096, 20),
+}
+SWEEP = [
+    (32, 4, 3),
+    (64, 4, 2),
+    (64, 4, 3),
+    (64, 4, 4),
+    (64, 8, 3),
+    (128, 4, 2),
+    (128, 8, 2),
+    (128, 8, 3),
+    (32, 4, 2),
+    (32, 2, 2),
+    (64, 2, 2),
+    (64, 4, 1),
+    (128, 4, 1),
+]
 
 
 def _cmd(*argv) -> str:
@@ -49,10 +68,15 @@ def _cmd(*argv) -> str:
 def stamp() -> dict:
     """GPU, driver, library versions and commit (SELGATE_COMMIT when the tree has no .git)."""
     commit = settings.get("SELGATE_COMMIT") or _cmd("git", "rev-parse", "--short", "HEAD") or "unknown"
-    return {"gpu": torch.cuda.get_device_name(),
-            "driver": _cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "driver": _cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
 
 
 def pattern_ranges(pattern: str, B: int, S: int, G: int, S_kv: int, g: torch.Generator) -> torch.Tensor:
@@ -103,8 +127,9 @@ def parity(out: dict, budget_s: float) -> list:
     rows = []
     S_kv = SIZES["parity_S_kv"]
     t_end = time.time() + budget_s
-    for dtype, (Dk, Dv) in itertools.product((torch.float32, torch.float16, torch.bfloat16),
-                                             itertools.product((64, 128, 192), repeat=2)):
+    for dtype, (Dk, Dv) in itertools.product(
+        (torch.float32, torch.float16, torch.bfloat16), itertools.product((64, 128, 192), repeat=2)
+    ):
         if time.time() > t_end:
             rows.append((str(dtype).split(".")[1], Dk, Dv, None))
             continue
@@ -151,8 +176,7 @@ def determinism_and_int64(out: dict) -> list:
     v = torch.randn(B, 2, S_kv, 128, generator=g).to(DEV, dt)
     norm = normalize_ranges(pattern_ranges("mixed", B, S, 2, S_kv, g), S_kv)
     first = triton_forward(q, k, v, norm, scale=0.1)
-    same = all(all(torch.equal(a, b) for a, b in zip(first, triton_forward(q, k, v, norm, scale=0.1)))
-               for _ in range(reps))
+    same = all(all(torch.equal(a, b) for a, b in zip(first, triton_forward(q, k, v, norm, scale=0.1))) for _ in range(reps))
     lines.append(f"determinism ({reps} repeats, {dt} prefill, mixed ranges): {'bitwise identical' if same else 'DIFFERENT'}")
     S_kv = SIZES["int64_S_kv"]
     k = torch.randn(1, 1, S_kv, 128, device=DEV, dtype=dt)
@@ -163,8 +187,10 @@ def determinism_and_int64(out: dict) -> list:
     ref_o, ref_lse = gather_attention(q, k, v, norm, scale=resolve_scale(None, 128))
     low_o, low_lse = gather_attention(q, k, v, norm, scale=resolve_scale(None, 128), dtype=dt)
     r = spec_check(dt, o, lse, ref_o, ref_lse, low_o, low_lse)
-    lines.append(f"64-bit offsets ({dt}, S_kv = {S_kv}, D=128: {S_kv * 128:,} elements per K): "
-                 f"{'ok' if r['ok'] else 'FAIL'} o max err {r['o'][0]:.3g} (bound {r['o'][1]:.3g})")
+    lines.append(
+        f"64-bit offsets ({dt}, S_kv = {S_kv}, D=128: {S_kv * 128:,} elements per K): "
+        f"{'ok' if r['ok'] else 'FAIL'} o max err {r['o'][0]:.3g} (bound {r['o'][1]:.3g})"
+    )
     del k, v
     out["extra"] = lines
     for ln in lines:
@@ -182,10 +208,13 @@ def gather_sdpa(q, k, v, norm, L: int, chunk_rows: int):
     bg = row // (S * G) * G + row % G
     outs = []
     for i in range(0, B * S * G, chunk_rows):
-        idx, valid = expand_ranges(rf[i:i + chunk_rows], L)
-        bgi = bg[i:i + chunk_rows, None]
-        outs.append(F.scaled_dot_product_attention(qf[i:i + chunk_rows], kf[bgi, idx][:, None], vf[bgi, idx][:, None],
-                                                   attn_mask=valid[:, None, None, :]))
+        idx, valid = expand_ranges(rf[i : i + chunk_rows], L)
+        bgi = bg[i : i + chunk_rows, None]
+        outs.append(
+            F.scaled_dot_product_attention(
+                qf[i : i + chunk_rows], kf[bgi, idx][:, None], vf[bgi, idx][:, None], attn_mask=valid[:, None, None, :]
+            )
+        )
     return torch.cat(outs)
 
 
@@ -286,20 +315,26 @@ def bench_table(rows) -> list:
     def cfg_s(c):
         return f"{c['BLOCK_L']}/{c['num_warps']}/{c['num_stages']}"
 
-    t = ["| setting | triton (default cfg) ms | default BLOCK_L/warps/stages | best swept cfg, ms | HBM floor ms | "
-         "triton / floor | gather-then-SDPA ms | packed SDPA ms | speed-up vs gather-SDPA |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    t = [
+        "| setting | triton (default cfg) ms | default BLOCK_L/warps/stages | best swept cfg, ms | HBM floor ms | "
+        "triton / floor | gather-then-SDPA ms | packed SDPA ms | speed-up vs gather-SDPA |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, t_def, default, best, floor, t_gs, t_pk in rows:
         ratio = f"{t_def / floor:.2f}x" if floor else "-"
         best_s = f"{cfg_s(best[0])}: {best[1]:.4f}" if best else "none valid"
-        t.append(f"| {name} | {t_def:.4f} | {cfg_s(default)} | {best_s} | "
-                 f"{f'{floor:.4f}' if floor else '-'} | {ratio} | {t_gs:.3f} | {t_pk:.3f} | {t_gs / t_def:.1f}x |")
+        t.append(
+            f"| {name} | {t_def:.4f} | {cfg_s(default)} | {best_s} | "
+            f"{f'{floor:.4f}' if floor else '-'} | {ratio} | {t_gs:.3f} | {t_pk:.3f} | {t_gs / t_def:.1f}x |"
+        )
     return t
 
 
 def parity_table(rows) -> list:
-    t = ["| dtype | Dk | Dv | cases ok | L range | worst o: max err / bound (mean) | worst lse: max err / bound (mean) |",
-         "| --- | --- | --- | --- | --- | --- | --- |"]
+    t = [
+        "| dtype | Dk | Dv | cases ok | L range | worst o: max err / bound (mean) | worst lse: max err / bound (mean) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for d, dk, dv, w in rows:
         if w is None or not w["n"]:
             t.append(f"| {d} | {dk} | {dv} | not run: time budget spent | | | |")
@@ -307,8 +342,10 @@ def parity_table(rows) -> list:
 
         def e(x):
             return f"{x[0]:.2e} / {x[1]:.2e} ({x[2]:.1e})"
-        t.append(f"| {d} | {dk} | {dv} | {w['n'] - w['fail']}/{w['n']} | {min(w['L'])}..{max(w['L'])} | "
-                 f"{e(w['o'])} | {e(w['lse'])} |")
+
+        t.append(
+            f"| {d} | {dk} | {dv} | {w['n'] - w['fail']}/{w['n']} | {min(w['L'])}..{max(w['L'])} | {e(w['o'])} | {e(w['lse'])} |"
+        )
     return t
 
 
@@ -340,15 +377,32 @@ def main():
     out = {"stamp": stamp()}
     head = [f"{k}: {v}" for k, v in out["stamp"].items()]
     print("\n".join(head), flush=True)
-    sections = run_sections((("extra", lambda: determinism_and_int64(out)),
-                             ("parity", lambda: parity_table(parity(out, args.parity_budget_s))),
-                             ("bench", lambda: bench(out))), out, args.out)
+    sections = run_sections(
+        (
+            ("extra", lambda: determinism_and_int64(out)),
+            ("parity", lambda: parity_table(parity(out, args.parity_budget_s))),
+            ("bench", lambda: bench(out)),
+        ),
+        out,
+        args.out,
+    )
     stamp_md = ["", "| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in out["stamp"].items()]
-    (args.out / "parity.md").write_text("\n".join(
-        ["# Triton forward parity vs fp64 reference (SPEC.md tolerances), strict", *stamp_md, "",
-         *sections.get("parity", []), "", *sections.get("extra", [])]) + "\n")
-    (args.out / "bench.md").write_text("\n".join(
-        ["# Triton forward benchmark (bf16, do_bench median)", *stamp_md, "", *sections.get("bench", [])]) + "\n")
+    (args.out / "parity.md").write_text(
+        "\n".join(
+            [
+                "# Triton forward parity vs fp64 reference (SPEC.md tolerances), strict",
+                *stamp_md,
+                "",
+                *sections.get("parity", []),
+                "",
+                *sections.get("extra", []),
+            ]
+        )
+        + "\n"
+    )
+    (args.out / "bench.md").write_text(
+        "\n".join(["# Triton forward benchmark (bf16, do_bench median)", *stamp_md, "", *sections.get("bench", [])]) + "\n"
+    )
     print("\n".join(sections.get("parity", []) + sections.get("extra", []) + [""] + sections.get("bench", [])))
 
 

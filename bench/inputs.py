@@ -6,6 +6,7 @@ them. The distributions change the block size, i.e. how the same `L` is cut into
 `few` long ranges, `many` short ones, and `mixed` rows that mix both layouts and lengths
 (so the packed-SDPA buckets and the kernel's tile loops see ragged rows).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -42,11 +43,15 @@ class Problem:
     def key(self) -> str:
         """Stable one-line name: the join key of result tables and baselines."""
         if self.kind == "decode":
-            return (f"decode N={self.B} G={self.G} h={self.h} D={self.D} Dv={self.Dv} L={self.L} "
-                    f"S_kv={self.S_kv} {self.dist} {self.dtype}")
+            return (
+                f"decode N={self.B} G={self.G} h={self.h} D={self.D} Dv={self.Dv} L={self.L} "
+                f"S_kv={self.S_kv} {self.dist} {self.dtype}"
+            )
         kv = "" if self.kv_layout == "separate" else f" kv={self.kv_layout}"
-        return (f"prefill B={self.B} T={self.S} G={self.G} h={self.h} D={self.D} Dv={self.Dv} "
-                f"blocks={self.n_blocks}x{self.l_sel} {self.dtype}{kv}")
+        return (
+            f"prefill B={self.B} T={self.S} G={self.G} h={self.h} D={self.D} Dv={self.Dv} "
+            f"blocks={self.n_blocks}x{self.l_sel} {self.dtype}{kv}"
+        )
 
 
 def block_size_for(L: int, pieces: int) -> int:
@@ -62,8 +67,9 @@ def default_S_kv(L: int) -> int:
     return max(4 * L, 64)
 
 
-def decode_problem(N: int, H: int, D: int, Dv: int, L: int, dist: str, dtype: str, *, G: int = 1,
-                   S_kv: int | None = None) -> Problem:
+def decode_problem(
+    N: int, H: int, D: int, Dv: int, L: int, dist: str, dtype: str, *, G: int = 1, S_kv: int | None = None
+) -> Problem:
     if dist not in DISTS:
         raise ValueError(f"dist: expected one of {DISTS}, got {dist!r}")
     if L < 1:
@@ -74,12 +80,14 @@ def decode_problem(N: int, H: int, D: int, Dv: int, L: int, dist: str, dtype: st
     return Problem("decode", N, 1, G, H, D, Dv, S_kv, L, dist, dtype)
 
 
-def prefill_problem(T: int, heads: int, groups: int, D: int, Dv: int, l_sel: int, n_blocks: int, dtype: str,
-                    *, B: int = 1) -> Problem:
+def prefill_problem(
+    T: int, heads: int, groups: int, D: int, Dv: int, l_sel: int, n_blocks: int, dtype: str, *, B: int = 1
+) -> Problem:
     if heads % groups:
         raise ValueError(f"heads: {heads} is not a multiple of groups={groups}")
-    return Problem("prefill", B, T, groups, heads // groups, D, Dv, T, l_sel * n_blocks, "random", dtype,
-                   l_sel=l_sel, n_blocks=n_blocks)
+    return Problem(
+        "prefill", B, T, groups, heads // groups, D, Dv, T, l_sel * n_blocks, "random", dtype, l_sel=l_sel, n_blocks=n_blocks
+    )
 
 
 def _ranges(p: Problem, l_sel: int, n: int, gen: torch.Generator, device) -> torch.Tensor:
@@ -127,7 +135,7 @@ def make_inputs(p: Problem, *, seed: int, device) -> Inputs:
     q = randn(p.B, p.S, p.G, p.h, p.D)
     k = randn(p.B, p.G, p.S_kv, p.D)
     v = randn(p.B, p.G, p.S_kv, p.Dv)
-    return with_kv_layout(Inputs(q, k, v, make_ranges(p, gen, device), scale=p.D ** -0.5), p.kv_layout)
+    return with_kv_layout(Inputs(q, k, v, make_ranges(p, gen, device), scale=p.D**-0.5), p.kv_layout)
 
 
 KV_LAYOUTS = ("separate", "group", "key")

@@ -6,6 +6,7 @@ timed on the terms it is judged on. A row its declarations exclude is a skip who
 the matrix's own reason; a kernel that selects whole blocks gets its row's selection rebuilt
 at its declared block size (`Method.block_size`, see sweep.run_problem).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,9 @@ def _case(p: Problem, impl: Impl) -> Case:
     """The matrix case a benchmark row corresponds to, for the registry's skip rules (size
     and smoke classes are the matrix's, not the benchmark's, so they never exclude a row)."""
     shape = Shape(mode=p.kind, B=p.B, S=p.S, S_kv=p.S_kv, G=p.G, h=p.h, Dk=p.D, Dv=p.Dv, n=max(p.n_blocks, 1))
-    return Case(shape=shape, pattern="builder", dtype=getattr(torch, p.dtype), seed=0, size="tiny", smoke=True,
-                block_size=impl.block_size)
+    return Case(
+        shape=shape, pattern="builder", dtype=getattr(torch, p.dtype), seed=0, size="tiny", smoke=True, block_size=impl.block_size
+    )
 
 
 def _method(impl: Impl):
@@ -48,8 +50,9 @@ def load(names, declare=None) -> None:
     outside kernel named, as `--declare` does for the matrix."""
     specs = [n for n in names if is_outside(n)]
     if declare and len(specs) != 1:
-        raise ValueError(f"--declare {declare}: declares one package.module:callable named by --backends; "
-                         f"--backends names {len(specs)}")
+        raise ValueError(
+            f"--declare {declare}: declares one package.module:callable named by --backends; --backends names {len(specs)}"
+        )
     for spec in specs:
         _LOADED[spec] = _method(load_user_impl(spec, declare))
 

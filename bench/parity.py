@@ -8,6 +8,7 @@ with the fp64 gather reference under SPEC.md's tolerances: fp32 max <= 1e-5 and 
 <= 1e-6; fp16/bf16 max <= 2x a plain PyTorch run in that precision plus
 `2 * eps * max|ref|`, mean <= 1e-3; NaN where the reference is finite always fails.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

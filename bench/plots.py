@@ -22,6 +22,7 @@ and the software stamps of the rows it draws. Output is deterministic (the same 
 same bytes): matplotlib's default style whatever the local matplotlibrc, no PNG `Software`
 stamp; PNGs are 110 dpi, palette images of ~50 KB.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,26 @@ PREFILL_MS = "prefill_ms_vs_T.png"
 DPI = 110
 
 # Columns the plots read; `graph_ms` and `kv_layout` are optional (older CSVs lack them).
-REQUIRED = ("config", "kind", "dtype", "B", "S", "G", "h", "D", "Dv", "S_kv", "L", "dist", "method", "status",
-            "ms", "frac_copy", "device", "software")
+REQUIRED = (
+    "config",
+    "kind",
+    "dtype",
+    "B",
+    "S",
+    "G",
+    "h",
+    "D",
+    "Dv",
+    "S_kv",
+    "L",
+    "dist",
+    "method",
+    "status",
+    "ms",
+    "frac_copy",
+    "device",
+    "software",
+)
 
 # method: (colour, line style, marker, line width). Ours first (solid), then the baselines.
 STYLE = {
@@ -80,8 +99,10 @@ def load(paths) -> list[dict]:
     for path in paths:
         missing = [c for c in REQUIRED if c not in _header(path)]
         if missing:
-            raise PlotError(f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                            f"(the plots read {', '.join(REQUIRED)})")
+            raise PlotError(
+                f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                f"(the plots read {', '.join(REQUIRED)})"
+            )
         try:
             rows = tables.read_csv(path)
         except ValueError as e:
@@ -96,8 +117,7 @@ def load(paths) -> list[dict]:
 
 
 def _plotted(r: dict) -> bool:
-    return (r["status"] == "ok" and r["ms"] is not None and r["method"] in STYLE
-            and r.get("kv_layout") in (None, "", "separate"))
+    return r["status"] == "ok" and r["ms"] is not None and r["method"] in STYLE and r.get("kv_layout") in (None, "", "separate")
 
 
 def _stamp(rows: list[dict]) -> str:
@@ -113,11 +133,13 @@ def _blocks(r: dict) -> str:
 
 def _pick(families: dict) -> tuple:
     """The family with the most points, then the most rows, then bf16, then the largest shape."""
+
     def rank(key):
         rows = families[key]
         points = {(r["dist"], r["L"], r["S"]) for r in rows}
         B, G, h, D, Dv = key[:5]
         return len(points), len(rows), rows[0]["dtype"] == "bfloat16", B * G * h, D + Dv, repr(key)
+
     return max(families, key=rank)
 
 
@@ -147,8 +169,7 @@ def _describe_decode(fam: list[dict]) -> str:
 def _describe_prefill(fam: list[dict]) -> str:
     r = fam[0]
     n, l_sel = _blocks(r).split("x") if "x" in _blocks(r) else ("?", "?")
-    return (f"prefill B={r['B']} G={r['G']} h={r['h']} D={r['D']} Dv={r['Dv']}, {n} blocks of {l_sel} keys per query, "
-            f"{r['dtype']}")
+    return f"prefill B={r['B']} G={r['G']} h={r['h']} D={r['D']} Dv={r['Dv']}, {n} blocks of {l_sel} keys per query, {r['dtype']}"
 
 
 @contextlib.contextmanager
@@ -157,9 +178,12 @@ def _style():
     import matplotlib as mpl
     import matplotlib.style
 
-    with mpl.style.context("default"), mpl.rc_context({"svg.hashsalt": "selgate", "axes.titlesize": 10,
-                                                        "axes.labelsize": 9, "xtick.labelsize": 8,
-                                                        "ytick.labelsize": 8}):
+    with (
+        mpl.style.context("default"),
+        mpl.rc_context(
+            {"svg.hashsalt": "selgate", "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8}
+        ),
+    ):
         yield
 
 
@@ -191,8 +215,14 @@ def _legend(fig, axes) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
-    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(len(seen), 5 if len(axes) > 1 else 3),
-               fontsize=8, frameon=False)
+    fig.legend(
+        list(seen.values()),
+        list(seen),
+        loc="outside lower center",
+        ncols=min(len(seen), 5 if len(axes) > 1 else 3),
+        fontsize=8,
+        frameon=False,
+    )
 
 
 def _lines(ax, points: dict[str, list[tuple]], graph: bool) -> None:
@@ -207,8 +237,17 @@ def _lines(ax, points: dict[str, list[tuple]], graph: bool) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, ls=ls, marker=marker, lw=lw, ms=4.5, label=label)
         if has_graph:
             g = [(p[0], p[2]) for p in pts if p[2] is not None]
-            ax.plot([p[0] for p in g], [p[1] for p in g], color=color, ls=":", marker=marker, mfc="none", lw=lw * 0.8,
-                    ms=4.5, label=f"{method}, CUDA graph")
+            ax.plot(
+                [p[0] for p in g],
+                [p[1] for p in g],
+                color=color,
+                ls=":",
+                marker=marker,
+                mfc="none",
+                lw=lw * 0.8,
+                ms=4.5,
+                label=f"{method}, CUDA graph",
+            )
 
 
 def _dists(fam: list[dict]) -> list[str]:
@@ -234,9 +273,9 @@ def decode_figures(rows: list[dict]) -> dict:
     what = f"{_describe_decode(fam)}; solid/dashed: eager calls, dotted: CUDA-graph replay (device time)"
     figs = {}
     for name, title, y_label in (
-            (DECODE_MS, "Decode selection attention: time per call against L", "ms per call"),
-            (DECODE_FRAC, "Decode selection attention: achieved fraction of the HBM floor against L",
-             "fraction of the HBM floor")):
+        (DECODE_MS, "Decode selection attention: time per call against L", "ms per call"),
+        (DECODE_FRAC, "Decode selection attention: achieved fraction of the HBM floor against L", "fraction of the HBM floor"),
+    ):
         fig, axes = _figure(len(dists), f"{title}\n{what}\n{_stamp(fam)}", max(width, 7.5))
         for ax, dist in zip(axes, dists):
             points = defaultdict(list)
@@ -250,11 +289,16 @@ def decode_figures(rows: list[dict]) -> dict:
                     points[r["method"]].append((r["L"], r["frac_copy"], g and r["frac_copy"] * r["ms"] / g))
             if name == DECODE_FRAC:
                 ax.axhline(1.0, color="k", lw=0.9, alpha=0.6, label="HBM floor (measured copy bandwidth)")
-                ax.axhline(1 / 1.5, color="k", lw=0.9, ls=(0, (1, 2)), alpha=0.6,
-                           label="acceptance bar: 1.5x the floor (L 512, 1024)")
+                ax.axhline(
+                    1 / 1.5, color="k", lw=0.9, ls=(0, (1, 2)), alpha=0.6, label="acceptance bar: 1.5x the floor (L 512, 1024)"
+                )
             _lines(ax, points, graph=True)
-            _log_axes(ax, sorted({r["L"] for r in fam if r["dist"] == dist}), "L (selected keys per query)",
-                      _ms if name == DECODE_MS else _percent)
+            _log_axes(
+                ax,
+                sorted({r["L"] for r in fam if r["dist"] == dist}),
+                "L (selected keys per query)",
+                _ms if name == DECODE_MS else _percent,
+            )
             ax.set_title(f"dist={dist}")
         axes[0].set_ylabel(y_label)
         if name == DECODE_FRAC:
@@ -272,11 +316,17 @@ def prefill_figure(rows: list[dict]):
         return None, "no measured prefill rows in the CSVs"
     Ts = sorted({r["S"] for r in fam})
     if len(Ts) < 2:
-        return None, (f"the prefill rows hold one sequence length (T={Ts[0]}, {_describe_prefill(fam)}); a plot "
-                      "against T needs at least two (`python -m selgate.bench sel --sweep prefill_scaling` on the GPU, "
-                      "then pass its CSV too)")
-    fig, axes = _figure(1, "Prefill selection attention (forward): time per call against T\n"
-                        f"{_describe_prefill(fam)}, separate K and V\n{_stamp(fam)}", 8.0)
+        return None, (
+            f"the prefill rows hold one sequence length (T={Ts[0]}, {_describe_prefill(fam)}); a plot "
+            "against T needs at least two (`python -m selgate.bench sel --sweep prefill_scaling` on the GPU, "
+            "then pass its CSV too)"
+        )
+    fig, axes = _figure(
+        1,
+        "Prefill selection attention (forward): time per call against T\n"
+        f"{_describe_prefill(fam)}, separate K and V\n{_stamp(fam)}",
+        8.0,
+    )
     points = defaultdict(list)
     for r in fam:
         points[r["method"]].append((r["S"], r["ms"], None))

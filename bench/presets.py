@@ -10,6 +10,7 @@ per-bucket block sizes. `prefill_scaling`: the acceptance prefill setting at T i
 (`PREFILL_SCALING_T`), ours beside fla-core and the SDPA baselines that fit, for the prefill
 plot (bench/plots.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,23 +44,31 @@ def acceptance(dtype: str = "bfloat16") -> list[Matrix]:
     """The prefill setting twice: K and V as separate tensors (the bar's row), and stored per key
     (each key's K and V rows adjacent), which the H100 reads 3-4 % faster (docs/design/triton-forward.md)."""
     prefill = acceptance_prefill(dtype)
-    return [Matrix("acceptance-decode", acceptance_decode(dtype), Settings(warmup=10, iters=100, graph=True)),
-            Matrix("acceptance-prefill", [prefill, dataclasses.replace(prefill, kv_layout="key")],
-                   Settings(warmup=2, iters=10, max_seconds=4.0))]
+    return [
+        Matrix("acceptance-decode", acceptance_decode(dtype), Settings(warmup=10, iters=100, graph=True)),
+        Matrix(
+            "acceptance-prefill",
+            [prefill, dataclasses.replace(prefill, kv_layout="key")],
+            Settings(warmup=2, iters=10, max_seconds=4.0),
+        ),
+    ]
 
 
 def seed(dtype: str = "bfloat16") -> list[Matrix]:
-    problems = [decode_problem(N, H, D, Dv, L, dist, dtype)
-                for N, H, D, Dv, L, dist in itertools.product((64, 256, 1024), (4, 8), (64, 128), (64, 128), SEED_L,
-                                                              DISTS)]
+    problems = [
+        decode_problem(N, H, D, Dv, L, dist, dtype)
+        for N, H, D, Dv, L, dist in itertools.product((64, 256, 1024), (4, 8), (64, 128), (64, 128), SEED_L, DISTS)
+    ]
     return [Matrix("seed", problems, Settings(warmup=3, iters=15, max_seconds=0.5, graph=True))]
 
 
 def launch(dtype: str = "bfloat16") -> list[Matrix]:
     methods = ("sdpa", "triton", *LAUNCH_VARIANTS)
     decode = [decode_problem(1024, 8, D, D, L, "many", dtype) for D in (64, 128) for L in SEED_L]
-    return [Matrix("launch-decode", decode, Settings(warmup=3, iters=20, max_seconds=0.5), methods),
-            Matrix("launch-prefill", [acceptance_prefill(dtype)], Settings(warmup=2, iters=5, max_seconds=1.0), methods)]
+    return [
+        Matrix("launch-decode", decode, Settings(warmup=3, iters=20, max_seconds=0.5), methods),
+        Matrix("launch-prefill", [acceptance_prefill(dtype)], Settings(warmup=2, iters=5, max_seconds=1.0), methods),
+    ]
 
 
 def full(dtype: str = "bfloat16") -> list[Matrix]:
@@ -113,12 +122,16 @@ def acceptance_checks(rows: list[dict]) -> list[str]:
             vs = f"{gather['ms'] / r['ms']:.1f}x" if gather else "not measured"
             verdict = "PASS" if x_dev <= 1.5 and gather and gather["ms"] / r["ms"] >= 5 else "FAIL"
             graph = f"graph {dev_ms:.4f} ms = {x_dev:.2f}x" if r.get("graph_ms") else "no graph timing"
-            lines.append(f"- {verdict} {config} / {method}: {graph} the HBM floor (bar 1.5x; eager "
-                         f"{r['ms']:.4f} ms = {x_floor:.2f}x, host {r['host_ms'] or 0:.4f} ms/call), "
-                         f"{vs} vs gather_sdpa (bar 5x)")
+            lines.append(
+                f"- {verdict} {config} / {method}: {graph} the HBM floor (bar 1.5x; eager "
+                f"{r['ms']:.4f} ms = {x_floor:.2f}x, host {r['host_ms'] or 0:.4f} ms/call), "
+                f"{vs} vs gather_sdpa (bar 5x)"
+            )
         elif config == prefill.key:
             lines.append(f"- {'PASS' if r['ms'] <= 15 else 'FAIL'} {config} / {method}: {r['ms']:.2f} ms (bar 15 ms)")
         elif config == prefill_key:
-            lines.append(f"- INFO {config} / {method}: {r['ms']:.2f} ms (K and V stored per key; the bar is judged "
-                         "on separate K and V tensors)")
+            lines.append(
+                f"- INFO {config} / {method}: {r['ms']:.2f} ms (K and V stored per key; the bar is judged "
+                "on separate K and V tensors)"
+            )
     return ["", "Acceptance bars:"] + lines if lines else []

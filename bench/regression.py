@@ -42,6 +42,7 @@ Configurations the latest run did not measure are listed, not blocking; a baseli
 matrix has no later run at all blocks (the release would be unmeasured), and the commits the
 compared runs measured are shown, so a stale run is visible.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -77,33 +78,46 @@ class Comparison:
 
     def markdown(self, max_rows: int = 200) -> str:
         """Blocking lines, then our implementations' rows, slowest ratio first (torch baselines only when slower)."""
-        lines = [f"### Performance vs baseline: {self.device}", "",
-                 f"Blocking when an implementation of ours is more than {MAX_SLOWDOWN:.0%} slower "
-                 f"(latest / baseline > {1 + MAX_SLOWDOWN:.2f}).", ""]
+        lines = [
+            f"### Performance vs baseline: {self.device}",
+            "",
+            f"Blocking when an implementation of ours is more than {MAX_SLOWDOWN:.0%} slower "
+            f"(latest / baseline > {1 + MAX_SLOWDOWN:.2f}).",
+            "",
+        ]
         lines += [f"- baseline `{b}` vs latest `{lt}`" for b, lt in self.pairs]
         lines += [f"- {n}" for n in self.notes]
         if self.blocking:
             lines += ["", f"**{len(self.blocking)} blocking:**"] + [f"- {b}" for b in self.blocking]
         elif self.rows:
-            lines += ["", f"No regression over {sum(r['ours'] and r['ratio'] is not None for r in self.rows)} measured "
-                      "configurations of ours."]
+            lines += [
+                "",
+                f"No regression over {sum(r['ours'] and r['ratio'] is not None for r in self.rows)} measured "
+                "configurations of ours.",
+            ]
         shown = [r for r in self.rows if r["ours"] or r["verdict"] != "ok"]
         # blocking first (a device slowdown can hide behind an eager ratio near 1), then unmeasured and slowest
         shown.sort(key=lambda r: (not r["verdict"].startswith("BLOCKING"), -(r["ratio"] or float("inf"))))
         if shown:
-            lines += ["", "| config | method | baseline ms | latest ms | ratio | verdict |",
-                      "| --- | --- | --- | --- | --- | --- |"]
+            lines += [
+                "",
+                "| config | method | baseline ms | latest ms | ratio | verdict |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
             for r in shown[:max_rows]:
-                lines.append(f"| {r['config']} | {r['method']} | {r['base_ms']:.4f} | "
-                             f"{'' if r['latest_ms'] is None else format(r['latest_ms'], '.4f')} | "
-                             f"{'' if r['ratio'] is None else format(r['ratio'], '.3f')} | {r['verdict']} |")
+                lines.append(
+                    f"| {r['config']} | {r['method']} | {r['base_ms']:.4f} | "
+                    f"{'' if r['latest_ms'] is None else format(r['latest_ms'], '.4f')} | "
+                    f"{'' if r['ratio'] is None else format(r['ratio'], '.3f')} | {r['verdict']} |"
+                )
             if len(shown) > max_rows:
                 lines.append(f"\n{len(shown) - max_rows} more rows with smaller ratios (the CSVs hold them).")
         return "\n".join(lines) + "\n"
 
 
-def recheck_graph(rows: list[dict], base: list[dict], retime, *, max_slowdown: float = MAX_SLOWDOWN,
-                  rechecks: int = RECHECKS) -> int:
+def recheck_graph(
+    rows: list[dict], base: list[dict], retime, *, max_slowdown: float = MAX_SLOWDOWN, rechecks: int = RECHECKS
+) -> int:
     """Re-time, `rechecks` more times with `retime(row) -> ms`, each row of ours in `rows` whose
     graph time is more than `max_slowdown` above its `base` row's, and keep the median of all
     its timings (module docstring). Returns how many rows were re-timed."""
@@ -155,27 +169,33 @@ def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = 
         ratio = r["ms"] / b["ms"]
         slower = ratio > 1 + max_slowdown
         host_bound = r.get("host_ms") is not None and r["host_ms"] >= HOST_BOUND * r["ms"]
-        noise = (None not in (r.get("ms_lo"), b.get("ms_hi")) and r["ms_lo"] <= b["ms_hi"]
-                 and min(_samples(r), _samples(b)) >= MIN_SAMPLES)
+        noise = (
+            None not in (r.get("ms_lo"), b.get("ms_hi"))
+            and r["ms_lo"] <= b["ms_hi"]
+            and min(_samples(r), _samples(b)) >= MIN_SAMPLES
+        )
         if b["ours"] and _graph_slower(r, b, max_slowdown):
             verdict = f"BLOCKING on the device (graph {b['graph_ms']:.4f} -> {r['graph_ms']:.4f} ms)"
-            blocking.append(f"{what}: device time (CUDA graph) baseline {b['graph_ms']:.4f} ms, latest "
-                            f"{r['graph_ms']:.4f} ms ({r['graph_ms'] / b['graph_ms']:.2f}x)")
+            blocking.append(
+                f"{what}: device time (CUDA graph) baseline {b['graph_ms']:.4f} ms, latest "
+                f"{r['graph_ms']:.4f} ms ({r['graph_ms'] / b['graph_ms']:.2f}x)"
+            )
         elif not slower:
             verdict = "ok"
         elif not b["ours"]:
             verdict = "slower (torch baseline)"
         elif noise:
-            verdict = (f"slower, within noise (interval from {r['ms_lo']:.4f} ms overlaps the baseline's "
-                       f"to {b['ms_hi']:.4f})")
+            verdict = f"slower, within noise (interval from {r['ms_lo']:.4f} ms overlaps the baseline's to {b['ms_hi']:.4f})"
         elif r.get("graph_ms") is not None and r["graph_ms"] <= (1 + max_slowdown) * (b.get("graph_ms") or b["ms"]):
             verdict = f"slower eagerly, device time within the baseline (graph {r['graph_ms']:.4f} ms)"
         elif host_bound and ratio <= HOST_SPREAD:
             verdict = f"slower, host-bound (host {r['host_ms']:.4f} ms/call)"
         elif host_bound:
             verdict = f"BLOCKING, host-bound beyond {HOST_SPREAD:g}x (host {r['host_ms']:.4f} ms/call)"
-            blocking.append(f"{what}: host-bound, but baseline {b['ms']:.4f} ms, latest {r['ms']:.4f} ms "
-                            f"({ratio:.2f}x) is more than a slower host explains ({HOST_SPREAD:g}x)")
+            blocking.append(
+                f"{what}: host-bound, but baseline {b['ms']:.4f} ms, latest {r['ms']:.4f} ms "
+                f"({ratio:.2f}x) is more than a slower host explains ({HOST_SPREAD:g}x)"
+            )
         else:
             verdict = "BLOCKING"
         rows.append({**_key(b), "base_ms": b["ms"], "latest_ms": r["ms"], "ratio": ratio, "verdict": verdict})
@@ -202,8 +222,10 @@ def _by_config(rows: list[dict], which: str) -> dict:
     for r in rows:
         key = (r["config"], r["method"])
         if key in out:
-            raise ValueError(f"{which} results: configuration {key[0]!r} / {key[1]} appears twice; "
-                             "one row per configuration and method is expected")
+            raise ValueError(
+                f"{which} results: configuration {key[0]!r} / {key[1]} appears twice; "
+                "one row per configuration and method is expected"
+            )
         out[key] = r
     return out
 
@@ -215,8 +237,10 @@ def compare_to_baseline(device: str, *, max_slowdown: float = MAX_SLOWDOWN) -> C
     cmp = Comparison(device)
     found = baselines(device)
     if not found:
-        cmp.notes.append(f"no committed baseline under {tables.RESULTS_DIR / device_slug(device)}: nothing to "
-                         "compare (`python -m selgate.bench baseline` promotes a run)")
+        cmp.notes.append(
+            f"no committed baseline under {tables.RESULTS_DIR / device_slug(device)}: nothing to "
+            "compare (`python -m selgate.bench baseline` promotes a run)"
+        )
     for base in found:
         name = base.stem.removeprefix("baseline-")
         latest = tables.latest_csv(device, name)

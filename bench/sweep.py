@@ -4,6 +4,7 @@ A method that does not apply is recorded as `skip`, one that raises as `error` w
 exception's first line; neither stops the sweep. Past the time budget the remaining
 problems are recorded as skipped, so a sweep always ends with a complete table.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,10 +40,12 @@ def progress(items, desc: str):
 
         return tqdm(items, desc=desc, file=sys.stderr)
     except ImportError:
+
         def simple():
             for i, item in enumerate(items):
                 print(f"[{desc} {i + 1}/{len(items)}] {getattr(item, 'key', item)}", file=sys.stderr, flush=True)
                 yield item
+
         return simple()
 
 
@@ -66,12 +69,35 @@ def _work(p: Problem, ranges: torch.Tensor, item: int) -> dict:
 def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) -> dict:
     base = asdict(p)
     del base["l_sel"], base["n_blocks"]
-    row = {"config": p.key, **base, "L_max": None, "method": method, "ours": get_method(method).ours,
-           "status": "ok", "ms": None, "ms_lo": None, "ms_hi": None, "iters": None,
-           "host_ms": None, "graph_ms": None, "kv_bytes": None,
-           "io_bytes": None, "gbps": None, "tflops": None, "frac_copy": None, "frac_matmul": None, "speedups": "",
-           "parity": "", "max_err": None, "kernel_config": "", "note": "", "device": device_name,
-           "copy_gbps": limits.copy_gbps, "matmul_tflops": limits.matmul_tflops, "software": software()}
+    row = {
+        "config": p.key,
+        **base,
+        "L_max": None,
+        "method": method,
+        "ours": get_method(method).ours,
+        "status": "ok",
+        "ms": None,
+        "ms_lo": None,
+        "ms_hi": None,
+        "iters": None,
+        "host_ms": None,
+        "graph_ms": None,
+        "kv_bytes": None,
+        "io_bytes": None,
+        "gbps": None,
+        "tflops": None,
+        "frac_copy": None,
+        "frac_matmul": None,
+        "speedups": "",
+        "parity": "",
+        "max_err": None,
+        "kernel_config": "",
+        "note": "",
+        "device": device_name,
+        "copy_gbps": limits.copy_gbps,
+        "matmul_tflops": limits.matmul_tflops,
+        "software": software(),
+    }
     row.update(fields)
     return row
 
@@ -121,8 +147,7 @@ def input_sets(p: Problem, seed: int, device: torch.device) -> list:
     """The rotating input sets of `p`: enough that consecutive calls do not find the previous
     call's bytes in L2."""
     first = make_inputs(p, seed=seed, device=device)
-    return [first] + [make_inputs(p, seed=seed + i, device=device)
-                      for i in range(1, rotation_count(first.nbytes(), device))]
+    return [first] + [make_inputs(p, seed=seed + i, device=device) for i in range(1, rotation_count(first.nbytes(), device))]
 
 
 def retime_graph(p: Problem, method: str, device: torch.device, s: Settings) -> float:
@@ -132,8 +157,9 @@ def retime_graph(p: Problem, method: str, device: torch.device, s: Settings) -> 
     return time_graph([m.build(p, x) for x in input_sets(p, s.seed, device)], device).median_ms
 
 
-def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Limits, s: Settings,
-                device_name: str) -> list[dict]:
+def run_problem(
+    p: Problem, methods: list[str], device: torch.device, limits: Limits, s: Settings, device_name: str
+) -> list[dict]:
     """Rows for every method on problem `p` (inputs built once, rotated across calls)."""
     sets = input_sets(p, s.seed, device)
     rows = []
@@ -160,9 +186,22 @@ def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Li
         fields["note"] = "; ".join(x for x in (note, fields.get("note", "")) if x)
         ms = fields["ms"]
         gbps, tflops = work["io_bytes"] / ms / 1e6, work["flops"] / ms / 1e9
-        rows.append(_row(p, method, device_name, limits, L_max=L_max, kv_bytes=work["kv_bytes"],
-                         io_bytes=work["io_bytes"], gbps=gbps, tflops=tflops, frac_copy=gbps / limits.copy_gbps,
-                         frac_matmul=tflops / limits.matmul_tflops, **fields))
+        rows.append(
+            _row(
+                p,
+                method,
+                device_name,
+                limits,
+                L_max=L_max,
+                kv_bytes=work["kv_bytes"],
+                io_bytes=work["io_bytes"],
+                gbps=gbps,
+                tflops=tflops,
+                frac_copy=gbps / limits.copy_gbps,
+                frac_matmul=tflops / limits.matmul_tflops,
+                **fields,
+            )
+        )
     timed = {r["method"]: r["ms"] for r in rows if r["status"] == "ok"}
     for r in rows:
         if r["status"] == "ok":
@@ -170,14 +209,24 @@ def run_problem(p: Problem, methods: list[str], device: torch.device, limits: Li
     return rows
 
 
-def run_sweep(problems: list[Problem], methods: list[str], device: torch.device, limits: Limits, s: Settings,
-              device_name: str, *, budget_s: float = math.inf, desc: str = "bench") -> list[dict]:
+def run_sweep(
+    problems: list[Problem],
+    methods: list[str],
+    device: torch.device,
+    limits: Limits,
+    s: Settings,
+    device_name: str,
+    *,
+    budget_s: float = math.inf,
+    desc: str = "bench",
+) -> list[dict]:
     rows = []
     deadline = time.monotonic() + budget_s
     for p in progress(problems, desc):
         if time.monotonic() > deadline:
-            rows += [_row(p, m, device_name, limits, status="skip", note=f"time budget of {budget_s:.0f} s spent")
-                     for m in methods]
+            rows += [
+                _row(p, m, device_name, limits, status="skip", note=f"time budget of {budget_s:.0f} s spent") for m in methods
+            ]
             continue
         try:
             rows += run_problem(p, methods, device, limits, s, device_name)

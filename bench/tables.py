@@ -5,6 +5,7 @@ machine-readable record (the threshold optimiser and the regression gate read it
 Markdown is for people. Effective rates count only the selected keys (the useful work),
 so a dense baseline that reads every key shows a low GB/s rather than a flattering one.
 """
+
 from __future__ import annotations
 
 import csv
@@ -18,10 +19,44 @@ from selgate.kernels.config import device_slug
 RESULTS_DIR = settings.get("SELGATE_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
 
 COLUMNS = [
-    "config", "kind", "dtype", "B", "S", "G", "h", "D", "Dv", "S_kv", "L", "dist", "kv_layout", "L_max", "method", "ours",
-    "status", "ms", "ms_lo", "ms_hi", "iters", "host_ms", "graph_ms", "kv_bytes", "io_bytes", "gbps", "tflops", "frac_copy",
-    "frac_matmul", "speedups", "parity", "max_err", "kernel_config", "note", "device", "copy_gbps",
-    "matmul_tflops", "software",
+    "config",
+    "kind",
+    "dtype",
+    "B",
+    "S",
+    "G",
+    "h",
+    "D",
+    "Dv",
+    "S_kv",
+    "L",
+    "dist",
+    "kv_layout",
+    "L_max",
+    "method",
+    "ours",
+    "status",
+    "ms",
+    "ms_lo",
+    "ms_hi",
+    "iters",
+    "host_ms",
+    "graph_ms",
+    "kv_bytes",
+    "io_bytes",
+    "gbps",
+    "tflops",
+    "frac_copy",
+    "frac_matmul",
+    "speedups",
+    "parity",
+    "max_err",
+    "kernel_config",
+    "note",
+    "device",
+    "copy_gbps",
+    "matmul_tflops",
+    "software",
 ]
 
 
@@ -41,8 +76,20 @@ def write_csv(rows: list[dict], path: Path) -> Path:
 def read_csv(path: Path) -> list[dict]:
     """Rows of a results CSV with numeric columns parsed (empty cells become None)."""
     numeric = {"B", "S", "G", "h", "D", "Dv", "S_kv", "L", "L_max", "iters", "kv_bytes", "io_bytes"}
-    real = {"ms", "ms_lo", "ms_hi", "host_ms", "graph_ms", "gbps", "tflops", "frac_copy", "frac_matmul", "max_err", "copy_gbps",
-            "matmul_tflops"}
+    real = {
+        "ms",
+        "ms_lo",
+        "ms_hi",
+        "host_ms",
+        "graph_ms",
+        "gbps",
+        "tflops",
+        "frac_copy",
+        "frac_matmul",
+        "max_err",
+        "copy_gbps",
+        "matmul_tflops",
+    }
     with Path(path).open(newline="") as f:
         rows = list(csv.DictReader(f))
     missing = {"config", "method", "status", "ms"} - set(rows[0] if rows else COLUMNS)
@@ -71,28 +118,40 @@ def _fmt(x, spec: str) -> str:
 def markdown(rows: list[dict], title: str) -> str:
     head = rows[0] if rows else {}
     lines = [
-        f"# {title}", "",
+        f"# {title}",
+        "",
         f"Device: {head.get('device', '?')}; measured in this run: copy {_fmt(head.get('copy_gbps'), '.0f')} GB/s, "
         f"matmul {_fmt(head.get('matmul_tflops'), '.1f')} TFLOP/s; {head.get('software', '?')}. "
         "Median of the timed calls with its 95% interval (back-to-back eager calls: the host's issue time "
         "counts where it exceeds the device's); `graph ms`: the same calls replayed from a CUDA graph, the "
         "device time alone (decode, capturable methods); rates count the selected keys only and use `ms`; "
-        "speedup = other method's ms / this method's ms.", "",
+        "speedup = other method's ms / this method's ms.",
+        "",
         "| config | method | ms | 95% interval | graph ms | speedup | GB/s | TFLOP/s | % copy | % matmul | parity | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ok = r["status"] == "ok"
-        lines.append("| " + " | ".join([
-            r["config"], r["method"],
-            _fmt(r["ms"], ".4f") if ok else r["status"],
-            f"{r['ms_lo']:.4f}-{r['ms_hi']:.4f}" if ok else "",
-            _fmt(r.get("graph_ms"), ".4f"),
-            ", ".join(f"{k} {v:.2f}x" for k, v in parse_speedups(r["speedups"]).items()),
-            _fmt(r["gbps"], ".0f"), _fmt(r["tflops"], ".2f"),
-            _fmt(ok and 100 * r["frac_copy"], ".0f"), _fmt(ok and 100 * r["frac_matmul"], ".1f"),
-            r["parity"], r["note"].replace("|", "/")[:160],
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["config"],
+                    r["method"],
+                    _fmt(r["ms"], ".4f") if ok else r["status"],
+                    f"{r['ms_lo']:.4f}-{r['ms_hi']:.4f}" if ok else "",
+                    _fmt(r.get("graph_ms"), ".4f"),
+                    ", ".join(f"{k} {v:.2f}x" for k, v in parse_speedups(r["speedups"]).items()),
+                    _fmt(r["gbps"], ".0f"),
+                    _fmt(r["tflops"], ".2f"),
+                    _fmt(ok and 100 * r["frac_copy"], ".0f"),
+                    _fmt(ok and 100 * r["frac_matmul"], ".1f"),
+                    r["parity"],
+                    r["note"].replace("|", "/")[:160],
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -119,20 +178,25 @@ def summary(rows: list[dict], paths) -> str:
     """Short Markdown printed last: limits, status counts, per-method speedup over packed SDPA."""
     head = rows[0] if rows else {}
     count = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skip", "error")}
-    lines = ["## selgate bench summary", "",
-             f"- device: {head.get('device', '?')}; copy {_fmt(head.get('copy_gbps'), '.0f')} GB/s, "
-             f"matmul {_fmt(head.get('matmul_tflops'), '.1f')} TFLOP/s (measured in this run)",
-             f"- {len({r['config'] for r in rows})} configs: {count['ok']} measured, {count['skip']} skipped, "
-             f"{count['error']} errors", "",
-             "| method | measured | parity failures | geomean speedup vs sdpa | median % copy bw |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "## selgate bench summary",
+        "",
+        f"- device: {head.get('device', '?')}; copy {_fmt(head.get('copy_gbps'), '.0f')} GB/s, "
+        f"matmul {_fmt(head.get('matmul_tflops'), '.1f')} TFLOP/s (measured in this run)",
+        f"- {len({r['config'] for r in rows})} configs: {count['ok']} measured, {count['skip']} skipped, {count['error']} errors",
+        "",
+        "| method | measured | parity failures | geomean speedup vs sdpa | median % copy bw |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for m in dict.fromkeys(r["method"] for r in rows):
         ok = [r for r in rows if r["method"] == m and r["status"] == "ok"]
         fails = sum(r["parity"].startswith("FAIL") for r in ok)
         vs = [x for x in (parse_speedups(r["speedups"]).get("sdpa") for r in ok) if x]  # sdpa_ms / this ms
         fr = sorted(r["frac_copy"] for r in ok if r["frac_copy"] is not None)
-        lines.append(f"| {m} | {len(ok)} | {fails} | {_fmt(_geomean(vs) if vs else None, '.2f')} | "
-                     f"{_fmt(100 * fr[len(fr) // 2] if fr else None, '.0f')} |")
+        lines.append(
+            f"| {m} | {len(ok)} | {fails} | {_fmt(_geomean(vs) if vs else None, '.2f')} | "
+            f"{_fmt(100 * fr[len(fr) // 2] if fr else None, '.0f')} |"
+        )
     errors = [r for r in rows if r["status"] == "error"]
     if errors:
         lines += ["", "errors (first 5):"] + [f"- {r['config']} / {r['method']}: {r['note']}" for r in errors[:5]]

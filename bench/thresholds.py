@@ -18,6 +18,7 @@ variant of each configuration, among those with parity on all of them. The bucke
 the launch path computes from what the host knows (`launch_bucket`), so the profile's
 `triton_fwd.by_L_bucket.<kind>` is read back under the same key.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -35,7 +36,7 @@ from .timing import MIN_SAMPLES
 
 MIN_SPEEDUP = 1.2
 MAX_LOSS = 0.10
-NEVER = 2 ** 31 - 1
+NEVER = 2**31 - 1
 
 
 @dataclass
@@ -49,8 +50,14 @@ class Decision:
 
     def markdown(self) -> str:
         shown = "never (Triton did not qualify)" if self.min_L == NEVER else str(self.min_L)
-        lines = [f"## Threshold: sel_triton_min_L = {shown}", "", self.note, "",
-                 "| L | configs | min speedup triton vs sdpa | parity on all |", "| --- | --- | --- | --- |"]
+        lines = [
+            f"## Threshold: sel_triton_min_L = {shown}",
+            "",
+            self.note,
+            "",
+            "| L | configs | min speedup triton vs sdpa | parity on all |",
+            "| --- | --- | --- | --- |",
+        ]
         lines += [f"| {L} | {n} | {s:.2f} | {'yes' if ok else 'no'} |" for L, n, s, ok in self.per_L]
         if self.losses:
             lines += ["", f"Configurations below the threshold where Triton is > {MAX_LOSS:.0%} faster:"]
@@ -92,8 +99,10 @@ def _best_case_speedup(sdpa: dict, tri: dict) -> float:
     the bar is missed beyond the run-to-run noise. Medians where a row has no interval or
     fewer than MIN_SAMPLES samples (its interval would be its min and max, and one fast
     sample would excuse a miss)."""
-    if any(r.get(k) is None for r in (sdpa, tri) for k in ("ms_lo", "ms_hi")) or \
-            min(sdpa.get("iters") or 0, tri.get("iters") or 0) < MIN_SAMPLES:
+    if (
+        any(r.get(k) is None for r in (sdpa, tri) for k in ("ms_lo", "ms_hi"))
+        or min(sdpa.get("iters") or 0, tri.get("iters") or 0) < MIN_SAMPLES
+    ):
         return sdpa["ms"] / tri["ms"]
     return sdpa["ms_hi"] / tri["ms_lo"]
 
@@ -103,8 +112,7 @@ def choose_min_L(rows: list[dict]) -> Decision:
     for config, methods in _by_config(rows).items():
         if "sdpa" in methods and "triton" in methods:
             sdpa, tri = methods["sdpa"], methods["triton"]
-            pairs.append((tri["L_max"], sdpa["ms"] / tri["ms"], tri["parity"] == "ok", config,
-                          _best_case_speedup(sdpa, tri)))
+            pairs.append((tri["L_max"], sdpa["ms"] / tri["ms"], tri["parity"] == "ok", config, _best_case_speedup(sdpa, tri)))
     if not pairs:
         return Decision(NEVER, note="No configuration has both `sdpa` and `triton` measured: Triton never qualifies.")
     Ls = sorted({p[0] for p in pairs})
@@ -121,21 +129,28 @@ def choose_min_L(rows: list[dict]) -> Decision:
 
     candidates = [L for L in Ls if qualifies(L)]
     clean = [L for L in candidates if not losses(L)]
-    rule = (f"Rule: smallest L from which triton >= {MIN_SPEEDUP}x packed SDPA with parity on every measured "
-            f"configuration (a configuration misses only when the ends of the two 95% intervals that favour "
-            f"Triton miss too, as the regression check treats noise), none below it more than {MAX_LOSS:.0%} "
-            f"slower on sdpa than on triton; {len(pairs)} configurations with both measured.")
+    rule = (
+        f"Rule: smallest L from which triton >= {MIN_SPEEDUP}x packed SDPA with parity on every measured "
+        f"configuration (a configuration misses only when the ends of the two 95% intervals that favour "
+        f"Triton miss too, as the regression check treats noise), none below it more than {MAX_LOSS:.0%} "
+        f"slower on sdpa than on triton; {len(pairs)} configurations with both measured."
+    )
     noisy = [f"{c}: medians {s:.2f}x, best case {b:.2f}x" for _, s, _, c, b in pairs if s < MIN_SPEEDUP <= b]
     if noisy:
         rule += " Within the noise of the bar: " + "; ".join(noisy) + "."
     if clean and clean[0] == Ls[0]:
-        return Decision(0, per_L, note=rule + f" Triton qualifies from the smallest L measured ({Ls[0]}): "
-                        "threshold 0 (rung off, no host read per call).")
+        return Decision(
+            0,
+            per_L,
+            note=rule + f" Triton qualifies from the smallest L measured ({Ls[0]}): "
+            "threshold 0 (rung off, no host read per call).",
+        )
     if clean:
         return Decision(clean[0], per_L, note=rule)
     if candidates:
-        return Decision(candidates[0], per_L, losses(candidates[0]),
-                        note=rule + " No L avoids every loss below it; the losses are listed.")
+        return Decision(
+            candidates[0], per_L, losses(candidates[0]), note=rule + " No L avoids every loss below it; the losses are listed."
+        )
     return Decision(NEVER, per_L, note=rule + " No L qualifies: the dispatcher keeps packed SDPA.")
 
 
@@ -147,8 +162,10 @@ def _best_variant(configs: list[dict[str, dict]]) -> dict | None:
         names = ok if names is None else names & ok
     if not names:
         return None
+
     def slowdown(name):
         return sum(math.log(c[name]["ms"] / min(c[m]["ms"] for m in names)) for c in configs)
+
     best = variant_config(min(sorted(names), key=slowdown))
     return {"block_l": best["BLOCK_L"], "num_warps": best["num_warps"], "num_stages": best["num_stages"]}
 
@@ -166,8 +183,7 @@ def choose_launch(rows: list[dict], decision: Decision) -> None:
         buckets: dict[int, list] = defaultdict(list)
         for c in configs:
             buckets[launch_bucket(next(iter(c.values())))].append(c)
-        decision.launch_by_bucket[kind] = {b: cfg for b, cs in sorted(buckets.items())
-                                           if (cfg := _best_variant(cs)) is not None}
+        decision.launch_by_bucket[kind] = {b: cfg for b, cs in sorted(buckets.items()) if (cfg := _best_variant(cs)) is not None}
 
 
 def derive(rows: list[dict]) -> Decision:
@@ -191,13 +207,18 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
             if kind not in tma_kinds:
                 fwd[kind] = {**(fwd.get(kind) or {}), **launch}
         fwd["by_L_bucket"] = {kind: by for kind, by in decision.launch_by_bucket.items() if kind not in tma_kinds}
-    profile["measured"] = {"source": str(source), "software": software,
-                           "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-                           "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity (a miss within the 95% intervals, "
-                                   f">= {MIN_SAMPLES} samples, is noise); <= {MAX_LOSS:.0%} loss below"}
+    profile["measured"] = {
+        "source": str(source),
+        "software": software,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+        "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity (a miss within the 95% intervals, "
+        f">= {MIN_SAMPLES} samples, is noise); <= {MAX_LOSS:.0%} loss below",
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds`.\n"
-              "# Values override configs/base.yaml on this device; environment variables override both.\n")
+    header = (
+        f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds`.\n"
+        "# Values override configs/base.yaml on this device; environment variables override both.\n"
+    )
     path.write_text(header + yaml.safe_dump(profile, sort_keys=False))
     load_config.cache_clear()
     return path

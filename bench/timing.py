@@ -5,6 +5,7 @@ of a Binomial(n, 1/2)), so no normality is assumed. The machine's copy bandwidth
 matmul rate are measured with the same timer, so results can be read as a fraction of
 what this device delivered in this run rather than of a datasheet number.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,9 @@ def synchronize(device: torch.device) -> None:
 MIN_SAMPLES = 10
 
 
-def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seconds: float = 2.0,
-               batch_ms: float = 1.0) -> Timing:
+def time_calls(
+    calls, device: torch.device, *, warmup: int, iters: int, max_seconds: float = 2.0, batch_ms: float = 1.0
+) -> Timing:
     """Median time per call of `calls[i % len(calls)]()`: `iters` samples after `warmup` untimed calls.
 
     Rotating over several input sets keeps one set from sitting in L2 between calls. On
@@ -100,8 +102,7 @@ def time_calls(calls, device: torch.device, *, warmup: int, iters: int, max_seco
     return median_interval(samples)
 
 
-def time_graph(calls, device: torch.device, *, min_calls: int = 32, replays: int = 15,
-               warm_ms: float = 50.0) -> Timing:
+def time_graph(calls, device: torch.device, *, min_calls: int = 32, replays: int = 15, warm_ms: float = 50.0) -> Timing:
     """Device time per call from CUDA-graph replays of back-to-back calls over the rotating
     `calls`: no host issue time between calls (what a decode step captured in a graph
     costs) and cold L2 by rotation. The calls must be capturable (no host synchronisation).
@@ -163,7 +164,7 @@ def measure_limits(device: torch.device, dtype: torch.dtype, *, iters: int = 20)
     a = torch.randn(n, n, device=device, dtype=mm_dtype)
     b = torch.randn(n, n, device=device, dtype=mm_dtype)
     mm = time_calls([lambda: a @ b], device, warmup=3, iters=iters)
-    return Limits(copy_gbps=2 * nbytes / copy.median_ms / 1e6, matmul_tflops=2 * n ** 3 / mm.median_ms / 1e9)
+    return Limits(copy_gbps=2 * nbytes / copy.median_ms / 1e6, matmul_tflops=2 * n**3 / mm.median_ms / 1e9)
 
 
 def rotation_count(set_bytes: int, device: torch.device, *, max_sets: int = 8) -> int:

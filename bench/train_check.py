@@ -7,6 +7,7 @@ which each query reaches only through block 0 (forced by the range builder).
 
     python -m selgate.bench.train_check --steps 300
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,19 @@ class ToySelectionModel(nn.Module):
         return self.head(e + self.proj(o.reshape(B, T, -1)))
 
 
-def run(steps: int = 300, *, device: str = "cuda", dtype=torch.bfloat16, backend: str = "triton", B: int = 8,
-        T: int = 256, vocab: int = 64, l_sel: int = 32, n: int = 4, seed: int = 0) -> list:
+def run(
+    steps: int = 300,
+    *,
+    device: str = "cuda",
+    dtype=torch.bfloat16,
+    backend: str = "triton",
+    B: int = 8,
+    T: int = 256,
+    vocab: int = 64,
+    l_sel: int = 32,
+    n: int = 4,
+    seed: int = 0,
+) -> list:
     """Train for `steps` steps under autocast(`dtype`); returns the loss of every step."""
     torch.manual_seed(seed)
     model = ToySelectionModel(vocab, T).to(device)
@@ -78,8 +90,10 @@ def main():
     args = ap.parse_args()
     losses = run(args.steps, backend=args.backend)
     ok, first, last = verdict(losses)
-    print(f"bf16 autocast toy training, {args.steps} steps on {args.backend}: loss {first:.4f} -> {last:.4f} "
-          f"(mean of first/last 20 steps), finite={all(map(math.isfinite, losses))}: {'PASS' if ok else 'FAIL'}")
+    print(
+        f"bf16 autocast toy training, {args.steps} steps on {args.backend}: loss {first:.4f} -> {last:.4f} "
+        f"(mean of first/last 20 steps), finite={all(map(math.isfinite, losses))}: {'PASS' if ok else 'FAIL'}"
+    )
     raise SystemExit(0 if ok else 1)
 
 

@@ -10,6 +10,7 @@ order decode fwd, prefill fwd, bwd; a job that would not finish within `--budget
 the longest job of its phase so far) is skipped and listed. The launch path then reads the file
 from `configs/tuned/` (or `SELGATE_TRITON_TUNED_DIR`) with no tuning at call time.
 """
+
 from __future__ import annotations
 
 import functools
@@ -102,23 +103,42 @@ def run_job(j: Job, a, device, rl: int) -> dict:
 
     q, k, v, ranges, shape = job_inputs(j, a, device, rl)
     kind = tuning.kind_of(device, q.shape[1])  # what the launch path calls it ("interpreter" on CPU)
-    scale = j.D ** -0.5
+    scale = j.D**-0.5
     bench = tuning.device_bench(device, warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
     if j.op == "fwd":
         b = tuning.shape_bucket(k.shape[2], ranges.shape[3], rl)
         assert b == j.bucket, (b, j)
         default, _ = tuning.profile_fwd_config(load_config(), j.D, j.Dv, q.element_size(), kind, b)
-        res = tuning.tune_fwd(lambda kern: triton_forward(q, k, v, ranges, scale=scale, _tuner=kern),
-                              default=default, space=a.fwd_space, do_bench=bench)
+        res = tuning.tune_fwd(
+            lambda kern: triton_forward(q, k, v, ranges, scale=scale, _tuner=kern),
+            default=default,
+            space=a.fwd_space,
+            do_bench=bench,
+        )
     else:
         o, lse = triton_forward(q, k, v, ranges, scale=scale)
         do = torch.randn_like(o)
         default = default_config(j.D, j.Dv, q.dtype)
-        res = tuning.tune_bwd(lambda c: triton_backward(q, k, v, o, lse, do, ranges, scale=scale, config=c),
-                              default=default, axes=a.bwd_axes, do_bench=bench)
-    return {"op": j.op, "kind": kind, "Dk": j.D, "Dv": j.Dv, "L_bucket": j.bucket, "dtype": j.dtype,
-            "config": res["config"], "ms": res["ms"], "default_config": default, "default_ms": res["default_ms"],
-            "candidates": len(res["timings"]), "shape": shape}
+        res = tuning.tune_bwd(
+            lambda c: triton_backward(q, k, v, o, lse, do, ranges, scale=scale, config=c),
+            default=default,
+            axes=a.bwd_axes,
+            do_bench=bench,
+        )
+    return {
+        "op": j.op,
+        "kind": kind,
+        "Dk": j.D,
+        "Dv": j.Dv,
+        "L_bucket": j.bucket,
+        "dtype": j.dtype,
+        "config": res["config"],
+        "ms": res["ms"],
+        "default_config": default,
+        "default_ms": res["default_ms"],
+        "candidates": len(res["timings"]),
+        "shape": shape,
+    }
 
 
 def plan(a, rl: int) -> list[Job]:
@@ -127,15 +147,18 @@ def plan(a, rl: int) -> list[Job]:
     dims = [(D, Dv) for D in a.D for Dv in (a.Dv or [D])]
     jobs = []
     for phase in phases:
-        op, kind, buckets = {"decode": ("fwd", "decode", a.decode_buckets),
-                             "prefill": ("fwd", "prefill", a.prefill_buckets),
-                             "bwd": ("bwd", "prefill", a.bwd_buckets)}[phase]
+        op, kind, buckets = {
+            "decode": ("fwd", "decode", a.decode_buckets),
+            "prefill": ("fwd", "prefill", a.prefill_buckets),
+            "bwd": ("bwd", "prefill", a.bwd_buckets),
+        }[phase]
         if op == "fwd" and load_config()["triton_fwd"][kind].get("tma"):
-            print(f"{phase}: skipped, the profile runs it through tensor descriptors (TMA), which the tuner "
-                  "does not time; its parameters stay the profile's")
+            print(
+                f"{phase}: skipped, the profile runs it through tensor descriptors (TMA), which the tuner "
+                "does not time; its parameters stay the profile's"
+            )
             continue
-        jobs += [Job(op, kind, D, Dv, dt, b) for D, Dv in dims for dt in a.dtypes for b in buckets
-                 if kind == "decode" or b >= rl]
+        jobs += [Job(op, kind, D, Dv, dt, b) for D, Dv in dims for dt in a.dtypes for b in buckets if kind == "decode" or b >= rl]
     return jobs
 
 
@@ -150,13 +173,19 @@ def _ms(x) -> str:
 
 
 def markdown(entries: list[dict], skipped: list[str], failed: list[str], header: str) -> str:
-    lines = [header, "", "| op | kind | Dk | Dv | dtype | L bucket | tuned | ms | default | default ms | speedup |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        header,
+        "",
+        "| op | kind | Dk | Dv | dtype | L bucket | tuned | ms | default | default ms | speedup |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for e in entries:
         sp = f"{e['default_ms'] / e['ms']:.2f}x" if e["ms"] and e["default_ms"] else "n/a"
-        lines.append(f"| {e['op']} | {e['kind']} | {e['Dk']} | {e['Dv']} | {e['dtype']} | {e['L_bucket']} | "
-                     f"{_fmt_cfg(e['config'])} | {_ms(e['ms'])} | {_fmt_cfg(e['default_config'])} | "
-                     f"{_ms(e['default_ms'])} | {sp} |")
+        lines.append(
+            f"| {e['op']} | {e['kind']} | {e['Dk']} | {e['Dv']} | {e['dtype']} | {e['L_bucket']} | "
+            f"{_fmt_cfg(e['config'])} | {_ms(e['ms'])} | {_fmt_cfg(e['default_config'])} | "
+            f"{_ms(e['default_ms'])} | {sp} |"
+        )
     if skipped:
         lines += ["", f"Skipped (time budget): {len(skipped)}", *[f"- {s}" for s in skipped]]
     if failed:
@@ -205,8 +234,11 @@ def cmd_tune(a) -> int:
     jobs = plan(a, rl)
     start, longest = time.monotonic(), {}
     done, skipped, failed = [], [], []
-    print(f"tuning {len(jobs)} keys on {device_name} (triton {tuning.triton_version()}), budget {a.budget_s:.0f} s, "
-          f"range_len {rl} -> {path}", flush=True)
+    print(
+        f"tuning {len(jobs)} keys on {device_name} (triton {tuning.triton_version()}), budget {a.budget_s:.0f} s, "
+        f"range_len {rl} -> {path}",
+        flush=True,
+    )
     for j in jobs:
         elapsed = time.monotonic() - start
         if elapsed + longest.get(j.phase, 0.0) > a.budget_s:
@@ -221,16 +253,21 @@ def cmd_tune(a) -> int:
         else:
             done.append(e)
             tuning.write_tuned(path, [e], device_name=device_name, extra={"command": "python -m selgate.bench tune"})
-            print(f"  {j.op} {j.kind} D={j.D} Dv={j.Dv} {j.dtype} L<={j.bucket}: {_fmt_cfg(e['config'])} "
-                  f"{_ms(e['ms'])} ms (default {_fmt_cfg(e['default_config'])} {_ms(e['default_ms'])} ms) "
-                  f"[{time.monotonic() - t0:.1f} s]", flush=True)
+            print(
+                f"  {j.op} {j.kind} D={j.D} Dv={j.Dv} {j.dtype} L<={j.bucket}: {_fmt_cfg(e['config'])} "
+                f"{_ms(e['ms'])} ms (default {_fmt_cfg(e['default_config'])} {_ms(e['default_ms'])} ms) "
+                f"[{time.monotonic() - t0:.1f} s]",
+                flush=True,
+            )
         finally:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         longest[j.phase] = max(longest.get(j.phase, 0.0), time.monotonic() - t0)
-    header = (f"# Tuned launch parameters: {device_name}, triton {tuning.triton_version()}, "
-              f"torch {torch.__version__}\n\n{len(done)} of {len(jobs)} keys tuned in "
-              f"{time.monotonic() - start:.0f} s; file {path}.")
+    header = (
+        f"# Tuned launch parameters: {device_name}, triton {tuning.triton_version()}, "
+        f"torch {torch.__version__}\n\n{len(done)} of {len(jobs)} keys tuned in "
+        f"{time.monotonic() - start:.0f} s; file {path}."
+    )
     md = markdown(done, skipped, failed, header)
     if done:
         path.with_suffix(".md").write_text(md)
@@ -260,8 +297,9 @@ def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
     p.add_argument("--bwd", action="store_true", help="backward, prefill shapes")
     p.add_argument("--D", type=int_list, default=[64, 128], help="key head dims, comma list")
     p.add_argument("--Dv", type=int_list, default=None, help="value head dims (default: each D)")
-    p.add_argument("--dtype", dest="dtypes", type=choice_list(dtypes), default=["bf16", "fp16"],
-                   help="comma list of bf16,fp16,fp32")
+    p.add_argument(
+        "--dtype", dest="dtypes", type=choice_list(dtypes), default=["bf16", "fp16"], help="comma list of bf16,fp16,fp32"
+    )
     p.add_argument("--decode_buckets", type=int_list, default=list(DECODE_BUCKETS))
     p.add_argument("--prefill_buckets", type=int_list, default=list(PREFILL_BUCKETS))
     p.add_argument("--bwd_buckets", type=int_list, default=list(BWD_BUCKETS))
@@ -271,15 +309,26 @@ def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
     p.add_argument("--T", type=int, default=16384, help="prefill length")
     p.add_argument("--heads", type=int, default=64, help="prefill query heads (all groups)")
     p.add_argument("--groups", type=int, default=4, help="prefill KV groups")
-    p.add_argument("--fwd_space", type=lambda s: [tuple(int(x) for x in c.split("x")) for c in s.split(",") if c],
-                   default=None, help="forward candidates BLOCK_LxWARPSxSTAGES, comma list (default: tuning.FWD_SPACE)")
-    p.add_argument("--bwd_axes", type=_axes, default=None,
-                   help="backward axes, e.g. 'block_n=32,64;warps=4,8' (default: tuning.BWD_AXES)")
+    p.add_argument(
+        "--fwd_space",
+        type=lambda s: [tuple(int(x) for x in c.split("x")) for c in s.split(",") if c],
+        default=None,
+        help="forward candidates BLOCK_LxWARPSxSTAGES, comma list (default: tuning.FWD_SPACE)",
+    )
+    p.add_argument(
+        "--bwd_axes", type=_axes, default=None, help="backward axes, e.g. 'block_n=32,64;warps=4,8' (default: tuning.BWD_AXES)"
+    )
     p.add_argument("--warmup_ms", type=float, default=10.0)
     p.add_argument("--rep_ms", type=float, default=40.0)
     p.add_argument("--budget_s", type=float, default=480.0, help="stop starting new keys after this many seconds")
-    p.add_argument("--out-dir", "--out_dir", dest="out_dir", type=Path, default=None,
-                   help=f"folder of <device-slug>.json (default {config.CONFIG_DIR / 'tuned'})")
+    p.add_argument(
+        "--out-dir",
+        "--out_dir",
+        dest="out_dir",
+        type=Path,
+        default=None,
+        help=f"folder of <device-slug>.json (default {config.CONFIG_DIR / 'tuned'})",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -16,6 +16,7 @@ Queries are the last T of T_kv keys (SPEC.md); a kernel that needs as many queri
 (`full_queries=True`, and every varlen-layout kernel) gets the earlier positions as extra
 zero queries that select nothing, whose outputs are dropped.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,10 @@ def _rows_to_blocks(norm: torch.Tensor, lim: torch.Tensor, block_size: int):
     bad = valid & ~aligned
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"ranges: row {idx[:-1]} range {idx[-1]} is [{int(start[idx])}, {int(end[idx])}), not "
-                         f"whole blocks of block_size={block_size} (ends may stop at t + 1 = {int(lim[idx[:-1]])})")
+        raise ValueError(
+            f"ranges: row {idx[:-1]} range {idx[-1]} is [{int(start[idx])}, {int(end[idx])}), not "
+            f"whole blocks of block_size={block_size} (ends may stop at t + 1 = {int(lim[idx[:-1]])})"
+        )
     first = torch.div(start, block_size, rounding_mode="floor")
     count = torch.where(valid, torch.div(end - start + block_size - 1, block_size, rounding_mode="floor"), 0)
     counts = count.sum(-1)
@@ -67,8 +70,10 @@ def ranges_to_block_indices(ranges: torch.Tensor, block_size: int, S_kv: int, *,
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size: expected an integer >= 1, got {block_size!r}")
     if not isinstance(ranges, torch.Tensor) or ranges.dim() != 5 or ranges.shape[-1] != 2:
-        raise ValueError(f"ranges: expected a [B, S, G, n, 2] tensor, got "
-                         f"{tuple(ranges.shape) if isinstance(ranges, torch.Tensor) else type(ranges).__name__}")
+        raise ValueError(
+            f"ranges: expected a [B, S, G, n, 2] tensor, got "
+            f"{tuple(ranges.shape) if isinstance(ranges, torch.Tensor) else type(ranges).__name__}"
+        )
     B, S = ranges.shape[:2]
     norm = normalize_ranges(ranges, S_kv, positions).to(torch.int64)
     t = query_positions(B, S, S_kv, ranges.device, positions)
@@ -114,8 +119,12 @@ def _unpad_varlen(q, ranges, cu_q, cu_k):
     """Per-sequence padding of packed queries to their key count: (q, ranges, rows) where
     `rows` holds the padded positions of the original queries."""
     starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
-    rows = torch.cat([torch.arange(cb + (ce - cb) - (qe - qb), ce)
-                      for qb, qe, cb, ce in zip(starts_q[:-1], starts_q[1:], starts_k[:-1], starts_k[1:])])
+    rows = torch.cat(
+        [
+            torch.arange(cb + (ce - cb) - (qe - qb), ce)
+            for qb, qe, cb, ce in zip(starts_q[:-1], starts_q[1:], starts_k[:-1], starts_k[1:])
+        ]
+    )
     total = starts_k[-1]
     rows = rows.to(q.device)
     q_full = q.new_zeros((q.shape[0], total, *q.shape[2:])).index_copy(1, rows, q)
@@ -157,8 +166,13 @@ def padded_block_kernel(fn, block_size: int, *, full_queries: bool = False):
         if full_queries:
             q, ranges = _full_rows(q, ranges, S_kv)
         ids, counts = ranges_to_block_indices(ranges, block_size, S_kv)
-        o = fn(*_dense(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2)), block_indices=ids, block_counts=counts,
-               block_size=block_size, scale=_scale(scale, dims.Dk))
+        o = fn(
+            *_dense(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2)),
+            block_indices=ids,
+            block_counts=counts,
+            block_size=block_size,
+            scale=_scale(scale, dims.Dk),
+        )
         return o.unflatten(2, (G, h))[:, -S:]
 
     def varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None):
@@ -170,9 +184,14 @@ def padded_block_kernel(fn, block_size: int, *, full_queries: bool = False):
             cu_seqlens_q = cu_seqlens_k
         ids, counts = _varlen_blocks(ranges, cu_seqlens_q, cu_seqlens_k, block_size)
         same = torch.equal(cu_seqlens_q, cu_seqlens_k)
-        o = fn(*_dense(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2)), block_indices=ids, block_counts=counts,
-               block_size=block_size, scale=_scale(scale, q.shape[-1]),
-               cu_seqlens=cu_seqlens_k.long() if same else (cu_seqlens_q.long(), cu_seqlens_k.long()))
+        o = fn(
+            *_dense(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2)),
+            block_indices=ids,
+            block_counts=counts,
+            block_size=block_size,
+            scale=_scale(scale, q.shape[-1]),
+            cu_seqlens=cu_seqlens_k.long() if same else (cu_seqlens_q.long(), cu_seqlens_k.long()),
+        )
         o = o.unflatten(2, (G, h))
         return o if rows is None else o.index_select(1, rows)
 
@@ -191,9 +210,13 @@ def varlen_block_kernel(fn, block_size: int):
         G, h = q.shape[2:4]
         ids, _ = _varlen_blocks(ranges, cu, cu, block_size)
         topk = ids[0].permute(1, 0, 2).contiguous()  # [G, T, S]
-        o = fn(*_dense(q[0].flatten(1, 2), k[0].transpose(0, 1), v[0].transpose(0, 1)), topk, block_size,
-               cu.to(torch.int32),
-               _scale(scale, q.shape[-1]))
+        o = fn(
+            *_dense(q[0].flatten(1, 2), k[0].transpose(0, 1), v[0].transpose(0, 1)),
+            topk,
+            block_size,
+            cu.to(torch.int32),
+            _scale(scale, q.shape[-1]),
+        )
         return o.unflatten(1, (G, h))[None].index_select(1, rows)
 
     def call(q, k, v, ranges, *, scale=None):

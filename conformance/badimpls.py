@@ -4,6 +4,7 @@ code (SPEC.md, "Historical mistakes", and others) and names the family that must
 All are built on one correct gather implementation (`attend`, fp64 over the reference's
 range helpers) with a single fault injected, so a family that flags one flags that fault.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -12,8 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from selgate.reference import (check_inputs, expand_ranges, normalize_ranges, resolve_scale, selected_lengths,
-                               selection_attention_ref, varlen_to_batched)
+from selgate.reference import (
+    check_inputs,
+    expand_ranges,
+    normalize_ranges,
+    resolve_scale,
+    selected_lengths,
+    selection_attention_ref,
+    varlen_to_batched,
+)
 from selgate.reference.golden import gather_rows
 from selgate.reference.ranges import key_limit
 
@@ -44,7 +52,7 @@ def _concat_slots(ranges, S_kv, positions):
     """The overlapping-ranges bug: each range clamped on its own, then concatenated, so a
     key inside two ranges is gathered twice. Returns (idx, valid) for `attend`'s `keys`."""
     r = torch.minimum(ranges.clamp(min=0), key_limit(ranges, S_kv, positions)[..., None])
-    parts = [expand_ranges(r[..., j:j + 1, :], S_kv) for j in range(r.shape[3])]
+    parts = [expand_ranges(r[..., j : j + 1, :], S_kv) for j in range(r.shape[3])]
     return torch.cat([p[0] for p in parts], -1), torch.cat([p[1] for p in parts], -1)
 
 
@@ -60,9 +68,11 @@ def _positions(value_of):
 
 def _with_output(fix):
     """Post-process `(o, lse)` of the correct implementation with `fix(q, k, v, ranges, o, lse)`."""
+
     def call(q, k, v, ranges, *, scale=None, positions=None):
         o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
         return fix(q, k, v, ranges, o, lse)
+
     return call
 
 
@@ -118,6 +128,7 @@ def _wobbling(grad: bool):
             return attend(q, _Wobble.apply(k), v, ranges, scale=scale, positions=positions)
         o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
         return (torch.nextafter(o, torch.full_like(o, math.inf)) if next(calls) % 2 else o), lse
+
     return call
 
 
@@ -156,8 +167,7 @@ def _int32_inclusive(q, k, v, ranges, *, scale=None, positions=None):
 def _unchecked(q, k, v, ranges, *, scale=None, positions=None):
     """No input validation: float ranges, NaN scale and mismatched shapes are used as given."""
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return attend(q.float(), k.float(), v.float(), ranges.to(torch.int64), scale=sc, positions=positions,
-                  check=False)
+    return attend(q.float(), k.float(), v.float(), ranges.to(torch.int64), scale=sc, positions=positions, check=False)
 
 
 def _dense_rows(q, k, v, ranges, *, scale=None, positions=None):
@@ -172,6 +182,7 @@ def _varlen(call):
     def varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
         glob, pos = varlen_to_batched(ranges, cu_q, cu_k)
         return call(q, k, v, glob, scale=scale, positions=pos)
+
     return varlen
 
 
@@ -183,8 +194,7 @@ def _varlen_unshifted(q, k, v, ranges, cu_q, cu_k, *, scale=None):
 
 def _dense_mask(q, k, v, ranges, *, scale=None, positions=None):
     """The reference's dense-mask formulation: every key is read, unselected ones with weight 0."""
-    o, lse = selection_attention_ref(q, k, v, ranges, scale=scale, positions=positions, return_lse=True,
-                                     formulation="mask")
+    o, lse = selection_attention_ref(q, k, v, ranges, scale=scale, positions=positions, return_lse=True, formulation="mask")
     return o.to(v.dtype), lse.float()
 
 
@@ -201,13 +211,13 @@ class BadImpl:
 def _bad(name, call, caught_by, bug, varlen=None, device="cpu"):
     def wrapped(q, k, v, ranges, *, scale=None, want_lse=True):
         return call(q, k, v, ranges, scale=scale)
+
     impl = Impl(name, wrapped, dtypes=ALL_DTYPES, varlen=varlen or _varlen(call), backward=True, lse=True)
     return BadImpl(impl, caught_by, bug, device)
 
 
 def _keys(fn):
-    return lambda q, k, v, r, *, scale=None, positions=None: attend(q, k, v, r, scale=scale, positions=positions,
-                                                                    keys=fn)
+    return lambda q, k, v, r, *, scale=None, positions=None: attend(q, k, v, r, scale=scale, positions=positions, keys=fn)
 
 
 def _pos_in_row(idx):
@@ -215,50 +225,104 @@ def _pos_in_row(idx):
 
 
 BAD_IMPLS = (
-    _bad("first-key-only", _keys(lambda i, m: (i, m & (_pos_in_row(i) == 0))), "parity",
-         "softmax over the first selected key only (SDPA with one query and is_causal=True)"),
-    _bad("reads-beyond-t",
-         lambda q, k, v, r, *, scale=None, positions=None: attend(
-             q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: torch.full((B, S), S_kv - 1))), "parity",
-         "ranges clamped to S_kv but not to t + 1"),
+    _bad(
+        "first-key-only",
+        _keys(lambda i, m: (i, m & (_pos_in_row(i) == 0))),
+        "parity",
+        "softmax over the first selected key only (SDPA with one query and is_causal=True)",
+    ),
+    _bad(
+        "reads-beyond-t",
+        lambda q, k, v, r, *, scale=None, positions=None: attend(
+            q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: torch.full((B, S), S_kv - 1))
+        ),
+        "parity",
+        "ranges clamped to S_kv but not to t + 1",
+    ),
     _bad("overlap-counted-twice", _overlap_twice, "parity", "overlapping ranges concatenated, not merged"),
-    _bad("scale-1-over-Dk", lambda q, k, v, r, *, scale=None, positions=None: attend(
-        q, k, v, r, scale=scale, positions=positions, scale_of=lambda s, Dk: 1.0 / Dk if s is None else s),
-        "parity", "default scale 1/Dk instead of 1/sqrt(Dk)"),
-    _bad("nan-on-empty-rows", _with_output(lambda q, k, v, r, o, lse: (
-        torch.where(torch.isinf(lse)[..., None], torch.nan, o).to(o.dtype), lse)), "empty_ranges",
-        "empty rows divide 0 by 0"),
-    _bad("empty-rows-lse-zero", _with_output(lambda q, k, v, r, o, lse: (o, torch.where(torch.isinf(lse), 0.0, lse))),
-         "empty_ranges", "empty rows report lse = 0 instead of -inf"),
+    _bad(
+        "scale-1-over-Dk",
+        lambda q, k, v, r, *, scale=None, positions=None: attend(
+            q, k, v, r, scale=scale, positions=positions, scale_of=lambda s, Dk: 1.0 / Dk if s is None else s
+        ),
+        "parity",
+        "default scale 1/Dk instead of 1/sqrt(Dk)",
+    ),
+    _bad(
+        "nan-on-empty-rows",
+        _with_output(lambda q, k, v, r, o, lse: (torch.where(torch.isinf(lse)[..., None], torch.nan, o).to(o.dtype), lse)),
+        "empty_ranges",
+        "empty rows divide 0 by 0",
+    ),
+    _bad(
+        "empty-rows-lse-zero",
+        _with_output(lambda q, k, v, r, o, lse: (o, torch.where(torch.isinf(lse), 0.0, lse))),
+        "empty_ranges",
+        "empty rows report lse = 0 instead of -inf",
+    ),
     _bad("one-ulp-wobble", _wobbling(grad=False), "determinism", "o differs by one ulp on every other run"),
-    _bad("dk-wobble", _wobbling(grad=True), "determinism_backward",
-         "dk accumulated in a run-dependent order (atomics)"),
+    _bad("dk-wobble", _wobbling(grad=True), "determinism_backward", "dk accumulated in a run-dependent order (atomics)"),
     _bad("dense-dk", _dense_dk, "backward", "dk written for keys no row selected"),
     _bad("dq-missing-scale", _dq_unscaled, "gradcheck", "dq not multiplied by the softmax scale"),
-    _bad("first-tile-only", _keys(lambda i, m: (i, m & (_pos_in_row(i) < FIRST_TILE))), "parity",
-         f"tile loop stops after the first BLOCK_L={FIRST_TILE} keys"),
-    _bad("lse-off-by-log2", _with_output(lambda q, k, v, r, o, lse: (o, lse + math.log(2))), "parity",
-         "lse in the wrong base / off by log(2)"),
-    _bad("queries-at-start", lambda q, k, v, r, *, scale=None, positions=None: attend(
-        q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: torch.arange(S).expand(B, S))), "parity",
-        "query s placed at t = s instead of s + S_kv - S"),
+    _bad(
+        "first-tile-only",
+        _keys(lambda i, m: (i, m & (_pos_in_row(i) < FIRST_TILE))),
+        "parity",
+        f"tile loop stops after the first BLOCK_L={FIRST_TILE} keys",
+    ),
+    _bad(
+        "lse-off-by-log2",
+        _with_output(lambda q, k, v, r, o, lse: (o, lse + math.log(2))),
+        "parity",
+        "lse in the wrong base / off by log(2)",
+    ),
+    _bad(
+        "queries-at-start",
+        lambda q, k, v, r, *, scale=None, positions=None: attend(
+            q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: torch.arange(S).expand(B, S))
+        ),
+        "parity",
+        "query s placed at t = s instead of s + S_kv - S",
+    ),
     _bad("heads-read-other-group", _rolled_heads, "group", "odd heads use the next group's ranges"),
     _bad("decode-drops-newest-key", _decode_drops_newest, "decode", "decode computes t = S_kv - 2"),
-    _bad("fp32-output", _with_output(lambda q, k, v, r, o, lse: (o.float(), lse)), "dtype",
-         "o returned in fp32 whatever v's dtype"),
+    _bad(
+        "fp32-output", _with_output(lambda q, k, v, r, o, lse: (o.float(), lse)), "dtype", "o returned in fp32 whatever v's dtype"
+    ),
     _bad("int32-ranges-inclusive", _int32_inclusive, "dtype", "int32 ranges read as inclusive of their end"),
-    _bad("kv-rows-assumed-dense", _dense_rows, "dtype", "k, v rows addressed at row * D whatever their row "
-         "stride (K and V sharing one buffer)"),
+    _bad(
+        "kv-rows-assumed-dense",
+        _dense_rows,
+        "dtype",
+        "k, v rows addressed at row * D whatever their row stride (K and V sharing one buffer)",
+    ),
     _bad("no-input-checks", _unchecked, "bad_input", "malformed input used as given, no error"),
-    _bad("dense-mask-times-zero", _dense_mask, "bounds",
-         "unselected keys read and multiplied by a zero weight (NaN * 0 = NaN)"),
-    _bad("varlen-dense-mask-times-zero", _dense_mask, "varlen",
-         "packed sequences: unselected keys, other sequences' included, read with a zero weight"),
-    _bad("lse-rounded-to-input-dtype", _with_output(lambda q, k, v, r, o, lse: (o, lse.to(q.dtype).to(lse.dtype))),
-         "parity", "lse rounded through the input dtype (it is fp32 whatever the inputs); caught in bf16, while "
-         "fp16's rounding stays within SPEC.md's 1e-3 mean bound"),
-    _bad("unwritten-empty-rows", _unwritten_empty_rows, "empty_ranges", "o allocated with torch.empty, empty "
-         "rows never written", device="cuda"),
-    _bad("varlen-unshifted-ranges", attend, "varlen", "local ranges not shifted by the sequence's key offset",
-         varlen=_varlen_unshifted),
+    _bad("dense-mask-times-zero", _dense_mask, "bounds", "unselected keys read and multiplied by a zero weight (NaN * 0 = NaN)"),
+    _bad(
+        "varlen-dense-mask-times-zero",
+        _dense_mask,
+        "varlen",
+        "packed sequences: unselected keys, other sequences' included, read with a zero weight",
+    ),
+    _bad(
+        "lse-rounded-to-input-dtype",
+        _with_output(lambda q, k, v, r, o, lse: (o, lse.to(q.dtype).to(lse.dtype))),
+        "parity",
+        "lse rounded through the input dtype (it is fp32 whatever the inputs); caught in bf16, while "
+        "fp16's rounding stays within SPEC.md's 1e-3 mean bound",
+    ),
+    _bad(
+        "unwritten-empty-rows",
+        _unwritten_empty_rows,
+        "empty_ranges",
+        "o allocated with torch.empty, empty rows never written",
+        device="cuda",
+    ),
+    _bad(
+        "varlen-unshifted-ranges",
+        attend,
+        "varlen",
+        "local ranges not shifted by the sequence's key offset",
+        varlen=_varlen_unshifted,
+    ),
 )

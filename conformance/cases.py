@@ -5,6 +5,7 @@ scale, seed); `make_inputs` builds the tensors from the case alone on a seeded C
 generator, so a failing id reproduces on any machine: `pytest -m conformance -k <id>`.
 Size classes are cumulative: a lane asking for `small` also runs every `tiny` case.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,20 @@ import torch
 from selgate.reference import build_ranges, pack_sequences
 
 SIZES = ("tiny", "small", "large")
-PATTERNS = ("empty", "padding", "single", "many_small", "mixed", "overlapping", "adjacent", "beyond_t",
-            "beyond_skv", "heavy_reuse", "builder", "full")
+PATTERNS = (
+    "empty",
+    "padding",
+    "single",
+    "many_small",
+    "mixed",
+    "overlapping",
+    "adjacent",
+    "beyond_t",
+    "beyond_skv",
+    "heavy_reuse",
+    "builder",
+    "full",
+)
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -48,8 +61,18 @@ class Shape:
 
 
 def varlen_shape(seqlens, G, h, Dk, Dv, n) -> Shape:
-    return Shape(mode="varlen", B=1, S=sum(a for a, _ in seqlens), S_kv=sum(b for _, b in seqlens), G=G, h=h,
-                 Dk=Dk, Dv=Dv, n=n, seqlens=tuple(seqlens))
+    return Shape(
+        mode="varlen",
+        B=1,
+        S=sum(a for a, _ in seqlens),
+        S_kv=sum(b for _, b in seqlens),
+        G=G,
+        h=h,
+        Dk=Dk,
+        Dv=Dv,
+        n=n,
+        seqlens=tuple(seqlens),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,8 +137,9 @@ def block_aligned(ranges: torch.Tensor, block_size: int) -> torch.Tensor:
     return torch.stack([torch.where(keep, lo, start), torch.where(keep, hi, end)], -1)
 
 
-def raw_ranges(pattern: str, B: int, S: int, S_kv: int, G: int, h: int, n: int, gen,
-               block_size: Optional[int] = None) -> torch.Tensor:
+def raw_ranges(
+    pattern: str, B: int, S: int, S_kv: int, G: int, h: int, n: int, gen, block_size: Optional[int] = None
+) -> torch.Tensor:
     """Raw (unnormalised) int64 ranges [B, S, G, n, 2] of one range pattern (see PATTERNS),
     made of whole blocks when `block_size` is given."""
     if block_size is not None:
@@ -204,8 +228,13 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
         ranges, _ = pack_sequences(rs, 0)
         out = Inputs(q[None], k[None], v[None], ranges[None], case.scale, cu_q, cu_k)
     else:
-        out = Inputs(randn(s.B, s.S, s.G, s.h, s.Dk), randn(s.B, s.G, s.S_kv, s.Dk), randn(s.B, s.G, s.S_kv, s.Dv),
-                     raw_ranges(case.pattern, s.B, s.S, s.S_kv, s.G, s.h, s.n, gen, case.block_size), case.scale)
+        out = Inputs(
+            randn(s.B, s.S, s.G, s.h, s.Dk),
+            randn(s.B, s.G, s.S_kv, s.Dk),
+            randn(s.B, s.G, s.S_kv, s.Dv),
+            raw_ranges(case.pattern, s.B, s.S, s.S_kv, s.G, s.h, s.n, gen, case.block_size),
+            case.scale,
+        )
     for name in ("q", "k", "v", "ranges", "cu_seqlens_q", "cu_seqlens_k"):
         t = getattr(out, name)
         if t is not None:
@@ -244,16 +273,19 @@ LARGE = (
     Shape(mode="decode", B=4, S=1, S_kv=4099, G=1, h=8, Dk=64, Dv=64, n=32),
 )
 LARGE_VARLEN = varlen_shape(((100, 1000), (1, 2051), (255, 300)), 2, 8, 128, 128, 16)
-GRADCHECK = (Shape(mode="decode", B=1, S=1, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3),
-             Shape(mode="prefill", B=1, S=3, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3))
+GRADCHECK = (
+    Shape(mode="decode", B=1, S=1, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3),
+    Shape(mode="prefill", B=1, S=3, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3),
+)
 
 
 def _declare():
     cases = []
 
     def add(shape, patterns, dtypes, size, seeds=(0,), **kw):
-        cases.extend(Case(shape=shape, pattern=p, dtype=d, seed=s, size=size, **kw)
-                     for p in patterns for d in dtypes for s in seeds)
+        cases.extend(
+            Case(shape=shape, pattern=p, dtype=d, seed=s, size=size, **kw) for p in patterns for d in dtypes for s in seeds
+        )
 
     for shape in (TINY_DECODE, TINY_PREFILL):
         add(shape, PATTERNS, _FP, "tiny")

@@ -9,6 +9,7 @@ families required for a pass follow the declarations: a forward-only kernel is j
 what it claims, and the report says what it did not claim. Exit 0 passed, 1 blocked, 2
 usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,8 @@ from .check_report import Verdict, judge, render
 from .registry import resolve
 
 DEFAULT_OUT = "selgate-check"
-MARKERS = "conformance and not policy"   # policy is selgate's own dispatcher, not the kernel's
-PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.conformance.plugin", "selgate.lanes.xdist_gpu",
-           "selgate.reports.stamp")
+MARKERS = "conformance and not policy"  # policy is selgate's own dispatcher, not the kernel's
+PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.conformance.plugin", "selgate.lanes.xdist_gpu", "selgate.reports.stamp")
 
 
 def default_workers() -> int:
@@ -43,12 +43,41 @@ def default_workers() -> int:
 def pytest_command(args, out: Path, inifile: Path) -> list:
     """The child pytest: the matrix of one implementation, isolated from the caller's
     pytest configuration (an empty ini file) and plugins (autoload off, named with -p)."""
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "selgate.conformance", "-c", str(inifile),
-           "--rootdir", str(inifile.parent), "-m", MARKERS, "--impl", args.impl, "--size", args.size,
-           "-n", str(args.workers), "--dist", "load", "--max-worker-restart", "100000",
-           "--timeout", str(args.timeout), "--timeout-method", "thread",
-           "--junitxml", str(out / "junit.xml"), "-o", "junit_family=xunit2", "-p", "no:cacheprovider",
-           "-q", "-rfE"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "selgate.conformance",
+        "-c",
+        str(inifile),
+        "--rootdir",
+        str(inifile.parent),
+        "-m",
+        MARKERS,
+        "--impl",
+        args.impl,
+        "--size",
+        args.size,
+        "-n",
+        str(args.workers),
+        "--dist",
+        "load",
+        "--max-worker-restart",
+        "100000",
+        "--timeout",
+        str(args.timeout),
+        "--timeout-method",
+        "thread",
+        "--junitxml",
+        str(out / "junit.xml"),
+        "-o",
+        "junit_family=xunit2",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rfE",
+    ]
     for plugin in PLUGINS:
         cmd[3:3] = ["-p", plugin]
     if args.declare:
@@ -61,12 +90,16 @@ def pytest_command(args, out: Path, inifile: Path) -> list:
 def run(args) -> Verdict:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("junit.xml", "environment.json", "report.md"):   # never judge an earlier run
+    for stale in ("junit.xml", "environment.json", "report.md"):  # never judge an earlier run
         (out / stale).unlink(missing_ok=True)
-    impl = resolve(args.impl, declare=args.declare)[0]   # a usage error surfaces here, in-process
-    env = {**settings.current_environ(), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "SELGATE_LANE": "check",
-           # the caller's directory, where `pkg.mod` usually lives, for the workers too
-           "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    impl = resolve(args.impl, declare=args.declare)[0]  # a usage error surfaces here, in-process
+    env = {
+        **settings.current_environ(),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "SELGATE_LANE": "check",
+        # the caller's directory, where `pkg.mod` usually lives, for the workers too
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     with tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
         inifile = Path(tmp) / "pytest.ini"
         inifile.write_text("[pytest]\n")
@@ -79,14 +112,12 @@ def run(args) -> Verdict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="selgate check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="selgate check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("impl", help="the implementation: package.module:callable, fn(q, k, v, ranges, *, scale=None)")
     p.add_argument("--declare", help="YAML file of declarations and expected failures (see `declarations.py`)")
     p.add_argument("--size", default="tiny", choices=SIZES, help="largest case size class (default tiny)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default ./{DEFAULT_OUT})")
-    p.add_argument("--workers", type=int, default=None, help="isolated worker processes (default: 2 per GPU, "
-                                                            "2 without one)")
+    p.add_argument("--workers", type=int, default=None, help="isolated worker processes (default: 2 per GPU, 2 without one)")
     p.add_argument("--timeout", type=int, default=300, help="seconds one case may take before it is an error")
     p.add_argument("-k", help="pytest -k expression (debugging: the verdict is then BLOCKED as narrowed)")
     args = p.parse_args(argv)
@@ -95,8 +126,10 @@ def main(argv=None) -> int:
     if args.workers < 1 or args.timeout < 1:
         p.error("--workers and --timeout must be >= 1 (a crashing case needs a worker to die in)")
     if ":" not in args.impl:
-        p.error(f"impl: expected package.module:callable, got {args.impl!r} "
-                "(selgate's own kernels run through `python -m selgate.lanes run`)")
+        p.error(
+            f"impl: expected package.module:callable, got {args.impl!r} "
+            "(selgate's own kernels run through `python -m selgate.lanes run`)"
+        )
     sys.path.insert(0, os.getcwd())
     try:
         verdict = run(args)

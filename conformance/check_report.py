@@ -1,6 +1,7 @@
 """The verdict and Markdown report of `selgate check`: which families the implementation
 claims (from its declarations), what ran in each, what was not covered and why, every
 failure with a line that reruns it alone."""
+
 from __future__ import annotations
 
 import shlex
@@ -38,11 +39,11 @@ def claimed_families(impl: Impl) -> dict:
 
 @dataclass
 class Verdict:
-    counts: dict                     # family -> outcome counts
-    claims: dict                     # family -> None (claimed) or why not
+    counts: dict  # family -> outcome counts
+    claims: dict  # family -> None (claimed) or why not
     blocking: list = field(default_factory=list)
-    failures: list = field(default_factory=list)   # CaseResult
-    skips: dict = field(default_factory=dict)      # family -> Counter of skip reasons
+    failures: list = field(default_factory=list)  # CaseResult
+    skips: dict = field(default_factory=dict)  # family -> Counter of skip reasons
     environment: dict | None = None
 
     @property
@@ -87,15 +88,29 @@ def judge(impl: Impl, out: Path, status: int, *, narrowed: bool = False) -> Verd
 
 def _declared(impl: Impl) -> list:
     dtypes = ", ".join(DTYPE_NAMES[d] for d in impl.dtypes)
-    rows = [("dtypes", dtypes), ("devices", ", ".join(impl.devices)), ("modes", ", ".join(impl.modes)),
-            ("lse", impl.lse), ("backward", impl.backward), ("deterministic", impl.deterministic),
-            ("head dims", f"multiples of {impl.head_dim_multiple} from {impl.min_head_dim}"
-             + (f" up to {impl.max_head_dim}" if impl.max_head_dim else "")),
-            ("heads per group", f"multiple of {impl.heads_multiple_of}, >= {impl.min_heads}"
-             + (f", <= {impl.max_heads}" if impl.max_heads else "") + (", power of two" if impl.heads_power_of_two
-                                                                      else "")),
-            ("block size", impl.block_size or "token ranges"), ("layouts", ", ".join(impl.layouts)),
-            ("min capability", impl.min_capability or "any"), ("max size", impl.max_size)]
+    rows = [
+        ("dtypes", dtypes),
+        ("devices", ", ".join(impl.devices)),
+        ("modes", ", ".join(impl.modes)),
+        ("lse", impl.lse),
+        ("backward", impl.backward),
+        ("deterministic", impl.deterministic),
+        (
+            "head dims",
+            f"multiples of {impl.head_dim_multiple} from {impl.min_head_dim}"
+            + (f" up to {impl.max_head_dim}" if impl.max_head_dim else ""),
+        ),
+        (
+            "heads per group",
+            f"multiple of {impl.heads_multiple_of}, >= {impl.min_heads}"
+            + (f", <= {impl.max_heads}" if impl.max_heads else "")
+            + (", power of two" if impl.heads_power_of_two else ""),
+        ),
+        ("block size", impl.block_size or "token ranges"),
+        ("layouts", ", ".join(impl.layouts)),
+        ("min capability", impl.min_capability or "any"),
+        ("max size", impl.max_size),
+    ]
     rows += [(f"xfail {x.family}", f"`{x.cases}`: {x.reason}") for x in impl.xfails]
     return rows
 
@@ -105,27 +120,64 @@ def repro(args, nodeid: str) -> str:
     test, _, param = nodeid.partition("::")[2].partition("[")
     expr = f"{test} and {param.rstrip(']').split('-', 1)[-1]}" if param else test
     declare = ["--declare", str(Path(args.declare).resolve())] if args.declare else []
-    return shlex.join(["python", "-m", "pytest", "--pyargs", "selgate.conformance", "-m", "conformance",
-                       "--impl", args.impl, *declare, "--size", args.size, "-k", expr, "-p", "no:xdist"])
+    return shlex.join(
+        [
+            "python",
+            "-m",
+            "pytest",
+            "--pyargs",
+            "selgate.conformance",
+            "-m",
+            "conformance",
+            "--impl",
+            args.impl,
+            *declare,
+            "--size",
+            args.size,
+            "-k",
+            expr,
+            "-p",
+            "no:xdist",
+        ]
+    )
 
 
 def render(impl: Impl, v: Verdict, args) -> str:
     env = v.environment or {}
-    lines = [f"# selgate check: `{impl.name}`", "", f"**{v.headline}**", "",
-             f"Run: size `{args.size}`, {args.workers} isolated worker(s), {args.timeout} s per case"
-             + (f", declarations from `{args.declare}`" if args.declare else "") + ".",
-             f"Environment: GPU {env.get('gpu', '?')} (capability {env.get('capability', '?')}), driver "
-             f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
-             f"selgate {__version__} (commit {env.get('commit', '?')}).", "", "## Declared", "", "| declaration | value |",
-             "| --- | --- |"]
+    lines = [
+        f"# selgate check: `{impl.name}`",
+        "",
+        f"**{v.headline}**",
+        "",
+        f"Run: size `{args.size}`, {args.workers} isolated worker(s), {args.timeout} s per case"
+        + (f", declarations from `{args.declare}`" if args.declare else "")
+        + ".",
+        f"Environment: GPU {env.get('gpu', '?')} (capability {env.get('capability', '?')}), driver "
+        f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
+        f"selgate {__version__} (commit {env.get('commit', '?')}).",
+        "",
+        "## Declared",
+        "",
+        "| declaration | value |",
+        "| --- | --- |",
+    ]
     lines += [f"| {k} | {str(val).replace('|', '/')} |" for k, val in _declared(impl)]
-    lines += ["", "## Families", "", "pass/fail/error/skip/xfail per family; a claimed family needs a pass.", "",
-              "| family | claimed | " + "/".join(OUTCOMES) + " |", "| --- | --- | --- |"]
+    lines += [
+        "",
+        "## Families",
+        "",
+        "pass/fail/error/skip/xfail per family; a claimed family needs a pass.",
+        "",
+        "| family | claimed | " + "/".join(OUTCOMES) + " |",
+        "| --- | --- | --- |",
+    ]
     for family, why in v.claims.items():
         counts = v.counts.get(family, dict.fromkeys(OUTCOMES, 0))
         cell = "/".join(str(counts[o]) for o in OUTCOMES)
-        lines.append(f"| {family} | {'yes' if why is None else 'no: ' + why} | "
-                     f"{'**' + cell + '**' if counts['fail'] or counts['error'] else cell} |")
+        lines.append(
+            f"| {family} | {'yes' if why is None else 'no: ' + why} | "
+            f"{'**' + cell + '**' if counts['fail'] or counts['error'] else cell} |"
+        )
     if v.blocking:
         lines += ["", "## Blocking", ""] + [f"- {b}" for b in v.blocking[:200]]
     if v.failures:

@@ -1,5 +1,6 @@
 """Comparison against the fp64 golden result, with failure messages a kernel author can act
 on: case id, tensor, max and mean error, the bound and where it came from, the worst element."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,8 +22,9 @@ def fail(case_id: str, msg: str):
     raise ConformanceFailure(f"[{case_id}] {msg}")
 
 
-def assert_close(name: str, actual: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype, case_id: str,
-                 plain: Optional[torch.Tensor] = None) -> None:
+def assert_close(
+    name: str, actual: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype, case_id: str, plain: Optional[torch.Tensor] = None
+) -> None:
     """`actual` matches the fp64 `ref` within the SPEC.md bound for an implementation run in
     `dtype`. `plain` is the plain low-precision PyTorch result the fp16/bf16 bound scales
     with. Non-finite reference entries (lse = -inf of empty rows) must be matched exactly;
@@ -36,8 +38,11 @@ def assert_close(name: str, actual: torch.Tensor, ref: torch.Tensor, *, dtype: t
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
         idx = _where(a, i)
-        fail(case_id, f"{name}: {int(bad.sum())} non-finite or wrong special values, first at index {idx}: "
-                      f"got {a.flatten()[i].item()}, reference {r.flatten()[i].item()}")
+        fail(
+            case_id,
+            f"{name}: {int(bad.sum())} non-finite or wrong special values, first at index {idx}: "
+            f"got {a.flatten()[i].item()}, reference {r.flatten()[i].item()}",
+        )
     if not finite.any():
         return
     err = torch.where(finite, (a - r).abs(), 0.0)
@@ -53,15 +58,20 @@ def assert_close(name: str, actual: torch.Tensor, ref: torch.Tensor, *, dtype: t
     mean_lim = mean_bound(tol, dtype, float(ref_abs.sum() / finite.sum()))
     if mx > lim or mean > mean_lim:
         idx = _where(a, int(i))
-        how = (f"{tol.factor:g} x plain-{dtype} error {plain_err:.3e} + {tol.floor_eps:g} eps max|ref|"
-               if tol.relative else "absolute")
-        fail(case_id, f"{name}: max abs err {float(mx):.3e} (bound {lim:.3e}: {how}; {tol.source}), "
-                      f"mean abs err {float(mean):.3e} (bound {mean_lim:.3e}); worst at index {idx}: "
-                      f"got {a.flatten()[int(i)].item():.8g}, reference {r.flatten()[int(i)].item():.8g}")
+        how = (
+            f"{tol.factor:g} x plain-{dtype} error {plain_err:.3e} + {tol.floor_eps:g} eps max|ref|"
+            if tol.relative
+            else "absolute"
+        )
+        fail(
+            case_id,
+            f"{name}: max abs err {float(mx):.3e} (bound {lim:.3e}: {how}; {tol.source}), "
+            f"mean abs err {float(mean):.3e} (bound {mean_lim:.3e}); worst at index {idx}: "
+            f"got {a.flatten()[int(i)].item():.8g}, reference {r.flatten()[int(i)].item():.8g}",
+        )
 
 
-def assert_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, *, case_id: str, why: str,
-                 atol: float = 0.0) -> None:
+def assert_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, *, case_id: str, why: str, atol: float = 0.0) -> None:
     """Bitwise equality (NaN equal to NaN), or within `atol` where the same arithmetic may
     legitimately reduce in another order; the message names the first differing element."""
     if tuple(actual.shape) != tuple(expected.shape):
@@ -71,5 +81,8 @@ def assert_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, *, cas
         same |= (actual - expected).abs() <= atol
     if not bool(same.all()):
         i = int((~same).flatten().nonzero()[0])
-        fail(case_id, f"{name}: {int((~same).sum())} elements differ ({why}); first at index {_where(actual, i)}: "
-                      f"{actual.flatten()[i].item()!r} vs {expected.flatten()[i].item()!r}")
+        fail(
+            case_id,
+            f"{name}: {int((~same).sum())} elements differ ({why}); first at index {_where(actual, i)}: "
+            f"{actual.flatten()[i].item()!r} vs {expected.flatten()[i].item()!r}",
+        )

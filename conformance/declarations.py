@@ -23,6 +23,7 @@ capability silently ignored. The keys (defaults in brackets):
 `supports_lse` and `supports_backward` are accepted as the older names of `lse` and
 `backward`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -32,8 +33,16 @@ from pathlib import Path
 import torch
 import yaml
 
-DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "float32": torch.float32, "fp64": torch.float64, "float64": torch.float64}
+DTYPES = {
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp64": torch.float64,
+    "float64": torch.float64,
+}
 MODES = ("decode", "prefill")
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("contiguous", "strided", "kv_shared")
@@ -94,13 +103,18 @@ def _bool(value, where):
 def _capability(value, where):
     parts = str(value).split(".")
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"{where}: expected a compute capability such as \"9.0\", got {value!r}")
+        raise ValueError(f'{where}: expected a compute capability such as "9.0", got {value!r}')
     return str(value)
 
 
 def _varlen(value, where):
-    return load_callable(value, where) if isinstance(value, str) else value if callable(value) else _fail(
-        where, f"expected a callable or 'package.module:callable', got {value!r}")
+    return (
+        load_callable(value, where)
+        if isinstance(value, str)
+        else value
+        if callable(value)
+        else _fail(where, f"expected a callable or 'package.module:callable', got {value!r}")
+    )
 
 
 def _fail(where, what):
@@ -200,8 +214,9 @@ def from_yaml(path) -> dict:
     return parse(data, f"--declare {path}")
 
 
-def allowed_heads(h: int, *, multiple_of: int = 1, power_of_two: bool = False, minimum: int = 1,
-                  maximum: int | None = None) -> int | None:
+def allowed_heads(
+    h: int, *, multiple_of: int = 1, power_of_two: bool = False, minimum: int = 1, maximum: int | None = None
+) -> int | None:
     """The smallest heads-per-group count >= h the constraints allow; None if none does."""
     limit = maximum if maximum is not None else max(h, minimum) * 2 * multiple_of + 64
     for n in range(max(h, minimum), limit + 1):

@@ -6,6 +6,7 @@ Every comparison is against the fp64 golden result (`selection_attention_ref`, g
 formulation) on fresh inputs made from the case; fp16/bf16 bounds scale with a plain
 PyTorch run in that precision (`gather_attention(..., dtype=...)`, grads by autograd).
 """
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,7 @@ from typing import Callable, Optional
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from selgate.reference import (normalize_ranges, query_positions, selected_keys, selected_lengths,
-                               selection_attention_ref)
+from selgate.reference import normalize_ranges, query_positions, selected_keys, selected_lengths, selection_attention_ref
 from selgate.reference.golden import gather_attention
 from selgate.reference.validation import resolve_scale
 
@@ -40,6 +40,7 @@ class Result:
 
 # --- evaluation -------------------------------------------------------------------------------
 
+
 def _leaves(tensors):
     """Leaf copies that keep each tensor's strides and offset and the storage it shares with the
     others (K and V rows in one buffer stay in one buffer): a gradient run sees the layout a
@@ -51,8 +52,9 @@ def _leaves(tensors):
         if storage.data_ptr() not in copies:  # one copy per storage, however many tensors view it
             copies[storage.data_ptr()] = storage.clone()
         copy = copies[storage.data_ptr()]
-        out.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.shape, t.stride())
-                   .requires_grad_())
+        out.append(
+            torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.shape, t.stride()).requires_grad_()
+        )
     return out
 
 
@@ -81,16 +83,16 @@ def evaluate(fn, q, k, v, upstream=None) -> Result:
 
 
 def golden_fn(ranges, scale):
-    return lambda q, k, v: selection_attention_ref(q.double(), k.double(), v.double(), ranges, scale=scale,
-                                                   return_lse=True)
+    return lambda q, k, v: selection_attention_ref(q.double(), k.double(), v.double(), ranges, scale=scale, return_lse=True)
 
 
 def plain_fn(ranges, scale, dtype):
     """The plain low-precision PyTorch run the fp16/bf16 bounds scale with."""
+
     def run(q, k, v):
         norm = normalize_ranges(ranges, k.shape[2])
-        return gather_attention(q.to(dtype), k.to(dtype), v.to(dtype), norm, scale=resolve_scale(scale, q.shape[-1]),
-                                dtype=dtype)
+        return gather_attention(q.to(dtype), k.to(dtype), v.to(dtype), norm, scale=resolve_scale(scale, q.shape[-1]), dtype=dtype)
+
     return run
 
 
@@ -134,8 +136,9 @@ def compare(case: Case, got: Result, gold: Result, plain: Optional[Result]) -> N
         assert_close("lse", got.lse, gold.lse, dtype=dt, case_id=cid, plain=None if plain is None else plain.lse)
     if got.grads is not None:
         for i, name in enumerate(("dq", "dk", "dv")):
-            assert_close(name, got.grads[i], gold.grads[i], dtype=dt, case_id=cid,
-                         plain=None if plain is None else plain.grads[i])
+            assert_close(
+                name, got.grads[i], gold.grads[i], dtype=dt, case_id=cid, plain=None if plain is None else plain.grads[i]
+            )
 
 
 def _empty_rows(ranges: torch.Tensor, S_kv: int) -> torch.Tensor:
@@ -143,6 +146,7 @@ def _empty_rows(ranges: torch.Tensor, S_kv: int) -> torch.Tensor:
 
 
 # --- the families -----------------------------------------------------------------------------
+
 
 def check_parity(impl: Impl, case: Case, device) -> None:
     """o and lse equal the golden result; an implementation with an o-only path runs it too."""
@@ -152,8 +156,9 @@ def check_parity(impl: Impl, case: Case, device) -> None:
     compare(case, got, gold, plain)
     if impl.lse:
         o_only = evaluate(impl_fn(impl, inp.ranges, inp.scale, want_lse=False), inp.q, inp.k, inp.v)
-        assert_close("o", o_only.o, gold.o, dtype=case.dtype, case_id=case.id + " (o-only path)",
-                     plain=None if plain is None else plain.o)
+        assert_close(
+            "o", o_only.o, gold.o, dtype=case.dtype, case_id=case.id + " (o-only path)", plain=None if plain is None else plain.o
+        )
 
 
 def check_backward(impl: Impl, case: Case, device) -> None:
@@ -164,8 +169,13 @@ def check_backward(impl: Impl, case: Case, device) -> None:
     compare(case, got, gold, plain)
     unsel = ~selected_keys(inp.ranges, inp.k.shape[2])
     for name, g in (("dk", got.grads[1]), ("dv", got.grads[2])):
-        assert_equal(f"{name}[unselected keys]", g[unsel], torch.zeros_like(g[unsel]), case_id=case.id,
-                     why="keys no row selected get exactly zero gradient")
+        assert_equal(
+            f"{name}[unselected keys]",
+            g[unsel],
+            torch.zeros_like(g[unsel]),
+            case_id=case.id,
+            why="keys no row selected get exactly zero gradient",
+        )
 
 
 def check_gradcheck(impl: Impl, case: Case, device) -> None:
@@ -235,12 +245,14 @@ def check_empty_ranges(impl: Impl, case: Case, device) -> None:
     assert_equal("o[empty rows]", o_e, torch.zeros_like(o_e), case_id=case.id, why="an empty row gives o = 0 exactly")
     if got.lse is not None:
         l_e = got.lse[empty]
-        assert_equal("lse[empty rows]", l_e, torch.full_like(l_e, float("-inf")), case_id=case.id,
-                     why="an empty row gives lse = -inf")
+        assert_equal(
+            "lse[empty rows]", l_e, torch.full_like(l_e, float("-inf")), case_id=case.id, why="an empty row gives lse = -inf"
+        )
     if got.grads is not None:
         dq_e = got.grads[0][empty]
-        assert_equal("dq[empty rows]", dq_e, torch.zeros_like(dq_e), case_id=case.id,
-                     why="an empty row contributes zero gradient")
+        assert_equal(
+            "dq[empty rows]", dq_e, torch.zeros_like(dq_e), case_id=case.id, why="an empty row contributes zero gradient"
+        )
     compare(case, got, gold, plain)
 
 
@@ -279,16 +291,17 @@ def check_bounds(impl: Impl, case: Case, device) -> None:
     up_p = None
     if up is not None:
         do, dlse = up
-        up_p = (torch.cat([do, torch.ones_like(do[:, :1]).expand(-1, tail, -1, -1, -1)], 1),
-                torch.cat([dlse, torch.zeros_like(dlse[:, :1]).expand(-1, tail, -1, -1)], 1))
+        up_p = (
+            torch.cat([do, torch.ones_like(do[:, :1]).expand(-1, tail, -1, -1, -1)], 1),
+            torch.cat([dlse, torch.zeros_like(dlse[:, :1]).expand(-1, tail, -1, -1)], 1),
+        )
     got = evaluate(impl_fn(impl, r, inp.scale), q, k, v, up_p)
     rows = slice(0, S)
     main = Result(got.o[:, rows], None if got.lse is None else got.lse[:, rows], None)
     if got.grads is not None:
         dq, dk, dv = got.grads
         main.grads = (dq[:, rows], dk[:, :, :S_kv], dv[:, :, :S_kv])
-        for name, g in (("dq[tail queries]", dq[:, S:]), ("dk[tail keys]", dk[:, :, S_kv:]),
-                        ("dv[tail keys]", dv[:, :, S_kv:])):
+        for name, g in (("dq[tail queries]", dq[:, S:]), ("dk[tail keys]", dk[:, :, S_kv:]), ("dv[tail keys]", dv[:, :, S_kv:])):
             assert_equal(name, g, torch.zeros_like(g), case_id=case.id, why="nothing selects them")
     if tail:
         o_t = got.o[:, S:]
@@ -313,15 +326,14 @@ def check_dtype(impl: Impl, case: Case, device) -> None:
     if got.lse is not None:
         checks.append(("lse", got.lse, want_lse, (B, S, G, h)))
     if got.grads is not None:
-        checks += [(n, g, x.dtype, tuple(x.shape)) for n, g, x in zip(("dq", "dk", "dv"), got.grads,
-                                                                      (inp.q, inp.k, inp.v))]
+        checks += [(n, g, x.dtype, tuple(x.shape)) for n, g, x in zip(("dq", "dk", "dv"), got.grads, (inp.q, inp.k, inp.v))]
     for name, t, dt, shape in checks:
         if t.dtype != dt or tuple(t.shape) != shape or t.device != inp.q.device:
-            fail(case.id, f"{name}: got {t.dtype} {tuple(t.shape)} on {t.device}, expected {dt} {shape} "
-                          f"on {inp.q.device}")
+            fail(case.id, f"{name}: got {t.dtype} {tuple(t.shape)} on {t.device}, expected {dt} {shape} on {inp.q.device}")
     got32 = evaluate(impl_fn(impl, r32, inp.scale), inp.q, inp.k, inp.v, up)
     for name, a, b in [("o", got32.o, got.o), ("lse", got32.lse, got.lse)] + (
-            list(zip(("dq", "dk", "dv"), got32.grads, got.grads)) if up is not None else []):
+        list(zip(("dq", "dk", "dv"), got32.grads, got.grads)) if up is not None else []
+    ):
         if a is not None:
             assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges")
     if "strided" in impl.layouts:
@@ -347,15 +359,21 @@ def check_decode(impl: Impl, case: Case, device) -> None:
         if t < 0:
             continue
         row = slice(s, s + 1)
-        dec = evaluate(impl_fn(impl, inp.ranges[:, row], inp.scale), inp.q[:, row], inp.k[:, :, :t + 1],
-                       inp.v[:, :, :t + 1])
+        dec = evaluate(impl_fn(impl, inp.ranges[:, row], inp.scale), inp.q[:, row], inp.k[:, :, : t + 1], inp.v[:, :, : t + 1])
         for name, ref in (("golden", gold), ("prefill", prefill)):
             cid = f"{case.id} decode of row {s} vs {name} row"
-            assert_close("o", dec.o, ref.o[:, row], dtype=case.dtype, case_id=cid,
-                         plain=None if plain is None else plain.o[:, row])
+            assert_close(
+                "o", dec.o, ref.o[:, row], dtype=case.dtype, case_id=cid, plain=None if plain is None else plain.o[:, row]
+            )
             if dec.lse is not None and ref.lse is not None:
-                assert_close("lse", dec.lse, ref.lse[:, row], dtype=case.dtype, case_id=cid,
-                             plain=None if plain is None else plain.lse[:, row])
+                assert_close(
+                    "lse",
+                    dec.lse,
+                    ref.lse[:, row],
+                    dtype=case.dtype,
+                    case_id=cid,
+                    plain=None if plain is None else plain.lse[:, row],
+                )
 
 
 def check_group(impl: Impl, case: Case, device) -> None:
@@ -373,8 +391,7 @@ def check_group(impl: Impl, case: Case, device) -> None:
         first = t[:, :, :, :1].expand_as(t)
         finite = t[torch.isfinite(t)]
         atol = 4 * torch.finfo(t.dtype).eps * float(finite.abs().max()) if finite.numel() else 0.0
-        assert_equal(name, t, first, case_id=case.id, why="equal q across a group's heads gives equal outputs",
-                     atol=atol)
+        assert_equal(name, t, first, case_id=case.id, why="equal q across a group's heads gives equal outputs", atol=atol)
     compare(case, got, gold, plain)
 
 
@@ -383,9 +400,12 @@ def _per_sequence(fn_of_ranges, inp: Inputs):
     cu_q, cu_k = inp.cu_seqlens_q.tolist(), inp.cu_seqlens_k.tolist()
 
     def run(q, k, v):
-        outs = [fn_of_ranges(inp.ranges[:, a:b])(q[:, a:b], k[:, :, c:d], v[:, :, c:d])
-                for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])]
+        outs = [
+            fn_of_ranges(inp.ranges[:, a:b])(q[:, a:b], k[:, :, c:d], v[:, :, c:d])
+            for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])
+        ]
         return torch.cat([o for o, _ in outs], 1), torch.cat([lse for _, lse in outs], 1)
+
     return run
 
 
@@ -393,8 +413,7 @@ def _poison_unselected_varlen(inp: Inputs) -> Inputs:
     """Packed inputs whose keys no row of their own sequence selects are NaN (keys beyond
     every query's position and the other sequences' keys included)."""
     cu_q, cu_k = inp.cu_seqlens_q.tolist(), inp.cu_seqlens_k.tolist()
-    sel = torch.cat([selected_keys(inp.ranges[:, a:b], d - c)
-                     for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])], 2)
+    sel = torch.cat([selected_keys(inp.ranges[:, a:b], d - c) for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])], 2)
     unsel = ~sel[..., None]
     return replace(inp, k=torch.where(unsel, float("nan"), inp.k), v=torch.where(unsel, float("nan"), inp.v))
 
@@ -411,9 +430,13 @@ def check_varlen(impl: Impl, case: Case, device) -> None:
         return _per_sequence(lambda r: plain_fn(r, inp.scale, case.dtype), inp)
 
     gold, plain, up = reference_run(fn, inp, case, grads=impl.backward, lse=impl.lse)
-    got = evaluate(lambda q, k, v: impl.forward_varlen(q, k, v, inp.ranges, inp.cu_seqlens_q, inp.cu_seqlens_k,
-                                                       scale=inp.scale),
-                   inp.q, inp.k, inp.v, up)
+    got = evaluate(
+        lambda q, k, v: impl.forward_varlen(q, k, v, inp.ranges, inp.cu_seqlens_q, inp.cu_seqlens_k, scale=inp.scale),
+        inp.q,
+        inp.k,
+        inp.v,
+        up,
+    )
     compare(case, got, gold, plain)
 
 
@@ -430,8 +453,15 @@ class Family:
 
     def skip(self, impl: Impl, case: Optional[Case], device) -> Optional[str]:
         """Why `impl` does not run `case` in this family (registry.skip_reason), or None."""
-        return skip_reason(impl, case, device, family=self.name, needs_backward=self.needs_backward,
-                           needs_fp64=self.needs_fp64, needs_modes=self.needs_modes)
+        return skip_reason(
+            impl,
+            case,
+            device,
+            family=self.name,
+            needs_backward=self.needs_backward,
+            needs_fp64=self.needs_fp64,
+            needs_modes=self.needs_modes,
+        )
 
 
 def _batched_lowp(c: Case) -> bool:
@@ -445,32 +475,41 @@ def _repeatable(c: Case) -> bool:
 def _tiny_subset(patterns, fp32_only=False):
     """On tiny (CPU) cases, only `patterns` (and fp32 when `fp32_only`); every case otherwise.
     Keeps the CPU run short for the families that run backward several times."""
-    return lambda c: _batched_lowp(c) and (c.size != "tiny" or (
-        c.pattern in patterns and c.scale is None and (c.dtype == torch.float32 or not fp32_only)))
+    return lambda c: (
+        _batched_lowp(c)
+        and (c.size != "tiny" or (c.pattern in patterns and c.scale is None and (c.dtype == torch.float32 or not fp32_only)))
+    )
 
 
-FAMILIES = {f.name: f for f in (
-    Family("parity", check_parity, _batched_lowp),
-    Family("backward", check_backward,
-           _tiny_subset(("mixed", "builder", "overlapping", "heavy_reuse", "full", "empty", "beyond_t")),
-           needs_backward=True),
-    Family("gradcheck", check_gradcheck, lambda c: c.dtype == torch.float64, needs_backward=True, needs_fp64=True),
-    Family("determinism", check_determinism, _repeatable),
-    Family("determinism_backward", check_determinism_backward, _repeatable, needs_backward=True),
-    Family("empty_ranges", check_empty_ranges,
-           lambda c: _batched_lowp(c) and c.pattern in ("mixed", "builder", "empty", "padding", "full")),
-    Family("bounds", check_bounds, lambda c: _batched_lowp(c) and (c.size != "tiny" or c.dtype == torch.float32
-                                                                  or c.smoke)),
-    Family("dtype", check_dtype, lambda c: _tiny_subset(("mixed",))(c) and c.seed in (0, 7)),
-    Family("decode", check_decode, lambda c: c.mode == "prefill" and c.dtype != torch.float64,
-           needs_modes=("decode",)),
-    Family("group", check_group,
-           lambda c: _batched_lowp(c) and c.shape.h > 1 and c.pattern in ("mixed", "builder", "full")),
-    Family("varlen", check_varlen, lambda c: c.mode == "varlen"),
-)}
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("parity", check_parity, _batched_lowp),
+        Family(
+            "backward",
+            check_backward,
+            _tiny_subset(("mixed", "builder", "overlapping", "heavy_reuse", "full", "empty", "beyond_t")),
+            needs_backward=True,
+        ),
+        Family("gradcheck", check_gradcheck, lambda c: c.dtype == torch.float64, needs_backward=True, needs_fp64=True),
+        Family("determinism", check_determinism, _repeatable),
+        Family("determinism_backward", check_determinism_backward, _repeatable, needs_backward=True),
+        Family(
+            "empty_ranges",
+            check_empty_ranges,
+            lambda c: _batched_lowp(c) and c.pattern in ("mixed", "builder", "empty", "padding", "full"),
+        ),
+        Family("bounds", check_bounds, lambda c: _batched_lowp(c) and (c.size != "tiny" or c.dtype == torch.float32 or c.smoke)),
+        Family("dtype", check_dtype, lambda c: _tiny_subset(("mixed",))(c) and c.seed in (0, 7)),
+        Family("decode", check_decode, lambda c: c.mode == "prefill" and c.dtype != torch.float64, needs_modes=("decode",)),
+        Family("group", check_group, lambda c: _batched_lowp(c) and c.shape.h > 1 and c.pattern in ("mixed", "builder", "full")),
+        Family("varlen", check_varlen, lambda c: c.mode == "varlen"),
+    )
+}
 
 
 # --- bad input: not per case, per implementation ----------------------------------------------
+
 
 @dataclass(frozen=True)
 class BadInput:
@@ -501,10 +540,18 @@ BAD_INPUTS = (
     BadInput("ranges-groups", "ranges", _with(ranges=lambda i: torch.cat([i.ranges, i.ranges[:, :, :1]], 2))),
     BadInput("scale-nan", "scale", _with(scale=lambda i: float("nan"))),
     BadInput("q-meta", "q", _with(q=lambda i: i.q.to("meta"))),
-    BadInput("cu_seqlens_q-total", "cu_seqlens_q", lambda i: {**_base(i), "cu_q": i.cu_seqlens_q[:-1],
-                                                              "cu_k": i.cu_seqlens_k}, varlen=True),
-    BadInput("cu_seqlens_k-list", "cu_seqlens_k", lambda i: {**_base(i), "cu_q": i.cu_seqlens_q,
-                                                             "cu_k": i.cu_seqlens_k.tolist()}, varlen=True),
+    BadInput(
+        "cu_seqlens_q-total",
+        "cu_seqlens_q",
+        lambda i: {**_base(i), "cu_q": i.cu_seqlens_q[:-1], "cu_k": i.cu_seqlens_k},
+        varlen=True,
+    ),
+    BadInput(
+        "cu_seqlens_k-list",
+        "cu_seqlens_k",
+        lambda i: {**_base(i), "cu_q": i.cu_seqlens_q, "cu_k": i.cu_seqlens_k.tolist()},
+        varlen=True,
+    ),
 )
 
 

@@ -8,6 +8,7 @@ device)` gets the cases of FAMILIES[<family>], fitted to what the implementation
 
     pytest --pyargs selgate.conformance -m conformance --impl mypkg.mod:fn [--declare fn.yaml]
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,14 +36,26 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def pytest_addoption(parser):
     group = parser.getgroup("selgate", "selgate conformance matrix")
-    group.addoption("--impl", default=None, metavar="NAMES|pkg.mod:fn",
-                    help="implementations to run the matrix on: comma-separated registered names "
-                         "(reference, sdpa, triton, cuda) or package.module:callable; default: all registered")
-    group.addoption("--size", default="tiny", choices=SIZES,
-                    help="largest case size class to run (cumulative: small also runs tiny); default tiny")
-    group.addoption("--declare", default=None, metavar="FILE.yaml",
-                    help="declarations (capabilities, constraints, expected failures) of the one "
-                         "package.module:callable named by --impl, for a kernel whose module you do not own")
+    group.addoption(
+        "--impl",
+        default=None,
+        metavar="NAMES|pkg.mod:fn",
+        help="implementations to run the matrix on: comma-separated registered names "
+        "(reference, sdpa, triton, cuda) or package.module:callable; default: all registered",
+    )
+    group.addoption(
+        "--size",
+        default="tiny",
+        choices=SIZES,
+        help="largest case size class to run (cumulative: small also runs tiny); default tiny",
+    )
+    group.addoption(
+        "--declare",
+        default=None,
+        metavar="FILE.yaml",
+        help="declarations (capabilities, constraints, expected failures) of the one "
+        "package.module:callable named by --impl, for a kernel whose module you do not own",
+    )
 
 
 def pytest_configure(config):
@@ -69,8 +82,7 @@ def _matrix(family, impls, cases):
             case = fit(base, impl)
             why = family.skip(impl, case, DEVICE)
             bug = None if why else known_bug(impl, family.name, case)
-            marks = [pytest.mark.skip(reason=why)] if why else (
-                [pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
+            marks = [pytest.mark.skip(reason=why)] if why else ([pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
             yield pytest.param(impl, case, id=f"{impl.name}-{case.id}", marks=marks)
 
 
@@ -80,15 +92,21 @@ def _bad_inputs(impls, cases):
 
     for impl in impls:
         for bad in BAD_INPUTS:
-            usable = [c for c in (fit(c, impl) for c in cases) if c.size == "tiny"
-                      and (c.mode == "varlen") == bad.varlen and c.dtype in impl.dtypes
-                      and c.dtype != torch.float64 and not skip_reason(impl, c, DEVICE)]
+            usable = [
+                c
+                for c in (fit(c, impl) for c in cases)
+                if c.size == "tiny"
+                and (c.mode == "varlen") == bad.varlen
+                and c.dtype in impl.dtypes
+                and c.dtype != torch.float64
+                and not skip_reason(impl, c, DEVICE)
+            ]
             usable.sort(key=lambda c: c.dtype != torch.float32)
             why = skip_reason(impl, None, DEVICE, family="bad_input") or (
-                None if usable else f"{impl.name} declares no tiny {'varlen' if bad.varlen else 'batched'} case")
+                None if usable else f"{impl.name} declares no tiny {'varlen' if bad.varlen else 'batched'} case"
+            )
             bug = None if why or not usable else known_bug(impl, "bad_input", usable[0], bad.name)
-            marks = [pytest.mark.skip(reason=why)] if why else (
-                [pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
+            marks = [pytest.mark.skip(reason=why)] if why else ([pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
             yield pytest.param(impl, bad, usable[0] if usable else None, id=f"{impl.name}-{bad.name}", marks=marks)
 
 

@@ -2,6 +2,7 @@
 
 Its own module, importing only torch: the benchmarks and the CUDA device check use it
 without importing the conformance registry (which looks for Triton)."""
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ A user's implementation joins with `--impl package.module:callable`: the callabl
 What it supports and requires is declared by attributes on it or in a `--declare` YAML
 file (`declarations.py` lists the keys); the matrix fits its cases to those declarations.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -94,8 +95,13 @@ class Impl:
 
     def heads_for(self, h: int) -> Optional[int]:
         """The heads-per-group count this implementation runs a case of `h` heads at."""
-        return declarations.allowed_heads(h, multiple_of=self.heads_multiple_of, power_of_two=self.heads_power_of_two,
-                                          minimum=self.min_heads, maximum=self.max_heads)
+        return declarations.allowed_heads(
+            h,
+            multiple_of=self.heads_multiple_of,
+            power_of_two=self.heads_power_of_two,
+            minimum=self.min_heads,
+            maximum=self.max_heads,
+        )
 
 
 def _split(out, with_lse):
@@ -116,8 +122,9 @@ def _cap(s: str) -> tuple:
     return tuple(int(x) for x in s.split("."))
 
 
-def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", needs_backward=False,
-                needs_fp64=False, needs_modes=None) -> Optional[str]:
+def skip_reason(
+    impl: Impl, case: Optional[Case], device, *, family: str = "", needs_backward=False, needs_fp64=False, needs_modes=None
+) -> Optional[str]:
     """Why `impl` does not run `case` (None: any case) of `family` on `device`, from its
     declarations; None when it does. `needs_modes` replaces the case's own mode (the
     decode family runs decode calls on prefill cases)."""
@@ -147,15 +154,17 @@ def skip_reason(impl: Impl, case: Optional[Case], device, *, family: str = "", n
             return f"{impl.name} does not declare mode {mode}"
     s = case.shape
     if impl.heads_for(s.h) != s.h:
-        return (f"{impl.name} declares heads per group {_heads_rule(impl)}; case has {s.h}")
+        return f"{impl.name} declares heads per group {_heads_rule(impl)}; case has {s.h}"
     if impl.block_size is not None and case.block_size != impl.block_size:
         return f"{impl.name} selects whole blocks of {impl.block_size} keys; case is not block-aligned"
     if impl.same_head_dims and s.Dk != s.Dv:
         return f"{impl.name} declares Dk == Dv; case has Dk={s.Dk}, Dv={s.Dv}"
     for name, d in (("Dk", s.Dk), ("Dv", s.Dv)):
         if d % impl.head_dim_multiple or d < impl.min_head_dim or (impl.max_head_dim and d > impl.max_head_dim):
-            return (f"{impl.name} declares head dims that are multiples of {impl.head_dim_multiple}"
-                    f" from {impl.min_head_dim} up to {impl.max_head_dim}; {name}={d}")
+            return (
+                f"{impl.name} declares head dims that are multiples of {impl.head_dim_multiple}"
+                f" from {impl.min_head_dim} up to {impl.max_head_dim}; {name}={d}"
+            )
     if SIZES.index(case.size) > SIZES.index(impl.max_size):
         return f"{impl.name} declares sizes up to {impl.max_size}; case is {case.size}"
     if dev == "cpu" and impl.cpu_smoke_only and not case.smoke:
@@ -195,22 +204,25 @@ def known_bug(impl: Impl, family: str, case: Case, label: Optional[str] = None) 
 
 # --- built-in implementations ---------------------------------------------------------------
 
+
 def _reference_call(q, k, v, ranges, *, scale=None, want_lse=True, positions=None):
     from selgate.reference import selection_attention_ref
-    return selection_attention_ref(q, k, v, ranges, scale=scale, positions=positions, return_lse=want_lse,
-                                   formulation="mask")
+
+    return selection_attention_ref(q, k, v, ranges, scale=scale, positions=positions, return_lse=want_lse, formulation="mask")
 
 
 def _reference_varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
     """Packed sequences through the gather formulation: the varlen family poisons the keys no
     row selects, which the dense mask would read (its varlen check is the packing itself)."""
     from selgate.reference import selection_attention_ref, varlen_to_batched
+
     glob, pos = varlen_to_batched(ranges, cu_q, cu_k)
     return selection_attention_ref(q, k, v, glob, scale=scale, positions=pos, return_lse=True)
 
 
 def _sdpa_call(q, k, v, ranges, *, scale=None, want_lse=True):
     from selgate.kernels.sdpa import selection_attention_sdpa
+
     return selection_attention_sdpa(q, k, v, ranges, scale=scale, return_lse=want_lse)
 
 
@@ -219,12 +231,13 @@ def _dispatched(backend: str):
 
     def call(q, k, v, ranges, *, scale=None, want_lse=True):
         from selgate.kernels import selection_attention
+
         return selection_attention(q, k, v, ranges, scale=scale, backend=backend, return_lse=want_lse, strict=True)
 
     def varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
         from selgate.kernels import selection_attention_varlen
-        return selection_attention_varlen(q, k, v, ranges, cu_q, cu_k, scale=scale, backend=backend,
-                                          return_lse=True, strict=True)
+
+        return selection_attention_varlen(q, k, v, ranges, cu_q, cu_k, scale=scale, backend=backend, return_lse=True, strict=True)
 
     return call, varlen
 
@@ -243,6 +256,7 @@ def _triton_unavailable() -> Optional[str]:
     fwd = sys.modules.get("selgate.kernels.triton.fwd")
     if fwd is not None and not torch.cuda.is_available():
         from triton.runtime.jit import JITFunction
+
         if any(isinstance(f, JITFunction) for f in vars(fwd).values()):
             return "selgate.kernels.triton was imported before TRITON_INTERPRET=1 was set (set it before pytest)"
     return None
@@ -270,11 +284,12 @@ def _kernel(kernel: str):
 
     def call(q, k, v, ranges, *, scale=None, want_lse=True, positions=None):
         from selgate.kernels.triton import selection_attention_kernel
-        return selection_attention_kernel(kernel, q, k, v, ranges, scale=scale, positions=positions,
-                                          return_lse=want_lse)
+
+        return selection_attention_kernel(kernel, q, k, v, ranges, scale=scale, positions=positions, return_lse=want_lse)
 
     def varlen(q, k, v, ranges, cu_q, cu_k, *, scale=None):
         from selgate.reference import varlen_to_batched
+
         glob, pos = varlen_to_batched(ranges, cu_q, cu_k, T_kv=k.shape[2])
         return call(q, k, v, glob, scale=scale, positions=pos)
 
@@ -315,41 +330,75 @@ _tma_call, _tma_varlen = _kernel("tma")
 _pairs_call, _ = _kernel("pairs")
 
 # Declared from the kernels' own limits (selgate.kernels.triton_limits, kernels/cuda/decode.py).
-_TRITON = dict(dtypes=triton_limits.DTYPES, head_dim_multiple=triton_limits.HEAD_DIM_MULTIPLE,
-               max_head_dim=triton_limits.MAX_HEAD_DIM, lse=True, cpu_smoke_only=True,
-               cpu_dtype_skips={torch.bfloat16: triton_limits.BF16_INTERPRETER})
+_TRITON = dict(
+    dtypes=triton_limits.DTYPES,
+    head_dim_multiple=triton_limits.HEAD_DIM_MULTIPLE,
+    max_head_dim=triton_limits.MAX_HEAD_DIM,
+    lse=True,
+    cpu_smoke_only=True,
+    cpu_dtype_skips={torch.bfloat16: triton_limits.BF16_INTERPRETER},
+)
 
 REGISTRY = {
     # The dense-mask golden formulation, checked against the gather one the matrix compares
     # with; O(S * S_kv) memory, so not on large cases. Returns fp64 by design.
-    "reference": Impl("reference", _reference_call, dtypes=ALL_DTYPES, varlen=_reference_varlen, backward=True,
-                      lse=True, result_dtype=torch.float64, max_size="small",
-                      unsupported={"bounds": "the dense-mask formulation weighs every key, NaN ones included, "
-                                             "by zero: it reads outside the selection by design"}),
+    "reference": Impl(
+        "reference",
+        _reference_call,
+        dtypes=ALL_DTYPES,
+        varlen=_reference_varlen,
+        backward=True,
+        lse=True,
+        result_dtype=torch.float64,
+        max_size="small",
+        unsupported={
+            "bounds": "the dense-mask formulation weighs every key, NaN ones included, "
+            "by zero: it reads outside the selection by design"
+        },
+    ),
     "sdpa": Impl("sdpa", _sdpa_call, dtypes=ALL_DTYPES, varlen=_sdpa_varlen, backward=True, lse=True),
     # Through the dispatcher: the forward kernel the profile picks, and the Triton backward.
-    "triton": Impl("triton", _triton_call, varlen=_triton_varlen, backward=_triton_has_backward(),
-                   unavailable=_triton_unavailable, **_TRITON),
+    "triton": Impl(
+        "triton", _triton_call, varlen=_triton_varlen, backward=_triton_has_backward(), unavailable=_triton_unavailable, **_TRITON
+    ),
     # Each Triton forward kernel on its own, forward only.
-    "triton-gather": Impl("triton-gather", _gather_call, varlen=_gather_varlen, unavailable=_triton_unavailable,
-                          **_TRITON),
+    "triton-gather": Impl("triton-gather", _gather_call, varlen=_gather_varlen, unavailable=_triton_unavailable, **_TRITON),
     # Whole tiles through tensor descriptors: contiguous K/V, so every call takes that path.
-    "triton-tma": Impl("triton-tma", _tma_call, varlen=_tma_varlen, unavailable=_tma_unavailable,
-                       layouts=("contiguous",), **_TRITON),
-    "triton-pairs": Impl("triton-pairs", _pairs_call, modes=("prefill",), dtypes=triton_limits.PAIRS_DTYPES,
-                         head_dim_multiple=math.gcd(*triton_limits.PAIRS_HEAD_DIMS),
-                         min_head_dim=min(triton_limits.PAIRS_HEAD_DIMS),
-                         max_head_dim=max(triton_limits.PAIRS_HEAD_DIMS), same_head_dims=True,
-                         max_heads=triton_limits.PAIRS_MAX_HEADS, layouts=("contiguous",), lse=True,
-                         cpu_smoke_only=True, unavailable=_pairs_unavailable),
-    "cuda": Impl("cuda", _cuda_call, modes=("decode",), dtypes=cuda_limits.DTYPES,
-                 head_dim_multiple=cuda_limits.HEAD_DIM_MULTIPLE, max_head_dim=cuda_limits.MAX_HEAD_DIM,
-                 devices=("cuda",), min_capability=_cap_text(cuda_limits.MIN_CAPABILITY), lse=True,
-                 unavailable=_cuda_unavailable),
+    "triton-tma": Impl(
+        "triton-tma", _tma_call, varlen=_tma_varlen, unavailable=_tma_unavailable, layouts=("contiguous",), **_TRITON
+    ),
+    "triton-pairs": Impl(
+        "triton-pairs",
+        _pairs_call,
+        modes=("prefill",),
+        dtypes=triton_limits.PAIRS_DTYPES,
+        head_dim_multiple=math.gcd(*triton_limits.PAIRS_HEAD_DIMS),
+        min_head_dim=min(triton_limits.PAIRS_HEAD_DIMS),
+        max_head_dim=max(triton_limits.PAIRS_HEAD_DIMS),
+        same_head_dims=True,
+        max_heads=triton_limits.PAIRS_MAX_HEADS,
+        layouts=("contiguous",),
+        lse=True,
+        cpu_smoke_only=True,
+        unavailable=_pairs_unavailable,
+    ),
+    "cuda": Impl(
+        "cuda",
+        _cuda_call,
+        modes=("decode",),
+        dtypes=cuda_limits.DTYPES,
+        head_dim_multiple=cuda_limits.HEAD_DIM_MULTIPLE,
+        max_head_dim=cuda_limits.MAX_HEAD_DIM,
+        devices=("cuda",),
+        min_capability=_cap_text(cuda_limits.MIN_CAPABILITY),
+        lse=True,
+        unavailable=_cuda_unavailable,
+    ),
 }
 
 
 # --- user implementations (--impl) ----------------------------------------------------------
+
 
 def load_user_impl(spec: str, declare=None) -> Impl:
     """The Impl of `--impl package.module:callable`: declarations from its attributes, then
@@ -376,8 +425,10 @@ def resolve(spec: Optional[str], declare=None) -> list:
     items = [s.strip() for s in (spec or "").split(",") if s.strip()]
     outside = [i for i in items if i not in REGISTRY]
     if declare and len(outside) != 1:
-        raise ValueError(f"--declare {declare}: declares one package.module:callable named by --impl; "
-                         f"--impl names {len(outside)} ({', '.join(outside) or 'none'})")
+        raise ValueError(
+            f"--declare {declare}: declares one package.module:callable named by --impl; "
+            f"--impl names {len(outside)} ({', '.join(outside) or 'none'})"
+        )
     if not items:
         return list(REGISTRY.values())
     out = []
@@ -387,6 +438,7 @@ def resolve(spec: Optional[str], declare=None) -> list:
         elif ":" in item:
             out.append(load_user_impl(item, declare))
         else:
-            raise ValueError(f"--impl: {item!r} is neither a registered implementation {sorted(REGISTRY)} "
-                             f"nor 'package.module:callable'")
+            raise ValueError(
+                f"--impl: {item!r} is neither a registered implementation {sorted(REGISTRY)} nor 'package.module:callable'"
+            )
     return out

@@ -1,4 +1,5 @@
 """Family backward: dq, dk, dv equal the golden gradients; keys no row selected get exactly zero dk, dv."""
+
 import pytest
 
 from selgate.conformance.families import check_backward

@@ -1,4 +1,5 @@
 """Family bad_input: malformed calls raise an error naming the argument, never a result."""
+
 import pytest
 
 from selgate.conformance.families import check_bad_input

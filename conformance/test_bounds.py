@@ -1,4 +1,5 @@
 """Family bounds: keys outside every selection and beyond `t` hold NaN, so any read of them shows."""
+
 import pytest
 
 from selgate.conformance.families import check_bounds

@@ -1,4 +1,5 @@
 """Family decode: decode of query `s` (keys cut at its position `t`) equals row `s` of prefill."""
+
 import pytest
 
 from selgate.conformance.families import check_decode

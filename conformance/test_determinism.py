@@ -1,4 +1,5 @@
 """Family determinism: repeated runs are bitwise identical (SPEC.md, "Determinism")."""
+
 import pytest
 
 from selgate.conformance.families import check_determinism, check_determinism_backward

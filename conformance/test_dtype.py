@@ -1,4 +1,5 @@
 """Family dtype: output dtypes, shapes and device; int32 and int64 ranges agree bitwise; strided inputs work."""
+
 import pytest
 
 from selgate.conformance.families import check_dtype

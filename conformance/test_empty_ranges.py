@@ -1,4 +1,5 @@
 """Family empty_ranges: rows selecting nothing give o = 0 exactly, lse = -inf, no NaN, zero dq."""
+
 import pytest
 
 from selgate.conformance.families import check_empty_ranges

@@ -1,4 +1,5 @@
 """Family gradcheck: torch.autograd.gradcheck in fp64 on tiny cases."""
+
 import pytest
 
 from selgate.conformance.families import check_gradcheck

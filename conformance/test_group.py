@@ -1,4 +1,5 @@
 """Family group: equal q across the heads of a group gives bitwise-equal outputs."""
+
 import pytest
 
 from selgate.conformance.families import check_group

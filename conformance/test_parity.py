@@ -1,4 +1,5 @@
 """Family parity: o and lse equal the golden result; an implementation with an o-only path runs it too."""
+
 import pytest
 
 from selgate.conformance.families import check_parity

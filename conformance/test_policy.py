@@ -5,6 +5,7 @@ SELGATE_TRITON_FORCE=1. Every rung that leaves Triton records its reason, and wh
 backend serves the call gives the golden result (a fallback has the fast path's semantics).
 Capabilities are simulated with `capability_override`; on CPU Triton runs in its interpreter.
 """
+
 import pytest
 import torch
 
@@ -16,8 +17,13 @@ from selgate.reference import selection_attention_ref
 
 pytestmark = [pytest.mark.conformance, pytest.mark.policy]
 
-CASE = Case(shape=Shape(mode="prefill", B=1, S=4, S_kv=40, G=2, h=2, Dk=16, Dv=16, n=3), pattern="builder",
-            dtype=torch.float32, seed=0, size="tiny")
+CASE = Case(
+    shape=Shape(mode="prefill", B=1, S=4, S_kv=40, G=2, h=2, Dk=16, Dv=16, n=3),
+    pattern="builder",
+    dtype=torch.float32,
+    seed=0,
+    size="tiny",
+)
 TRITON_SKIP = skip_reason(REGISTRY["triton"], None, "cuda" if torch.cuda.is_available() else "cpu")
 
 # (capability, env, backend that must serve the call, fallback reason that must be counted)
@@ -41,6 +47,7 @@ def dispatcher(monkeypatch):
         monkeypatch.delenv(flag, raising=False)
     monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     import selgate.kernels as kernels
+
     kernels.reset_stats()
     return kernels
 
@@ -75,6 +82,7 @@ def test_policy(dispatcher, monkeypatch, scenario):
 def test_policy_strict_triton_on_sm89_refuses(dispatcher):
     """Asking for Triton by name on SM 8.9, strict and unforced, is an error, not a quiet fallback."""
     from selgate.kernels.errors import StrictModeError
+
     inp = _inputs()
     with dispatcher.capability_override("8.9"), pytest.raises(StrictModeError, match="adr_policy"):
         dispatcher.selection_attention(inp.q, inp.k, inp.v, inp.ranges, backend="triton", strict=True)
@@ -88,5 +96,4 @@ def test_policy_cpu_without_override_uses_sdpa(dispatcher, monkeypatch):
     o = dispatcher.selection_attention(inp.q, inp.k, inp.v, inp.ranges)
     st = dispatcher.stats()
     assert st["calls"] == {"sdpa": 1} and st["fallback_reasons"].get("triton:cpu") == 1, st
-    assert_close("o", o, selection_attention_ref(inp.q, inp.k, inp.v, inp.ranges), dtype=CASE.dtype,
-                 case_id="policy cpu")
+    assert_close("o", o, selection_attention_ref(inp.q, inp.k, inp.v, inp.ranges), dtype=CASE.dtype, case_id="policy cpu")

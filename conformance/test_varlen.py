@@ -1,4 +1,5 @@
 """Family varlen: Packed sequences (cu_seqlens) give what each sequence gives on its own."""
+
 import pytest
 
 from selgate.conformance.families import check_varlen

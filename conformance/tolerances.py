@@ -21,6 +21,7 @@ Every bound is a finite number >= 0: a NaN bound would pass everything (`err > n
 False). The lane runner sets the variable from the lane YAML only, and the gate blocks a
 run whose overrides are not the lane YAML's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,11 +62,13 @@ class Tolerance:
 _SPEC = {
     "fp64": {"o": Tolerance(max_abs=1e-10, mean_abs=1e-12, source="fp64: golden formulations agree to 1e-12")},
     "fp32": {"o": Tolerance(max_abs=1e-5, mean_abs=1e-6)},
-    "fp16": {"o": Tolerance(factor=2.0, floor_eps=2.0, mean_abs=1e-3, mean_floor_eps=1.0),
-             # lse is fp32 whatever the inputs: no output rounding, so no mean floor (with it,
-             # an lse rounded through bf16 passed every bf16 parity case).
-             "lse": Tolerance(factor=2.0, floor_eps=2.0, mean_abs=1e-3),
-             "grad": Tolerance(factor=3.0, floor_eps=2.0, mean_abs=1e-3, mean_floor_eps=1.0)},
+    "fp16": {
+        "o": Tolerance(factor=2.0, floor_eps=2.0, mean_abs=1e-3, mean_floor_eps=1.0),
+        # lse is fp32 whatever the inputs: no output rounding, so no mean floor (with it,
+        # an lse rounded through bf16 passed every bf16 parity case).
+        "lse": Tolerance(factor=2.0, floor_eps=2.0, mean_abs=1e-3),
+        "grad": Tolerance(factor=3.0, floor_eps=2.0, mean_abs=1e-3, mean_floor_eps=1.0),
+    },
 }
 _SPEC["bf16"] = _SPEC["fp16"]
 
@@ -88,9 +91,11 @@ def parse_overrides(raw: str) -> dict:
             else:
                 bad = set() if key in fields else {key}
             if bad:
-                raise ValueError(f"{ENV}: {dt}.{key}: unknown fields {sorted(map(str, bad))}; "
-                                 f"expected tensor keys {TENSORS + ('grad',)} or fields {sorted(fields)}")
-            for name, bound_ in (val.items() if isinstance(val, dict) else [(None, val)]):
+                raise ValueError(
+                    f"{ENV}: {dt}.{key}: unknown fields {sorted(map(str, bad))}; "
+                    f"expected tensor keys {TENSORS + ('grad',)} or fields {sorted(fields)}"
+                )
+            for name, bound_ in val.items() if isinstance(val, dict) else [(None, val)]:
                 check_bound(bound_, f"{ENV}: {dt}.{key}" + (f".{name}" if name else ""))
     return data
 

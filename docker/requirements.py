@@ -3,6 +3,7 @@
 The images install dependencies in a layer of their own, before the sources are copied,
 so that editing the sources reuses it; pyproject.toml stays the one list of them.
 """
+
 import sys
 import tomllib
 

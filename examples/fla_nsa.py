@@ -9,6 +9,7 @@ the adapter hands it every position (`full_queries=True`) and keeps the last T o
 Without `g_cmp` and `window_size` it computes the selected branch alone, the function
 SPEC.md defines; with `block_indices` given it warns that they override its own top-n,
 which is the point here."""
+
 from __future__ import annotations
 
 import warnings

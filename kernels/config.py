@@ -1,6 +1,7 @@
 """Runtime configuration: `configs/base.yaml`, overridden by the running device's profile
 `configs/profiles/<device-slug>.yaml`; environment variables override both (the
 dispatcher reads them). Measured decisions therefore change data, not code."""
+
 from __future__ import annotations
 
 import copy

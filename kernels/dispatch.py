@@ -15,6 +15,7 @@ CUDA kernel is tried before Triton when SELGATE_CUDA_ENABLE=1 or `backend="cuda"
 raises hands over to the next rung (sdpa last) unless strict mode forbids it, or unless it
 is the backend the caller named and the error is a malformed setting (`ConfigError`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,9 @@ def _normalize(ranges, d, positions, bytes_per_key: int):
         from .triton.normalize import MAX_S_KV, normalize_ranges_triton
 
         if d.S_kv <= MAX_S_KV:
-            norm = normalize_ranges_triton(ranges, d.S_kv, positions, counter=device_counter(ranges.device),
-                                           kv_bytes_per_key=bytes_per_key)
+            norm = normalize_ranges_triton(
+                ranges, d.S_kv, positions, counter=device_counter(ranges.device), kv_bytes_per_key=bytes_per_key
+            )
             return norm, True
     return normalize_ranges(ranges, d.S_kv, positions), False
 
@@ -55,21 +57,22 @@ def _run(name: str, q, k, v, norm, scale, positions, d, st, need_lse: bool):
     CPU machine for decode and prefill shapes, 2026-11-24) and `lse` is None."""
     if name == "triton":
         from .triton import run_triton
-        return run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions,
-                          allow_grad=st.allow_grad)
+
+        return run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions, allow_grad=st.allow_grad)
     if name == "cuda":
         try:
             from .cuda import selection_attention_cuda
         except ImportError as e:
             raise BackendUnavailable("unavailable", f"selgate.kernels.cuda cannot be imported: {e}") from e
-        return selection_attention_cuda(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
-                                        normalized=True)
+        return selection_attention_cuda(q, k, v, norm, scale=scale, positions=positions, return_lse=True, normalized=True)
     if name == "sdpa":
-        out = selection_attention_sdpa(q, k, v, norm, scale=scale, positions=positions, return_lse=need_lse,
-                                       normalized=True, budget_bytes=st.budget_bytes)
+        out = selection_attention_sdpa(
+            q, k, v, norm, scale=scale, positions=positions, return_lse=need_lse, normalized=True, budget_bytes=st.budget_bytes
+        )
         return out if need_lse else (out, None)
-    o, lse = selection_attention_ref(q, k, v, norm, scale=scale, positions=positions, return_lse=True,
-                                     budget_bytes=st.budget_bytes)
+    o, lse = selection_attention_ref(
+        q, k, v, norm, scale=scale, positions=positions, return_lse=True, budget_bytes=st.budget_bytes
+    )
     return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
 
 
@@ -106,8 +109,9 @@ def _triton_skip(q, k, v, d, norm, st, explicit: bool):
     return None
 
 
-def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", return_lse: bool = False,
-                        positions=None, strict=None):
+def selection_attention(
+    q, k, v, ranges, *, scale=None, backend: str = "auto", return_lse: bool = False, positions=None, strict=None
+):
     """NSA selection attention (SPEC.md) through the fallback ladder (module docstring).
 
     `strict` (default SELGATE_STRICT) turns every departure from the requested backend, or
@@ -143,16 +147,16 @@ def selection_attention(q, k, v, ranges, *, scale=None, backend: str = "auto", r
                 raise StrictModeError(f"backend {name!r} failed and strict mode forbids falling back: {e}") from e
             if i == len(chain) - 1 or (isinstance(e, ConfigError) and name == backend):
                 raise  # a backend named by the caller never hides its malformed configuration
-            reason = (e.reason if isinstance(e, BackendUnavailable)
-                      else "config" if isinstance(e, ConfigError) else "error")
+            reason = e.reason if isinstance(e, BackendUnavailable) else "config" if isinstance(e, ConfigError) else "error"
             record_fallback(name, reason, f"{type(e).__name__}: {e}", error=not isinstance(e, BackendUnavailable))
             continue
         record_call(name, norm, bytes_per_key, counted=counted)
         return (o, lse) if return_lse else o
 
 
-def selection_attention_varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None,
-                               backend: str = "auto", return_lse: bool = False, strict=None):
+def selection_attention_varlen(
+    q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None, backend: str = "auto", return_lse: bool = False, strict=None
+):
     """Packed sequences (FlashAttention's cu_seqlens; layout of `reference/varlen.py`:
     q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], sequence-local ranges [1,T_q,G,n,2]), served as
     one batched call with per-query positions."""
@@ -161,5 +165,4 @@ def selection_attention_varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, s
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: varlen expects a packed {rank}-D tensor with leading dim 1, got {shape}")
     glob, pos = varlen_to_batched(ranges, cu_seqlens_q, cu_seqlens_k, T_kv=k.shape[2])
-    return selection_attention(q, k, v, glob, scale=scale, backend=backend, return_lse=return_lse,
-                               positions=pos, strict=strict)
+    return selection_attention(q, k, v, glob, scale=scale, backend=backend, return_lse=return_lse, positions=pos, strict=strict)

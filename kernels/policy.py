@@ -4,6 +4,7 @@ Precedence for every setting: `configs/base.yaml` < `configs/profiles/<device>.y
 environment variable. The SM 8.9 rule of ADR-2025-08-M4-02 is data
 (`policy.triton_sel_disabled_capabilities`), so a later measurement changes config, not code.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,17 +30,17 @@ ENV_FLAGS = tuple(name for var in env.VARS.values() if var.group == "dispatcher"
 class Settings:
     """One call's view of config and flags (env over device profile over base.yaml)."""
 
-    use_triton: bool      # SELGATE_TRITON_ENABLE
-    force_triton: bool    # SELGATE_TRITON_FORCE: ignore ADR policy, min-L and SELGATE_TRITON_ENABLE
-    min_L: int            # SELGATE_TRITON_MIN_L
-    force_parity: bool    # SELGATE_FORCE_PARITY: route everything to the fp64 reference
-    strict: bool          # SELGATE_STRICT
-    allow_grad: bool      # SELGATE_TRITON_ALLOW_GRAD
-    validate: bool        # SELGATE_VALIDATE_RANGES: reject ranges breaking the producer contract
-    use_cuda: bool        # SELGATE_CUDA_ENABLE: try the CUDA decode kernel first
+    use_triton: bool  # SELGATE_TRITON_ENABLE
+    force_triton: bool  # SELGATE_TRITON_FORCE: ignore ADR policy, min-L and SELGATE_TRITON_ENABLE
+    min_L: int  # SELGATE_TRITON_MIN_L
+    force_parity: bool  # SELGATE_FORCE_PARITY: route everything to the fp64 reference
+    strict: bool  # SELGATE_STRICT
+    allow_grad: bool  # SELGATE_TRITON_ALLOW_GRAD
+    validate: bool  # SELGATE_VALIDATE_RANGES: reject ranges breaking the producer contract
+    use_cuda: bool  # SELGATE_CUDA_ENABLE: try the CUDA decode kernel first
     disabled_caps: tuple  # policy.triton_sel_disabled_capabilities
-    min_cap: str          # policy.triton_sel_min_capability
-    budget_bytes: int     # runtime.sdpa_budget_mb: gathered K/V per chunk in the sdpa and reference paths
+    min_cap: str  # policy.triton_sel_min_capability
+    budget_bytes: int  # runtime.sdpa_budget_mb: gathered K/V per chunk in the sdpa and reference paths
 
 
 def settings(device_name: str | None = None) -> Settings:
@@ -129,6 +130,8 @@ def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
         if _parse_cap(cap, "capability") < _parse_cap(st.min_cap, "policy.triton_sel_min_capability"):
             return "capability", f"SM {cap} is below policy.triton_sel_min_capability={st.min_cap}"
         if cap in st.disabled_caps and not st.force_triton:
-            return "adr_policy", (f"SM {cap} is in policy.triton_sel_disabled_capabilities "
-                                  "(ADR-2025-08-M4-02); set SELGATE_TRITON_FORCE=1 to run it")
+            return "adr_policy", (
+                f"SM {cap} is in policy.triton_sel_disabled_capabilities "
+                "(ADR-2025-08-M4-02); set SELGATE_TRITON_FORCE=1 to run it"
+            )
     return None

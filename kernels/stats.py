@@ -6,6 +6,7 @@ range normaliser adds to as it runs), so counting never synchronises the hot pat
 `stats()` reads them. With `SELGATE_DEBUG_LOG=1` every decision is logged as a `sel.<backend>.*` line on the
 `selgate.kernels` logger; a fallback reason is logged once per reason in any case.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,8 +63,9 @@ def record_call(backend: str, norm_ranges: torch.Tensor, bytes_per_key: int, *, 
     if not counted:
         device_counter(norm_ranges.device).add_(torch.stack((tokens, tokens * bytes_per_key)))
     if debugging:
-        debug(f"sel.{backend}.call rows={norm_ranges.shape[:3].numel()} tokens={int(tokens)} "
-              f"kv_bytes={int(tokens) * bytes_per_key}")
+        debug(
+            f"sel.{backend}.call rows={norm_ranges.shape[:3].numel()} tokens={int(tokens)} kv_bytes={int(tokens) * bytes_per_key}"
+        )
 
 
 def record_launch(kernel: str) -> None:

@@ -2,6 +2,7 @@
 the kernels and the conformance registry read. It lives outside `triton/` because importing
 that package imports triton, and the dispatcher and the registry must read these limits on
 machines without it."""
+
 from __future__ import annotations
 
 import torch
@@ -31,6 +32,5 @@ def unsupported(q, Dk: int, Dv: int, interpreting: bool):
         return "dtype", BF16_INTERPRETER
     for name, d in (("Dk", Dk), ("Dv", Dv)):
         if d % HEAD_DIM_MULTIPLE or d > MAX_HEAD_DIM:
-            return "head_dim", (f"{name}={d}; the Triton kernel takes multiples of {HEAD_DIM_MULTIPLE} "
-                                f"up to {MAX_HEAD_DIM}")
+            return "head_dim", (f"{name}={d}; the Triton kernel takes multiples of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}")
     return None

@@ -1,5 +1,6 @@
 """`python -m selgate.lanes {list,detect,run,durations,sanitize}`: what lanes exist, which one
 this machine runs, running it, recording its costly tests, and the compute-sanitizer pass."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ def _list(_args) -> int:
         lane = load_lane(name)
         mark = "*" if name == detected else " "
         caps = ",".join(map(str, lane["capabilities"])) or "-"
-        print(f"{mark} {name:<6} capability {caps:<12} size {lane['size']:<6} workers {lane['workers']!s:<7} "
-              f"{lane['description']}")
+        print(
+            f"{mark} {name:<6} capability {caps:<12} size {lane['size']:<6} workers {lane['workers']!s:<7} {lane['description']}"
+        )
     return 0
 
 
@@ -38,12 +40,13 @@ def _detect(args) -> int:
         return 0
     print(f"lane {d.lane}: GPU {d.gpu}, compute capability {d.capability or 'none'}")
     plan = plan_lane(load_lane(d.lane), capability=d.capability)
-    print("would run: " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + ["python", "-m", "pytest",
-                                                                                    *plan.pytest_args]))
+    print("would run: " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + ["python", "-m", "pytest", *plan.pytest_args]))
     override = settings.get("SELGATE_CAPABILITY")
     if override:
-        print(f"SELGATE_CAPABILITY={override} is set: the dispatcher's policy uses it, "
-              "the lane is still chosen by the hardware (see `run --emulate`)")
+        print(
+            f"SELGATE_CAPABILITY={override} is set: the dispatcher's policy uses it, "
+            "the lane is still chosen by the hardware (see `run --emulate`)"
+        )
     return 0
 
 
@@ -56,8 +59,15 @@ def _run(args) -> int:
     out_name = f"{name}-emulated" if args.emulate else name
     clear_out(out_name)
     try:
-        plan = plan_lane(load_lane(name), capability=capability, workers=args.workers, k=args.k,
-                         emulate=args.emulate, policy_only=args.policy_only, extra=args.pytest_args)
+        plan = plan_lane(
+            load_lane(name),
+            capability=capability,
+            workers=args.workers,
+            k=args.k,
+            emulate=args.emulate,
+            policy_only=args.policy_only,
+            extra=args.pytest_args,
+        )
     except ValueError as e:
         record_refusal(out_name, str(e))
         raise
@@ -80,8 +90,12 @@ def _durations(args) -> int:
 
 def _sanitize(args) -> int:
     """0 when every tool ran clean, 1 when something blocks (the report names it)."""
-    result = run_pass([t for t in args.tools.split(",") if t], [c for c in (args.cases or "").split(",") if c],
-                      sanitizer=args.sanitizer, timeout_s=args.timeout_s)
+    result = run_pass(
+        [t for t in args.tools.split(",") if t],
+        [c for c in (args.cases or "").split(",") if c],
+        sanitizer=args.sanitizer,
+        timeout_s=args.timeout_s,
+    )
     for line in result["blocking"]:
         print(f"blocking: {line}")
     print(f"report: {OUT_ROOT / 'sanitizer' / 'report.md'}")
@@ -97,25 +111,34 @@ def main(argv=None) -> int:
     d.set_defaults(fn=_detect)
     r = sub.add_parser("run", help="run a lane's pytest selection into reports/out/<lane>/")
     r.add_argument("lane", help=f"one of {lane_names()} or 'auto'")
-    r.add_argument("--workers", type=int,
-                   help="xdist workers (default: the lane's; sm90: as many per GPU as its memory and the CPUs allow)")
+    r.add_argument(
+        "--workers", type=int, help="xdist workers (default: the lane's; sm90: as many per GPU as its memory and the CPUs allow)"
+    )
     r.add_argument("-k", help="pytest -k expression narrowing the lane")
     r.add_argument("--docker", action="store_true", help="run inside the lane's image")
-    r.add_argument("--emulate", action="store_true",
-                   help="run a GPU lane on another GPU under SELGATE_CAPABILITY=<lane's capability>; "
-                        "results go to reports/out/<lane>-emulated/")
+    r.add_argument(
+        "--emulate",
+        action="store_true",
+        help="run a GPU lane on another GPU under SELGATE_CAPABILITY=<lane's capability>; "
+        "results go to reports/out/<lane>-emulated/",
+    )
     r.add_argument("--policy-only", action="store_true", help="run only the lane's policy checks")
     r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     r.set_defaults(fn=_run)
-    du = sub.add_parser("durations", help="record a lane's costly tests (from its last JUnit) as "
-                                          "lanes/durations/<lane>.json, which its runs then start first")
+    du = sub.add_parser(
+        "durations",
+        help="record a lane's costly tests (from its last JUnit) as lanes/durations/<lane>.json, which its runs then start first",
+    )
     du.add_argument("lane", help=f"one of {lane_names()} (or <lane>-emulated)")
     du.add_argument("--junit", type=Path, help="default reports/out/<lane>/junit.xml")
-    du.add_argument("--min-s", type=float, default=COSTLY_S, help=f"record tests of at least this many seconds "
-                                                                  f"(default {COSTLY_S})")
+    du.add_argument(
+        "--min-s", type=float, default=COSTLY_S, help=f"record tests of at least this many seconds (default {COSTLY_S})"
+    )
     du.set_defaults(fn=_durations)
-    sa = sub.add_parser("sanitize", help="the release's compute-sanitizer pass over every GPU kernel, into "
-                                         "reports/out/sanitizer/ (needs an SM 9.x GPU)")
+    sa = sub.add_parser(
+        "sanitize",
+        help="the release's compute-sanitizer pass over every GPU kernel, into reports/out/sanitizer/ (needs an SM 9.x GPU)",
+    )
     sa.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, default {','.join(TOOLS)}")
     sa.add_argument("--cases", help="comma-separated cases of selgate.lanes.sanitize_cases (default all)")
     sa.add_argument("--timeout-s", type=float, default=TIMEOUT_S, help=f"per tool (default {TIMEOUT_S})")

@@ -7,6 +7,7 @@ reaches it once, through the runner, rather than twice.
 
 The stamp plugin records the cut in environment.json (`cut`: how far the run got); the runner
 adds which signal cut it, which pytest itself cannot tell (it only sees KeyboardInterrupt)."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,11 @@ class Cut:
             print(f"lane: {self.signal} received; pytest is writing the results it has", file=sys.stderr, flush=True)
             self.on_first()
         else:
-            print(f"lane: {signal.Signals(signum).name} ignored: pytest is still writing the results of the cut run",
-                  file=sys.stderr, flush=True)
+            print(
+                f"lane: {signal.Signals(signum).name} ignored: pytest is still writing the results of the cut run",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self):
         self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}

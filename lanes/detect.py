@@ -1,5 +1,6 @@
 """Which lane this machine runs: the GPU class from torch's compute capability, matched
 against the `capabilities` each lane YAML declares; no CUDA device means the CPU lane."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,8 @@ from .config import LANE_DIR, lane_names, load_lane
 @dataclass(frozen=True)
 class Detected:
     lane: str
-    capability: str | None   # "9.0", or None without a CUDA device
-    gpu: str                 # device name, "none" on CPU
+    capability: str | None  # "9.0", or None without a CUDA device
+    gpu: str  # device name, "none" on CPU
 
 
 def device_capability() -> tuple[str | None, str]:
@@ -34,8 +35,10 @@ def lane_for(capability: str | None, lane_dir=LANE_DIR) -> str:
     if len(matches) != 1:
         declared = {lane["name"]: lane["capabilities"] for lane in lanes}
         what = "no CUDA device" if capability is None else f"compute capability {capability}"
-        raise ValueError(f"detect: {what} matches lanes {matches}, expected exactly one; lanes declare "
-                         f"{declared} (add or fix a lanes/<name>.yaml)")
+        raise ValueError(
+            f"detect: {what} matches lanes {matches}, expected exactly one; lanes declare "
+            f"{declared} (add or fix a lanes/<name>.yaml)"
+        )
     return matches[0]
 
 

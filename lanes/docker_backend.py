@@ -17,6 +17,7 @@ user (root included: the images run as an unprivileged user otherwise), and pyte
 cache into the image's read-only tree. Exit status: the container's (pytest's); ENGINE_ERROR when there is no engine or the
 image cannot be had, after one line that says why.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -29,10 +30,10 @@ from selgate.kernels import settings
 from .config import LANE_DIR
 
 ROOT = LANE_DIR.parent
-WORKDIR = "/opt/selgate"          # where docker/*.Dockerfile put the sources
-CACHE_MOUNT = "/cache/triton"     # the images' TRITON_CACHE_DIR
-EXTENSION_CACHE_MOUNT = "/cache/cuda"   # SELGATE_CUDA_CACHE inside: the CUDA extension's builds
-ENGINE_ERROR = 125                # what `docker run` itself exits with when the engine fails it
+WORKDIR = "/opt/selgate"  # where docker/*.Dockerfile put the sources
+CACHE_MOUNT = "/cache/triton"  # the images' TRITON_CACHE_DIR
+EXTENSION_CACHE_MOUNT = "/cache/cuda"  # SELGATE_CUDA_CACHE inside: the CUDA extension's builds
+ENGINE_ERROR = 125  # what `docker run` itself exits with when the engine fails it
 
 
 class EngineError(RuntimeError):
@@ -67,8 +68,7 @@ def device_requests(lane_cfg: dict, environ=os.environ) -> list:
         return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
     ids = [d.strip() for d in visible.split(",") if d.strip()]
     if not ids:
-        raise EngineError(f"lane {lane_cfg['name']} needs a GPU, but CUDA_VISIBLE_DEVICES={visible!r} "
-                          "names none")
+        raise EngineError(f"lane {lane_cfg['name']} needs a GPU, but CUDA_VISIBLE_DEVICES={visible!r} names none")
     return [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
 
 
@@ -88,8 +88,10 @@ def volumes(reports_dir, cache_dir, extension_cache_dir=None) -> dict:
     """reports/out/<lane> of the checkout onto the image's, the Triton cache and the CUDA
     extension's builds (both persist between runs on the host)."""
     reports_dir, cache_dir = Path(reports_dir).resolve(), Path(cache_dir).resolve()
-    out = {str(reports_dir): {"bind": f"{WORKDIR}/reports/out/{reports_dir.name}", "mode": "rw"},
-           str(cache_dir): {"bind": CACHE_MOUNT, "mode": "rw"}}
+    out = {
+        str(reports_dir): {"bind": f"{WORKDIR}/reports/out/{reports_dir.name}", "mode": "rw"},
+        str(cache_dir): {"bind": CACHE_MOUNT, "mode": "rw"},
+    }
     if extension_cache_dir is not None:
         out[str(Path(extension_cache_dir).resolve())] = {"bind": EXTENSION_CACHE_MOUNT, "mode": "rw"}
     return out
@@ -101,25 +103,38 @@ def connect():
     try:
         import docker
     except ImportError:
-        raise EngineError("docker-py is not installed (pip install 'docker>=7'); it is needed for "
-                          "--docker only") from None
+        raise EngineError("docker-py is not installed (pip install 'docker>=7'); it is needed for --docker only") from None
     try:
         client = docker.from_env()
         client.ping()
-    except Exception as e:   # docker-py raises DockerException, requests' and OS errors here
+    except Exception as e:  # docker-py raises DockerException, requests' and OS errors here
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise EngineError(f"no Docker engine reachable at {where} ({reason}); start one (as root: "
-                          "bash .ci/docker_engine.sh) or run the lane without --docker") from None
+        raise EngineError(
+            f"no Docker engine reachable at {where} ({reason}); start one (as root: "
+            "bash .ci/docker_engine.sh) or run the lane without --docker"
+        ) from None
     return client
 
 
 def build_image(client, tag: str, dockerfile: str, build_args: dict, out) -> None:
     """Build `tag` from the checkout, streaming the engine's log; EngineError on failure."""
-    print(f"[docker] building {tag} from {dockerfile} "
-          f"({', '.join(f'{k}={v}' for k, v in build_args.items()) or 'default build args'})", file=out, flush=True)
+    print(
+        f"[docker] building {tag} from {dockerfile} "
+        f"({', '.join(f'{k}={v}' for k, v in build_args.items()) or 'default build args'})",
+        file=out,
+        flush=True,
+    )
     start = time.monotonic()
-    for chunk in client.api.build(path=str(ROOT), dockerfile=dockerfile, tag=tag, buildargs=build_args,
-                                  network_mode="host", rm=True, forcerm=True, decode=True):
+    for chunk in client.api.build(
+        path=str(ROOT),
+        dockerfile=dockerfile,
+        tag=tag,
+        buildargs=build_args,
+        network_mode="host",
+        rm=True,
+        forcerm=True,
+        decode=True,
+    ):
         if "error" in chunk:
             raise EngineError(f"docker build of {tag} from {dockerfile} failed: {chunk['error'].strip()}")
         if chunk.get("stream"):
@@ -138,8 +153,10 @@ def ensure_image(client, tag: str) -> None:
         try:
             client.images.pull(tag)
         except docker.errors.APIError as e:
-            raise EngineError(f"image {tag} is neither on the engine nor pullable ({e.explanation}); "
-                              "give the lane an image.dockerfile to build it") from None
+            raise EngineError(
+                f"image {tag} is neither on the engine nor pullable ({e.explanation}); "
+                "give the lane an image.dockerfile to build it"
+            ) from None
 
 
 def _stream(container, out) -> None:
@@ -154,9 +171,16 @@ def run_container(client, tag: str, command: list, *, env: dict, mounts: dict, d
     write the bind-mounted reports folder of a checkout it does not own). An interrupt reaches
     pytest inside as SIGINT, and the run is followed until pytest has written the results it has;
     the container is removed whatever happens."""
-    container = client.containers.run(tag, command, detach=True, environment=env, volumes=mounts,
-                                      device_requests=devices or None, working_dir=WORKDIR,
-                                      user=f"{os.getuid()}:{os.getgid()}")
+    container = client.containers.run(
+        tag,
+        command,
+        detach=True,
+        environment=env,
+        volumes=mounts,
+        device_requests=devices or None,
+        working_dir=WORKDIR,
+        user=f"{os.getuid()}:{os.getgid()}",
+    )
     start = time.monotonic()
     try:
         try:
@@ -172,8 +196,9 @@ def run_container(client, tag: str, command: list, *, env: dict, mounts: dict, d
     return status
 
 
-def run_lane_in_docker(lane_cfg: dict, *, pytest_args: list[str], env: dict, reports_dir, cache_dir,
-                       extension_cache_dir=None, client=None, out=None) -> int:
+def run_lane_in_docker(
+    lane_cfg: dict, *, pytest_args: list[str], env: dict, reports_dir, cache_dir, extension_cache_dir=None, client=None, out=None
+) -> int:
     """Run `python -m pytest *pytest_args` for the lane inside its image; the container's
     exit status, or ENGINE_ERROR after one line on stderr."""
     out = out or sys.stdout
@@ -195,10 +220,17 @@ def run_lane_in_docker(lane_cfg: dict, *, pytest_args: list[str], env: dict, rep
         for cache in (cache_dir, extension_cache_dir):
             if cache is not None:
                 Path(cache).mkdir(parents=True, exist_ok=True)
-        command = ["python", "-m", "pytest", "-p", "no:cacheprovider", *pytest_args]   # the image's tree is read-only
+        command = ["python", "-m", "pytest", "-p", "no:cacheprovider", *pytest_args]  # the image's tree is read-only
         print(f"[docker] running lane {lane_cfg['name']} in {tag}: {' '.join(command)}", file=out, flush=True)
-        return run_container(client, tag, command, env=container_env(env),
-                             mounts=volumes(reports_dir, cache_dir, extension_cache_dir), devices=devices, out=out)
+        return run_container(
+            client,
+            tag,
+            command,
+            env=container_env(env),
+            mounts=volumes(reports_dir, cache_dir, extension_cache_dir),
+            devices=devices,
+            out=out,
+        )
     except (EngineError, docker.errors.DockerException) as e:
         # DockerException: e.g. a GPU lane on an engine without the NVIDIA container toolkit
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ fixtures and compiled kernels are reused. The order is the same on every xdist w
 collects and sorts the same way), which xdist requires; only the order changes, never the
 selection. A relative SELGATE_DURATIONS is taken from pytest's rootdir (the checkout, in a lane's
 image too)."""
+
 from __future__ import annotations
 
 import json
@@ -28,15 +29,14 @@ def load_durations(path) -> dict:
     data = json.loads(Path(path).read_text())
     tests = data.get("tests") if isinstance(data, dict) else None
     if not isinstance(tests, dict) or not all(isinstance(v, (int, float)) for v in tests.values()):
-        raise ValueError(f"{path}: expected {{\"tests\": {{nodeid: seconds}}, ...}}, got {str(data)[:200]}")
+        raise ValueError(f'{path}: expected {{"tests": {{nodeid: seconds}}, ...}}, got {str(data)[:200]}')
     return tests
 
 
 def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S) -> list:
     """`items` with those measured at >= costly_s first, slowest first (ties in collection
     order), then the rest in collection order."""
-    costly = sorted((i for i in items if durations.get(i.nodeid, 0.0) >= costly_s),
-                    key=lambda i: -durations[i.nodeid])
+    costly = sorted((i for i in items if durations.get(i.nodeid, 0.0) >= costly_s), key=lambda i: -durations[i.nodeid])
     chosen = {id(i) for i in costly}
     return costly + [i for i in items if id(i) not in chosen]
 
@@ -47,8 +47,9 @@ def pytest_collection_modifyitems(config, items):
     if path:
         full = Path(config.rootpath) / path
         if not full.is_file():
-            raise pytest.UsageError(f"{DURATIONS_ENV}: no durations file {full} (relative paths are taken from "
-                                    f"the rootdir {config.rootpath})")
+            raise pytest.UsageError(
+                f"{DURATIONS_ENV}: no durations file {full} (relative paths are taken from the rootdir {config.rootpath})"
+            )
         items[:] = costly_first(items, load_durations(full))
 
 
@@ -66,10 +67,15 @@ def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S)
                 tests[nodeid] = round(max(case.time, tests.get(nodeid, 0.0)), 1)
     env_file = junit.parent / "environment.json"
     env = json.loads(env_file.read_text()) if env_file.exists() else {}
-    commit = (env.get("tree") or {}).get("commit") or env.get("commit", "unknown")   # the tree the run started on
-    data = {"lane": lane, "gpu": env.get("gpu", "unknown"), "commit": commit,
-            "finished": env.get("finished", "unknown"), "min_s": min_s,
-            "tests": dict(sorted(tests.items(), key=lambda kv: (-kv[1], kv[0])))}
+    commit = (env.get("tree") or {}).get("commit") or env.get("commit", "unknown")  # the tree the run started on
+    data = {
+        "lane": lane,
+        "gpu": env.get("gpu", "unknown"),
+        "commit": commit,
+        "finished": env.get("finished", "unknown"),
+        "min_s": min_s,
+        "tests": dict(sorted(tests.items(), key=lambda kv: (-kv[1], kv[0]))),
+    }
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(data, indent=1) + "\n")
     return data

@@ -5,6 +5,7 @@ Each check runs `probe()` in a fresh interpreter with the check's env added, bec
 flags and the capability override are read from the environment that a check changes.
 On a CPU lane the probe runs Triton under TRITON_INTERPRET=1 (the dispatcher takes CPU
 tensors to Triton only with a capability override there)."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import sys
 
 from selgate.kernels import settings
 
-PROBE_L = 128   # selected keys per row: above the min-L threshold, so only policy keeps Triton off
+PROBE_L = 128  # selected keys per row: above the min-L threshold, so only policy keeps Triton off
 
 
 def triton_launches(stats: dict) -> int:
@@ -47,11 +48,11 @@ def probe_in_subprocess(env: dict, timeout: float = 600) -> dict:
     """`probe()`'s counters from a fresh interpreter with `env` added to os.environ (selgate's
     variables under their current names, so the check's env replaces a former name's value)."""
     full = {**settings.current_environ(), **settings.current_environ({k: str(v) for k, v in env.items()})}
-    proc = subprocess.run([sys.executable, "-m", "selgate.lanes.policy"], env=full, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "selgate.lanes.policy"], env=full, capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"policy probe with env {env} failed (exit {proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"policy probe with env {env} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -60,9 +61,11 @@ def judge(check: dict, stats: dict) -> tuple[bool, str]:
     launched = triton_launches(stats)
     ok = (launched > 0) == check["triton_launches"]
     want = "launch" if check["triton_launches"] else "never launch"
-    return ok, (f"{check['name']}: Triton must {want} with env {check['env']}; counted {launched} Triton "
-                f"launches, calls {stats['calls']}, fallbacks {stats['fallback_reasons']}, capability "
-                f"{stats['capability']} ({stats['capability_source']})")
+    return ok, (
+        f"{check['name']}: Triton must {want} with env {check['env']}; counted {launched} Triton "
+        f"launches, calls {stats['calls']}, fallbacks {stats['fallback_reasons']}, capability "
+        f"{stats['capability']} ({stats['capability_source']})"
+    )
 
 
 if __name__ == "__main__":

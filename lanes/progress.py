@@ -6,6 +6,7 @@ and each time another STEP_PERCENT of the tests is done:
     progress: 812/3941 tests (20 %) in 4m05s, 3.31 tests/s, about 15m45s left
 
 The rate counts from the first result, so collection and worker start-up do not dilute it."""
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ STEP_PERCENT = 5
 def clock_text(seconds: float) -> str:
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
-    return (f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s")
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 class Progress:
@@ -69,12 +70,12 @@ class ProgressPlugin:
     def _write(self, line: str | None) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if line and reporter is not None:
-            if reporter._tw.width_of_current_line:   # after xdist's progress characters
+            if reporter._tw.width_of_current_line:  # after xdist's progress characters
                 reporter._tw.line()
             reporter.write_line(line)
 
     def pytest_collection_finish(self, session):
-        if session.items:   # under xdist the controller collects nothing; its workers say the total
+        if session.items:  # under xdist the controller collects nothing; its workers say the total
             self.progress.total = len(session.items)
 
     @pytest.hookimpl(optionalhook=True)
@@ -98,5 +99,5 @@ def interval_from_env(environ=os.environ) -> float:
 
 
 def pytest_configure(config):
-    if not hasattr(config, "workerinput"):   # the controller (or a run without xdist) reports
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) reports
         config.pluginmanager.register(ProgressPlugin(config, Progress(interval_from_env())), "selgate-progress")

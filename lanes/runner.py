@@ -7,6 +7,7 @@ CUDA extension caches, and the lane's own policy checks. Locally, or in Docker t
 pytest runs with plugin autoloading off and its configuration file named (`-c
 pyproject.toml`): an installed plugin that deselects, `PYTEST_ADDOPTS` or an untracked
 `pytest.ini` cannot change what a lane runs."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,13 +33,19 @@ ROOT = LANE_DIR.parent
 OUT_ROOT = ROOT / "reports" / "out"
 POLICY_TESTS = "lanes/test_lane_policy.py"
 REFUSED_FILE = "refused.json"
-PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.lanes.xdist_gpu", "selgate.lanes.ordering",
-           "selgate.lanes.progress", "selgate.reports.stamp")
-CONFORMANCE_PLUGIN = "selgate.conformance.plugin"   # the matrix's --impl and --size, where installed
+PLUGINS = (
+    "xdist.plugin",
+    "pytest_timeout",
+    "selgate.lanes.xdist_gpu",
+    "selgate.lanes.ordering",
+    "selgate.lanes.progress",
+    "selgate.reports.stamp",
+)
+CONFORMANCE_PLUGIN = "selgate.conformance.plugin"  # the matrix's --impl and --size, where installed
 CONFIG_ARGS = ("-c", "pyproject.toml", "--rootdir", ".")
 CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 CACHE_ENV = ("TRITON_CACHE_DIR", *settings.names("SELGATE_CUDA_CACHE"))
-GPU_GB_PER_WORKER = 10      # GPU memory (GB) one worker of a GPU lane may take
+GPU_GB_PER_WORKER = 10  # GPU memory (GB) one worker of a GPU lane may take
 # An idle worker takes tests queued behind another's long one (with `load` they wait for it:
 # 2 of the CPU lane's 8 minutes were its second worker idle behind a 330 s compile).
 DIST = "worksteal"
@@ -56,7 +63,7 @@ def selection_args(lane: dict, *, policy_only: bool = False) -> list:
     """The lane's own selection: its paths and policy checks, size class and markers."""
     paths = [POLICY_TESTS] if policy_only else [*lane["paths"], POLICY_TESTS]
     args = [*paths]
-    if not policy_only:   # the conformance matrix's size class
+    if not policy_only:  # the conformance matrix's size class
         args += ["--size", lane["size"]]
     if lane["markers"]:
         args += ["-m", lane["markers"]]
@@ -66,8 +73,18 @@ def selection_args(lane: dict, *, policy_only: bool = False) -> list:
 def inventory_command(lane: dict) -> list:
     """`pytest --collect-only` of the lane's whole selection, under the lane's configuration
     and nothing else: the inventory a run of the lane must match."""
-    return [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-            *plugin_args(("pytest_timeout",)), *CONFIG_ARGS, *selection_args(lane)]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *plugin_args(("pytest_timeout",)),
+        *CONFIG_ARGS,
+        *selection_args(lane),
+    ]
 
 
 def run_env(extra: dict) -> dict:
@@ -104,12 +121,12 @@ class LanePlan:
     """Everything one lane run needs; `env` holds only what the lane adds to os.environ."""
 
     lane: dict
-    out_name: str               # reports/out/<out_name>/
+    out_name: str  # reports/out/<out_name>/
     pytest_args: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
-    cache_dir: Path = None      # TRITON_CACHE_DIR
+    cache_dir: Path = None  # TRITON_CACHE_DIR
     workers: int = 1
-    extension_cache_dir: Path = None   # SELGATE_CUDA_CACHE: the CUDA decode extension's builds
+    extension_cache_dir: Path = None  # SELGATE_CUDA_CACHE: the CUDA decode extension's builds
 
 
 def visible_gpu_count() -> int:
@@ -149,23 +166,33 @@ def lane_workers(lane: dict, workers, *, gpus: int | None, gpu_memory: int | Non
     return count * workers_per_gpu(memory, cpus or os.cpu_count() or 1, count)
 
 
-def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None, k: str | None = None,
-              emulate: bool = False, policy_only: bool = False, extra=(), gpus: int | None = None,
-              gpu_memory: int | None = None, cpus: int | None = None) -> LanePlan:
+def plan_lane(
+    lane: dict,
+    *,
+    capability: str | None,
+    workers: int | None = None,
+    k: str | None = None,
+    emulate: bool = False,
+    policy_only: bool = False,
+    extra=(),
+    gpus: int | None = None,
+    gpu_memory: int | None = None,
+    cpus: int | None = None,
+) -> LanePlan:
     """Build the pytest command line and environment for `lane` on a machine whose device
     has `capability` (None: no CUDA device). Raises ValueError when the lane cannot run here."""
     name = lane["name"]
     target = str(lane["capabilities"][0]) if lane["capabilities"] else None
     if lane["device"] == "cuda" and capability is None:
-        raise ValueError(f"lane {name}: needs a CUDA device of capability {lane['capabilities']}; "
-                         "this machine has none")
+        raise ValueError(f"lane {name}: needs a CUDA device of capability {lane['capabilities']}; this machine has none")
     if emulate and lane["device"] != "cuda":
         raise ValueError(f"lane {name}: --emulate needs a GPU lane, {name} runs on {lane['device']}")
     if lane["device"] == "cuda" and capability not in map(str, lane["capabilities"]) and not emulate:
-        raise ValueError(f"lane {name}: expects compute capability {lane['capabilities']}, this device "
-                         f"has {capability}; pass --emulate to run it under SELGATE_CAPABILITY={target}")
-    workers = lane_workers(lane, lane["workers"] if workers is None else workers, gpus=gpus,
-                           gpu_memory=gpu_memory, cpus=cpus)
+        raise ValueError(
+            f"lane {name}: expects compute capability {lane['capabilities']}, this device "
+            f"has {capability}; pass --emulate to run it under SELGATE_CAPABILITY={target}"
+        )
+    workers = lane_workers(lane, lane["workers"] if workers is None else workers, gpus=gpus, gpu_memory=gpu_memory, cpus=cpus)
     if workers < 1:
         raise ValueError(f"--workers: expected >= 1 (a crashing test needs a worker to die in), got {workers}")
 
@@ -175,9 +202,11 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     env.update(tolerance_env(lane))
     outside = settings.get(TOL_ENV)
     if outside and outside != env.get(TOL_ENV):
-        raise ValueError(f"{settings.source(TOL_ENV)}: set in the environment to {outside!r}; only "
-                         f"lanes/{name}.yaml (tolerance_overrides, with a reason and the measured error) "
-                         f"may change a tolerance: unset it")
+        raise ValueError(
+            f"{settings.source(TOL_ENV)}: set in the environment to {outside!r}; only "
+            f"lanes/{name}.yaml (tolerance_overrides, with a reason and the measured error) "
+            f"may change a tolerance: unset it"
+        )
     if lane["device"] == "cuda" and not any(n in os.environ for n in settings.names("SELGATE_CUDA_BUILD")):
         # Each worker builds (or loads) the CUDA decode extension when it imports it during
         # collection, outside any per-test timeout that could kill a build half-way; the
@@ -192,15 +221,32 @@ def plan_lane(lane: dict, *, capability: str | None, workers: int | None = None,
     extension_cache_dir = settings.get("SELGATE_CUDA_CACHE", cache_root() / "cuda")
     env["SELGATE_CUDA_CACHE"] = str(extension_cache_dir)
     durations = DURATIONS_DIR / f"{name}.json"
-    if durations.exists():   # relative to the checkout: the same file inside a lane's image
+    if durations.exists():  # relative to the checkout: the same file inside a lane's image
         env[DURATIONS_ENV] = os.path.relpath(durations, ROOT)
 
     junit = f"reports/out/{out_name}/junit.xml"
-    args = [*selection_args(lane, policy_only=policy_only), *plugin_args(), *CONFIG_ARGS,
-            "-n", str(workers), "--dist", DIST, "--max-worker-restart", str(lane["max_worker_restart"]),
-            "--timeout", str(lane["timeout"]), "--timeout-method", "thread",
-            "--junitxml", junit, "-o", "junit_family=xunit2", "-o", "console_output_style=progress",
-            "-rfE"]
+    args = [
+        *selection_args(lane, policy_only=policy_only),
+        *plugin_args(),
+        *CONFIG_ARGS,
+        "-n",
+        str(workers),
+        "--dist",
+        DIST,
+        "--max-worker-restart",
+        str(lane["max_worker_restart"]),
+        "--timeout",
+        str(lane["timeout"]),
+        "--timeout-method",
+        "thread",
+        "--junitxml",
+        junit,
+        "-o",
+        "junit_family=xunit2",
+        "-o",
+        "console_output_style=progress",
+        "-rfE",
+    ]
     if k:
         args += ["-k", k]
     args += list(extra)
@@ -212,16 +258,25 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     SIGINT or SIGTERM cuts the run: pytest still writes the results it has (`selgate.lanes.cut`)."""
     out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
-    print(f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
-          f"TRITON_CACHE_DIR={plan.cache_dir}, SELGATE_CUDA_CACHE={plan.extension_cache_dir}", flush=True)
+    print(
+        f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
+        f"TRITON_CACHE_DIR={plan.cache_dir}, SELGATE_CUDA_CACHE={plan.extension_cache_dir}",
+        flush=True,
+    )
     if docker:
         from .docker_backend import run_lane_in_docker
 
         # the image has its own paths for both caches, which the backend mounts
         env = {k: v for k, v in {**plan.env, **CLEAN_ENV}.items() if k not in CACHE_ENV}
         with Cut(raise_interrupt) as cut:
-            status = run_lane_in_docker(plan.lane, pytest_args=plan.pytest_args, env=env, reports_dir=out_dir,
-                                        cache_dir=plan.cache_dir, extension_cache_dir=plan.extension_cache_dir)
+            status = run_lane_in_docker(
+                plan.lane,
+                pytest_args=plan.pytest_args,
+                env=env,
+                reports_dir=out_dir,
+                cache_dir=plan.cache_dir,
+                extension_cache_dir=plan.extension_cache_dir,
+            )
     else:
         cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
         print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)

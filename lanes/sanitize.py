@@ -11,6 +11,7 @@ lands in valid memory and memcheck cannot see it.
 
 Writes reports/out/sanitizer/: result.json (what the gate reads), report.md, junit-sanitizer.xml
 (one test per tool, for CI displays) and each tool's full log."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 DRIVER = "selgate.lanes.sanitize_cases"
 OUT_NAME = "sanitizer"
 RESULT_FILE = "result.json"
-TIMEOUT_S = 150          # one tool's run; the four take about 4 minutes on an H100 at most
+TIMEOUT_S = 150  # one tool's run; the four take about 4 minutes on an H100 at most
 SHOWN_FINDINGS = 20
 PREFIX = "========="
 ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
@@ -41,12 +42,12 @@ RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d
 @dataclass
 class ToolResult:
     tool: str
-    exit_status: int | None        # None: timed out
+    exit_status: int | None  # None: timed out
     seconds: float
-    errors: int | None = None      # None: no summary in the output (the run did not finish)
+    errors: int | None = None  # None: no summary in the output (the run did not finish)
     warnings: int = 0
-    findings: list = field(default_factory=list)   # the first error lines, without the tool's prefix
-    tail: str = ""                 # the end of its output
+    findings: list = field(default_factory=list)  # the first error lines, without the tool's prefix
+    tail: str = ""  # the end of its output
 
     def blocking(self) -> str | None:
         """Why this tool's run blocks a release, None when it found nothing."""
@@ -79,9 +80,9 @@ def parse_output(tool: str, text: str) -> tuple[int | None, int, list]:
     for line in text.splitlines():
         if not line.startswith(PREFIX):
             continue
-        body = line[len(PREFIX):]
+        body = line[len(PREFIX) :]
         if body[:1] != " " or body[1:2].isspace() or not body.strip():
-            continue   # the banner, indented stack lines and blank lines
+            continue  # the banner, indented stack lines and blank lines
         body = body.strip()
         if "SUMMARY" in body or body.startswith(("COMPUTE-SANITIZER", "Note:", "Program hit")):
             continue
@@ -90,24 +91,35 @@ def parse_output(tool: str, text: str) -> tuple[int | None, int, list]:
 
 
 def sanitizer_command(tool: str, cases: list, sanitizer: str) -> list:
-    return [sanitizer, "--tool", tool, "--target-processes", "all", "--print-limit", "50",
-            sys.executable, "-m", DRIVER, *cases]
+    return [sanitizer, "--tool", tool, "--target-processes", "all", "--print-limit", "50", sys.executable, "-m", DRIVER, *cases]
 
 
 def child_env() -> dict:
     """The caches the lanes use, and no caching allocator."""
-    return {**settings.current_environ(), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "SELGATE_CUDA_BUILD": "1",
-            "TRITON_CACHE_DIR": str(cache_root() / "triton" / f"{OUT_NAME}-sm90"),
-            "SELGATE_CUDA_CACHE": str(settings.get("SELGATE_CUDA_CACHE", cache_root() / "cuda"))}
+    return {
+        **settings.current_environ(),
+        "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+        "SELGATE_CUDA_BUILD": "1",
+        "TRITON_CACHE_DIR": str(cache_root() / "triton" / f"{OUT_NAME}-sm90"),
+        "SELGATE_CUDA_CACHE": str(settings.get("SELGATE_CUDA_CACHE", cache_root() / "cuda")),
+    }
 
 
 def run_tool(tool: str, cases: list, sanitizer: str, out_dir: Path, timeout_s: float) -> ToolResult:
     start = time.monotonic()
     try:
-        proc = subprocess.run(sanitizer_command(tool, cases, sanitizer), cwd=ROOT, env=child_env(), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            sanitizer_command(tool, cases, sanitizer),
+            cwd=ROOT,
+            env=child_env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            check=False,
+        )
         text, status = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as e:   # its output so far comes as bytes, text mode or not
+    except subprocess.TimeoutExpired as e:  # its output so far comes as bytes, text mode or not
         out = e.stdout or b""
         text, status = out.decode(errors="replace") if isinstance(out, bytes) else out, None
     (out_dir / f"{tool}.log").write_text(text)
@@ -119,15 +131,29 @@ def write_outputs(out_dir: Path, results: list, *, cases: list, warmup: dict, tr
     """result.json, report.md and junit-sanitizer.xml; returns the result."""
     blocking = [b for r in results if (b := r.blocking())]
     if warmup["exit_status"] != 0:
-        blocking.insert(0, f"the cases failed without a sanitizer (exit {warmup['exit_status']}): "
-                           f"{last_line(warmup['tail'])}")
-    data = {"tree": tree, "gpu": gpu, "cases": cases, "warmup": warmup, "tools": [asdict(r) for r in results],
-            "blocking": blocking}
+        blocking.insert(0, f"the cases failed without a sanitizer (exit {warmup['exit_status']}): {last_line(warmup['tail'])}")
+    data = {
+        "tree": tree,
+        "gpu": gpu,
+        "cases": cases,
+        "warmup": warmup,
+        "tools": [asdict(r) for r in results],
+        "blocking": blocking,
+    }
     (out_dir / RESULT_FILE).write_text(json.dumps(data, indent=1) + "\n")
-    lines = ["# compute-sanitizer pass", "", f"GPU {gpu}, commit {tree['commit']}, cases: {', '.join(cases)}", "",
-             "| tool | errors | warnings | seconds | exit |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r.tool} | {'-' if r.errors is None else r.errors} | {r.warnings} | {r.seconds} | "
-              f"{'timeout' if r.exit_status is None else r.exit_status} |" for r in results]
+    lines = [
+        "# compute-sanitizer pass",
+        "",
+        f"GPU {gpu}, commit {tree['commit']}, cases: {', '.join(cases)}",
+        "",
+        "| tool | errors | warnings | seconds | exit |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r.tool} | {'-' if r.errors is None else r.errors} | {r.warnings} | {r.seconds} | "
+        f"{'timeout' if r.exit_status is None else r.exit_status} |"
+        for r in results
+    ]
     lines += ["", "## Blocking", ""] + ([f"- {b}" for b in blocking] or ["none"])
     for r in results:
         if r.findings:
@@ -153,18 +179,23 @@ def write_junit(path: Path, results: list) -> None:
 
 def find_sanitizer(given: str | None) -> str:
     """compute-sanitizer: `given`, else on PATH, else in the CUDA toolkit; ValueError when none."""
-    candidates = [given] if given else [shutil.which("compute-sanitizer"),
-                                        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" /
-                                            "compute-sanitizer")]
+    candidates = (
+        [given]
+        if given
+        else [
+            shutil.which("compute-sanitizer"),
+            str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer"),
+        ]
+    )
     for path in candidates:
         if path and Path(path).is_file() and os.access(path, os.X_OK):
             return path
-    raise ValueError(f"--sanitizer: no compute-sanitizer at {given or 'PATH or $CUDA_HOME/bin'} "
-                     "(it comes with the CUDA toolkit)")
+    raise ValueError(f"--sanitizer: no compute-sanitizer at {given or 'PATH or $CUDA_HOME/bin'} (it comes with the CUDA toolkit)")
 
 
-def run_pass(tools=TOOLS, cases=None, *, sanitizer: str | None = None, timeout_s: float = TIMEOUT_S,
-             out_root: Path | None = None) -> dict:
+def run_pass(
+    tools=TOOLS, cases=None, *, sanitizer: str | None = None, timeout_s: float = TIMEOUT_S, out_root: Path | None = None
+) -> dict:
     """Compile once, then each tool over the cases; the result (its `blocking` empty when clean)."""
     from selgate.reports.tree import tree_stamp
 
@@ -182,8 +213,16 @@ def run_pass(tools=TOOLS, cases=None, *, sanitizer: str | None = None, timeout_s
     out_dir.mkdir(parents=True)
     tree = tree_stamp()
     start = time.monotonic()
-    warm = subprocess.run([sys.executable, "-m", DRIVER, *cases], cwd=ROOT, env=child_env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s * 4, check=False)
+    warm = subprocess.run(
+        [sys.executable, "-m", DRIVER, *cases],
+        cwd=ROOT,
+        env=child_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout_s * 4,
+        check=False,
+    )
     warmup = {"exit_status": warm.returncode, "seconds": round(time.monotonic() - start, 1), "tail": warm.stdout[-2000:]}
     print(f"sanitize: cases compiled and run plainly in {warmup['seconds']} s (exit {warm.returncode})", flush=True)
     results = []

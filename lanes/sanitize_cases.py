@@ -5,6 +5,7 @@ that masked loads and tails run; correctness is the conformance matrix's job, no
 
 Prints one line per case and exits 1 when a case raises (a kernel under a sanitizer must still
 run), 2 without a CUDA device of SM 9.x (the Gluon kernel needs Hopper)."""
+
 from __future__ import annotations
 
 import sys
@@ -33,7 +34,7 @@ def inputs(S: int, dtype, *, grad: bool = False):
 def triton_forward_prefill():
     from selgate.kernels.triton import selection_attention_triton
 
-    q, k, v, r = inputs(8, torch.float32)   # fp32: the Triton kernel, not the Gluon pairs kernel
+    q, k, v, r = inputs(8, torch.float32)  # fp32: the Triton kernel, not the Gluon pairs kernel
     return selection_attention_triton(q, k, v, r)
 
 
@@ -63,7 +64,7 @@ def gluon_prefill():
         raise RuntimeError(f"the Gluon prefill kernel declines the case: {why}")
     o = torch.empty(B, 8, G, H, D, dtype=v.dtype, device=q.device)
     lse = torch.empty(B, 8, G, H, dtype=torch.float32, device=q.device)
-    return pairs.pair_forward(q, k, v, normalize_ranges(r, S_KV, None), scale=D ** -0.5, out=(o, lse))
+    return pairs.pair_forward(q, k, v, normalize_ranges(r, S_KV, None), scale=D**-0.5, out=(o, lse))
 
 
 def cuda_decode(kernel: str, dtype):
@@ -72,6 +73,7 @@ def cuda_decode(kernel: str, dtype):
 
         q, k, v, r = inputs(1, dtype)
         return selection_attention_cuda(q, k, v, r, kernel=kernel)
+
     return run
 
 

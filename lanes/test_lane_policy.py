@@ -1,5 +1,6 @@
 """The running lane's policy checks (`policy:` in lanes/<lane>.yaml) as tests; the lane
 runner adds this file to every lane run, with SELGATE_LANE naming the lane."""
+
 import json
 
 import pytest
@@ -17,6 +18,6 @@ CHECKS = load_lane(LANE)["policy"] if LANE else []
 @pytest.mark.parametrize("check", CHECKS, ids=[c["name"] for c in CHECKS])
 def test_lane_policy(check, request):
     stats = probe_in_subprocess(check["env"])
-    request.node.user_properties.append(("counters", json.dumps(stats, sort_keys=True)))   # evidence in JUnit
+    request.node.user_properties.append(("counters", json.dumps(stats, sort_keys=True)))  # evidence in JUnit
     ok, why = judge(check, stats)
     assert ok, why

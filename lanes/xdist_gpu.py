@@ -11,6 +11,7 @@ the process fails, which would smear one kernel bug over the rest of the worker'
 So once the faulting test's reports are sent, the worker exits: xdist records the crash
 as that test's error and restarts a clean worker for the remaining tests.
 """
+
 from __future__ import annotations
 
 import os

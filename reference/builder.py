@@ -3,6 +3,7 @@
 Ranges are chosen per group from scores summed over the group's heads, so the `h`
 heads of a group share their ranges by construction: the output has no head axis.
 """
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,9 @@ import torch
 from .ranges import normalize_ranges, query_positions
 
 
-def compressed_to_selection_scores(p_cmp: torch.Tensor, *, l_cmp: int, stride: int, l_sel: int,
-                                   n_sel_blocks: int) -> torch.Tensor:
+def compressed_to_selection_scores(
+    p_cmp: torch.Tensor, *, l_cmp: int, stride: int, l_sel: int, n_sel_blocks: int
+) -> torch.Tensor:
     """NSA Eq. 9: score of selection block j = sum over m < l_sel/stride, k < l_cmp/stride of
     `p_cmp[..., (l_sel/stride) * j - m - k]`, indices outside `[0, n_cmp)` skipped."""
     if l_sel % stride or l_cmp % stride:
@@ -26,8 +28,9 @@ def compressed_to_selection_scores(p_cmp: torch.Tensor, *, l_cmp: int, stride: i
     return torch.where(ok, gathered, torch.zeros_like(gathered)).sum(-1)
 
 
-def build_ranges(p_slc: torch.Tensor, *, G: int, l_sel: int, n: int, S_kv: int, n_local: int = 2,
-                 positions=None, dtype=torch.int32) -> torch.Tensor:
+def build_ranges(
+    p_slc: torch.Tensor, *, G: int, l_sel: int, n: int, S_kv: int, n_local: int = 2, positions=None, dtype=torch.int32
+) -> torch.Tensor:
     """Ranges [B, S, G, n, 2] from per-head block scores `p_slc` [B, S, G*h, n_blocks].
 
     Eq. 10 group sum; a block is eligible when its first key is `<= t`; block 0 and the

@@ -3,6 +3,7 @@
 Gathered K/V are the memory hog of gather-based attention. Evaluating rows in chunks
 bounds them in forward; checkpointing each chunk under autograd bounds them in backward
 too (each chunk's gather is recomputed when its gradient is needed)."""
+
 from __future__ import annotations
 
 import torch
@@ -18,10 +19,9 @@ def run_chunked(fn, row_args, chunk: int, *, const_args=()):
     """Call `fn(*row_chunk, *const_args)` on consecutive `chunk`-row slices of every tensor
     in `row_args` (split on dim 0) and concatenate each of its outputs along dim 0."""
     n = row_args[0].shape[0]
-    grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (*row_args, *const_args))
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*row_args, *const_args))
     pieces = []
     for i in range(0, n, chunk):
-        args = (*(t[i:i + chunk] for t in row_args), *const_args)
+        args = (*(t[i : i + chunk] for t in row_args), *const_args)
         pieces.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
     return tuple(torch.cat(parts) for parts in zip(*pieces))

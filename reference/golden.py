@@ -16,6 +16,7 @@ Semantics decided where SPEC.md is silent:
   softmax gets NaN in its running sum in exactly these cases. A selected score of -inf next
   to a finite one is an ordinary zero weight.
 """
+
 from __future__ import annotations
 
 import torch
@@ -58,8 +59,7 @@ def gather_rows(q_rows, k_sel, v_sel, valid, scale: float, dtype):
     return _softmax_attend(scores, valid, v_sel)
 
 
-def gather_attention(q, k, v, norm_ranges, *, scale: float, dtype=torch.float64,
-                     budget_bytes: int = DEFAULT_BUDGET_BYTES):
+def gather_attention(q, k, v, norm_ranges, *, scale: float, dtype=torch.float64, budget_bytes: int = DEFAULT_BUDGET_BYTES):
     """Gather formulation over normalised ranges, computed in `dtype`.
 
     Rows are processed in chunks whose gathered K/V stay under `budget_bytes` (see
@@ -77,8 +77,9 @@ def gather_attention(q, k, v, norm_ranges, *, scale: float, dtype=torch.float64,
         return gather_rows(q_rows, k[bi, gi, idx], v[bi, gi, idx], valid, scale, dtype)
 
     b_of_row = torch.arange(B, device=q.device).repeat_interleave(S)
-    o, lse = run_chunked(rows, (q.reshape(B * S, G, h, Dk), norm_ranges.reshape(B * S, G, -1, 2), b_of_row),
-                         chunk, const_args=(k, v))
+    o, lse = run_chunked(
+        rows, (q.reshape(B * S, G, h, Dk), norm_ranges.reshape(B * S, G, -1, 2), b_of_row), chunk, const_args=(k, v)
+    )
     return o.reshape(B, S, G, h, Dv), lse.reshape(B, S, G, h)
 
 
@@ -106,8 +107,18 @@ def _no_keys(q, k, v):
     return o, lse
 
 
-def selection_attention_ref(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
-                            formulation: str = "gather", budget_bytes: int = DEFAULT_BUDGET_BYTES):
+def selection_attention_ref(
+    q,
+    k,
+    v,
+    ranges,
+    *,
+    scale=None,
+    positions=None,
+    return_lse=False,
+    formulation: str = "gather",
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+):
     """Golden selection attention in fp64 (SPEC.md); differentiable in q, k and v.
 
     `formulation` is "gather" (default, chunked, serves long prefills) or "mask"

@@ -3,6 +3,7 @@
 All functions are vectorised over rows (no Python loop over (b, s, g)) and never
 synchronise with the device except `validate_ranges`, which must read a verdict.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,9 +51,7 @@ def normalize_ranges(ranges: torch.Tensor, S_kv: int, positions=None) -> torch.T
     out_start = out_start.scatter_reduce(-1, slot, start, reduce="amin")
     out_end = out_end.scatter_reduce(-1, slot, end, reduce="amax")
     filled = out_end[..., :n] > 0
-    out = torch.stack(
-        [torch.where(filled, out_start[..., :n], 0), torch.where(filled, out_end[..., :n], 0)], dim=-1
-    )
+    out = torch.stack([torch.where(filled, out_start[..., :n], 0), torch.where(filled, out_end[..., :n], 0)], dim=-1)
     return out.to(ranges.dtype)
 
 

@@ -3,6 +3,7 @@
 Every error names the argument, what it got and what was expected, so a caller never
 has to read a kernel to learn why a call was refused.
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ call with `B = 1`: sequence-local ranges are clamped to the sequence's own causa
 shifted by the sequence's key offset, and each query gets its absolute position. Packed
 layouts: `q` [1, T_q, G, h, Dk], `k`/`v` [1, G, T_kv, D], local `ranges` [1, T_q, G, n, 2].
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,8 +39,7 @@ def _check_cu(name: str, cu: torch.Tensor, total: int) -> None:
         raise ValueError(f"{name}: expected non-decreasing offsets from 0 to {total}, got {cu.tolist()}")
 
 
-def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                      T_kv: int | None = None):
+def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, T_kv: int | None = None):
     """Map sequence-local ranges [1, T_q, G, n, 2] to global ranges and positions [1, T_q].
 
     Within sequence i, query `s` sits at `t = s + len_k(i) - len_q(i)` (SPEC.md). `T_kv`
@@ -50,8 +50,9 @@ def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqle
     T_q = ranges.shape[1]
     _check_cu("cu_seqlens_q", cu_seqlens_q, T_q)
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
-        raise ValueError(f"cu_seqlens_k: expected shape {tuple(cu_seqlens_q.shape)} like cu_seqlens_q, "
-                         f"got {tuple(cu_seqlens_k.shape)}")
+        raise ValueError(
+            f"cu_seqlens_k: expected shape {tuple(cu_seqlens_q.shape)} like cu_seqlens_q, got {tuple(cu_seqlens_k.shape)}"
+        )
     T_kv = int(cu_seqlens_k[-1]) if T_kv is None else T_kv
     _check_cu("cu_seqlens_k", cu_seqlens_k, T_kv)
     cu_q = cu_seqlens_q.to(torch.int64)
@@ -63,7 +64,7 @@ def varlen_to_batched(ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqle
     t_local = (row - cu_q[seq]) + len_k - len_q
     local = normalize_ranges(ranges, T_kv, t_local[None]).to(torch.int64)
     shift = cu_k[seq][None, :, None, None, None]
-    real = (local[..., 1:2] > local[..., 0:1])
+    real = local[..., 1:2] > local[..., 0:1]
     # int32 ranges stay int32 unless a packed key offset passes it (they would wrap)
     dtype = ranges.dtype if T_kv <= torch.iinfo(torch.int32).max else torch.int64
     glob = torch.where(real, local + shift, 0).to(dtype)

@@ -1,5 +1,6 @@
 """`python -m selgate.reports {gate,release}`: merge the lanes' JUnit, write the Markdown
 report and exit with the verdict (0 passed, 1 blocked, 2 bad policy or arguments)."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ from .tree import tree_stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "out"
-MAX_LISTED = 20   # blocking lines on the terminal; the report has them all
+MAX_LISTED = 20  # blocking lines on the terminal; the report has them all
 
 
 def main(argv=None) -> int:
@@ -25,12 +26,20 @@ def main(argv=None) -> int:
     p.add_argument("command", choices=("gate", "release"))
     p.add_argument("--lanes", help="comma-separated lanes to require and read (replaces the profile's)")
     p.add_argument("--profile", help="gate.yaml profile (default: its default_profile; release: release)")
-    p.add_argument("--results", action="append", type=Path,
-                   help=f"folder of <lane>/junit.xml, repeatable, first wins per lane (default {OUT})")
+    p.add_argument(
+        "--results",
+        action="append",
+        type=Path,
+        help=f"folder of <lane>/junit.xml, repeatable, first wins per lane (default {OUT})",
+    )
     p.add_argument("--policy", type=Path, default=POLICY_FILE, help="gate policy YAML")
     p.add_argument("--out", type=Path, default=OUT, help="where merged.xml and the report go")
-    p.add_argument("--tree", type=Path, default=ROOT,
-                   help=f"the checkout being gated, whose commit and files the lanes must have run (default {ROOT})")
+    p.add_argument(
+        "--tree",
+        type=Path,
+        default=ROOT,
+        help=f"the checkout being gated, whose commit and files the lanes must have run (default {ROOT})",
+    )
     args = p.parse_args(argv)
     lanes = [x for x in (args.lanes or "").split(",") if x] or None
     if not args.tree.is_dir():
@@ -44,9 +53,16 @@ def main(argv=None) -> int:
         results = load_results(args.results or [OUT], lanes)
         chosen = profile_of(policy, profile)
         sanitizer = load_sanitizer(args.results or [OUT]) if chosen.get("sanitizer") else None
-        verdict = evaluate(policy, results, required, today, tree=tree_stamp(args.tree),
-                           same_commit=chosen.get("same_commit", False), sanitizer=sanitizer,
-                           require_sanitizer=chosen.get("sanitizer", False))
+        verdict = evaluate(
+            policy,
+            results,
+            required,
+            today,
+            tree=tree_stamp(args.tree),
+            same_commit=chosen.get("same_commit", False),
+            sanitizer=sanitizer,
+            require_sanitizer=chosen.get("sanitizer", False),
+        )
     except (ValueError, OSError, yaml.YAMLError) as e:  # a bad policy or lane file, not a verdict
         print(f"error: {e}", file=sys.stderr)
         return 2

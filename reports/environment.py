@@ -1,5 +1,6 @@
 """The environment stamp: what a lane's results were produced on (GPU, capability, driver,
 CUDA, torch, triton, commit, tolerance overrides and capability override in effect)."""
+
 from __future__ import annotations
 
 import datetime
@@ -27,6 +28,7 @@ def collect_environment() -> dict:
 
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = "absent"
@@ -49,8 +51,7 @@ def collect_environment() -> dict:
     }
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
-        env.update(gpu=torch.cuda.get_device_name(0), capability=f"{major}.{minor}",
-                   gpu_count=str(torch.cuda.device_count()))
+        env.update(gpu=torch.cuda.get_device_name(0), capability=f"{major}.{minor}", gpu_count=str(torch.cuda.device_count()))
         driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
         env["driver"] = driver.splitlines()[0] if driver else "unknown"
     return env

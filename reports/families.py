@@ -1,10 +1,23 @@
 """The conformance families (one pytest marker and one test module each) and how a test
 result is assigned to one."""
+
 from __future__ import annotations
 
-FAMILIES = ("parity", "backward", "gradcheck", "determinism", "empty_ranges", "bounds", "dtype",
-            "decode", "group", "varlen", "policy", "bad_input")
-HARNESS = "harness"   # the harness's own unit tests (tests/)
+FAMILIES = (
+    "parity",
+    "backward",
+    "gradcheck",
+    "determinism",
+    "empty_ranges",
+    "bounds",
+    "dtype",
+    "decode",
+    "group",
+    "varlen",
+    "policy",
+    "bad_input",
+)
+HARNESS = "harness"  # the harness's own unit tests (tests/)
 OTHER = "other"
 
 

@@ -1,5 +1,6 @@
 """The gate: the policy in gate.yaml applied to the lanes' results, giving a verdict whose
 first blocking line names what blocks."""
+
 from __future__ import annotations
 
 import datetime
@@ -31,7 +32,7 @@ WILDCARDS = ("*", "?")
 class Verdict:
     required_lanes: list
     blocking: list = field(default_factory=list)
-    quarantined: list = field(default_factory=list)   # (CaseResult, entry)
+    quarantined: list = field(default_factory=list)  # (CaseResult, entry)
     notes: list = field(default_factory=list)
 
     @property
@@ -63,13 +64,16 @@ def load_policy(path: Path = POLICY_FILE, today: datetime.date | None = None) ->
             raise ValueError(f"{path}: missing key {key!r}")
     profiles = policy["profiles"]
     if not isinstance(profiles, dict) or policy["default_profile"] not in profiles:
-        raise ValueError(f"{path}: profiles: expected a mapping holding default_profile "
-                         f"{policy['default_profile']!r}, got {profiles!r}")
+        raise ValueError(
+            f"{path}: profiles: expected a mapping holding default_profile {policy['default_profile']!r}, got {profiles!r}"
+        )
     for name, profile in profiles.items():
         lanes = profile.get("required_lanes") if isinstance(profile, dict) else None
         if not isinstance(lanes, list) or not lanes or not all(isinstance(n, str) and n for n in lanes):
-            raise ValueError(f"{path}: profiles.{name}.required_lanes: expected a non-empty list of lane "
-                             f"names (a gate that requires no lane passes on no results), got {lanes!r}")
+            raise ValueError(
+                f"{path}: profiles.{name}.required_lanes: expected a non-empty list of lane "
+                f"names (a gate that requires no lane passes on no results), got {lanes!r}"
+            )
         for flag in ("same_commit", "sanitizer"):
             if not isinstance(profile.get(flag, False), bool):
                 raise ValueError(f"{path}: profiles.{name}.{flag}: expected true or false, got {profile[flag]!r}")
@@ -91,30 +95,35 @@ def _quarantine(entry, where: str, today: datetime.date) -> dict:
     missing = [k for k in QUARANTINE_KEYS if entry.get(k) in (None, "", [])]
     unknown = sorted(set(entry) - set(QUARANTINE_KEYS))
     if missing or unknown:
-        raise ValueError(f"{where}: missing {missing}, unknown {unknown}; every entry needs exactly "
-                         f"{list(QUARANTINE_KEYS)}")
+        raise ValueError(f"{where}: missing {missing}, unknown {unknown}; every entry needs exactly {list(QUARANTINE_KEYS)}")
     test = entry["test"]
     if not isinstance(test, str) or "::" not in test:
         raise ValueError(f"{where}: test: expected a pytest node id (path::name), got {test!r}")
     if any(w in test for w in WILDCARDS):
         match = PATTERN.fullmatch(test)
         if not match or match["family"] not in FAMILIES or any(w in test.split("[", 1)[0] for w in WILDCARDS):
-            raise ValueError(f"{where}: test: a pattern may cover one family and one implementation only, "
-                             "e.g. conformance/test_parity.py::test_parity[triton-*fp16*] (module, function "
-                             f"and implementation literal), got {test!r}")
+            raise ValueError(
+                f"{where}: test: a pattern may cover one family and one implementation only, "
+                "e.g. conformance/test_parity.py::test_parity[triton-*fp16*] (module, function "
+                f"and implementation literal), got {test!r}"
+            )
     for key in ("owner", "reason"):
         if not isinstance(entry[key], str):
             raise ValueError(f"{where}: {key}: expected text, got {entry[key]!r}")
     if not LINK.search(entry["reason"]):
-        raise ValueError(f"{where}: reason: expected a link to the tracked problem (a URL or an issue "
-                         f"reference such as #12), got {entry['reason']!r}")
+        raise ValueError(
+            f"{where}: reason: expected a link to the tracked problem (a URL or an issue "
+            f"reference such as #12), got {entry['reason']!r}"
+        )
     lanes, known = entry["lanes"], known_lanes()
     if not isinstance(lanes, list) or not all(isinstance(n, str) and n in known for n in lanes):
         raise ValueError(f"{where}: lanes: expected a list of lanes among {known}, got {lanes!r}")
     expires = _date(entry["expires"], f"{where}: expires")
     if expires > today + datetime.timedelta(days=MAX_QUARANTINE_DAYS):
-        raise ValueError(f"{where}: expires: at most {MAX_QUARANTINE_DAYS} days ahead "
-                         f"({today + datetime.timedelta(days=MAX_QUARANTINE_DAYS)}), got {expires}")
+        raise ValueError(
+            f"{where}: expires: at most {MAX_QUARANTINE_DAYS} days ahead "
+            f"({today + datetime.timedelta(days=MAX_QUARANTINE_DAYS)}), got {expires}"
+        )
     return {**entry, "expires": expires}
 
 
@@ -213,8 +222,10 @@ def provenance(name: str, stamp: dict | None, tree: dict) -> list:
     elif ran != here:
         out.append(f"required lane {name} ran commit {ran}, this tree is commit {here}: rerun the lane on it")
     if stamp.get("digest") != tree["digest"]:
-        out.append(f"required lane {name} ran other files than this tree has (digest {str(stamp.get('digest'))[:12]}, "
-                   f"here {tree['digest'][:12]}): rerun the lane on this tree")
+        out.append(
+            f"required lane {name} ran other files than this tree has (digest {str(stamp.get('digest'))[:12]}, "
+            f"here {tree['digest'][:12]}): rerun the lane on this tree"
+        )
     if config := untracked_config(stamp):
         out.append(f"required lane {name} ran with untracked pytest configuration {config}: commit or remove it")
     return out
@@ -224,17 +235,16 @@ def configuration(name: str, pytest_config: dict | None) -> list:
     """Why the run's pytest configuration is not the lane's own (pyproject.toml, no addopts
     from the environment, plugins named rather than autoloaded)."""
     if not pytest_config:
-        return [f"required lane {name} recorded no pytest configuration: rerun it with "
-                f"`python -m selgate.lanes run {name}`"]
+        return [f"required lane {name} recorded no pytest configuration: rerun it with `python -m selgate.lanes run {name}`"]
     out = []
     if pytest_config.get("inifile") != "pyproject.toml":
-        out.append(f"required lane {name} read its pytest configuration from {pytest_config.get('inifile')!r}, "
-                   "not pyproject.toml")
+        out.append(
+            f"required lane {name} read its pytest configuration from {pytest_config.get('inifile')!r}, not pyproject.toml"
+        )
     if pytest_config.get("env_addopts"):
         out.append(f"required lane {name} ran under PYTEST_ADDOPTS={pytest_config['env_addopts']!r}")
     if pytest_config.get("autoload", True):
-        out.append(f"required lane {name} ran with pytest plugin autoloading on (any installed plugin could "
-                   "deselect tests)")
+        out.append(f"required lane {name} ran with pytest plugin autoloading on (any installed plugin could deselect tests)")
     return out
 
 
@@ -246,8 +256,10 @@ def tolerances(name: str, environment: dict, cfg: dict | None) -> list:
     wanted = tolerance_env(cfg).get(ENV, "none") if cfg else "none"
     ran = environment.get("tolerance_overrides", "none")
     if ran != wanted:
-        return [f"required lane {name} ran with {ENV}={ran!r}, its lane YAML gives {wanted!r}: only "
-                "tolerance_overrides in the lane YAML (with a reason and the measured error) may change a tolerance"]
+        return [
+            f"required lane {name} ran with {ENV}={ran!r}, its lane YAML gives {wanted!r}: only "
+            "tolerance_overrides in the lane YAML (with a reason and the measured error) may change a tolerance"
+        ]
     return []
 
 
@@ -256,8 +268,10 @@ def cut_short(name: str, cut: dict) -> str:
     by = f"by {cut['signal']}" if cut.get("signal") else f"({cut.get('reason') or 'interrupted'})"
     done, total = cut.get("tests_done", 0), cut.get("tests_collected", 0)
     share = f" ({100 * done // total} %)" if total else ""
-    return (f"required lane {name} cut short {by} after {done} of {total} tests{share}: its JUnit holds the "
-            f"results it has; rerun the lane to completion (`python -m selgate.lanes run {name}`)")
+    return (
+        f"required lane {name} cut short {by} after {done} of {total} tests{share}: its JUnit holds the "
+        f"results it has; rerun the lane to completion (`python -m selgate.lanes run {name}`)"
+    )
 
 
 def inventory_gaps(name: str, lane: LaneResult, cfg: dict | None) -> list:
@@ -268,16 +282,26 @@ def inventory_gaps(name: str, lane: LaneResult, cfg: dict | None) -> list:
     if not inventory:
         return [f"required lane {name} has no inventory.json: rerun it with `python -m selgate.lanes run {name}`"]
     if inventory.get("exitstatus") not in (0, 5):
-        return [f"required lane {name}: collecting its inventory failed (pytest exit {inventory.get('exitstatus')}): "
-                + " ".join(str(inventory.get("output", "")).split())[-300:]]
+        return [
+            f"required lane {name}: collecting its inventory failed (pytest exit {inventory.get('exitstatus')}): "
+            + " ".join(str(inventory.get("output", "")).split())[-300:]
+        ]
     # a module that failed to collect reports under its path, and blocks as an error of its own
     gaps = difference(inventory.get("ids", []), [c.nodeid for c in lane.cases if "::" in c.nodeid])
     return [f"required lane {name} ran another set than its selection collects: {'; '.join(gaps)}"] if gaps else []
 
 
-def evaluate(policy: dict, results: dict, required: list, today: datetime.date | None = None, *,
-             tree: dict, same_commit: bool = False, sanitizer: dict | None = None,
-             require_sanitizer: bool = False) -> Verdict:
+def evaluate(
+    policy: dict,
+    results: dict,
+    required: list,
+    today: datetime.date | None = None,
+    *,
+    tree: dict,
+    same_commit: bool = False,
+    sanitizer: dict | None = None,
+    require_sanitizer: bool = False,
+) -> Verdict:
     """Apply the policy to `{lane: LaneResult}` gated for `tree` (the tree stamp of what is
     being gated); blocking lines come most fundamental first. `same_commit` (a profile's
     flag, set for releases): the gated tree must be committed, with no change beside it.
@@ -286,21 +310,28 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
     v = Verdict(required)
     family_gaps = []
     if not FULL_COMMIT.fullmatch(str(tree["commit"])):
-        v.blocking.append(f"the tree being gated names no full commit ({tree['commit']!r}): gate a git checkout, "
-                          "or set GITHUB_SHA / SELGATE_COMMIT to its full commit id")
+        v.blocking.append(
+            f"the tree being gated names no full commit ({tree['commit']!r}): gate a git checkout, "
+            "or set GITHUB_SHA / SELGATE_COMMIT to its full commit id"
+        )
     if same_commit and tree.get("dirty"):
-        v.blocking.append(f"the tree being gated has uncommitted changes to files that can change a run "
-                          f"({', '.join(tree.get('untracked') or []) or 'tracked files'}): a release gates one "
-                          "committed tree")
+        v.blocking.append(
+            f"the tree being gated has uncommitted changes to files that can change a run "
+            f"({', '.join(tree.get('untracked') or []) or 'tracked files'}): a release gates one "
+            "committed tree"
+        )
     for entry in policy["quarantine"]:
         if entry["expires"] < today:
-            v.blocking.append(f"quarantine of {entry['test']} (owner {entry['owner']}) expired on "
-                              f"{entry['expires']}: fix the test or renew the entry")
+            v.blocking.append(
+                f"quarantine of {entry['test']} (owner {entry['owner']}) expired on "
+                f"{entry['expires']}: fix the test or renew the entry"
+            )
     for name in required:
         lane: LaneResult | None = results.get(name)
         if lane is None:
-            v.blocking.append(f"required lane {name} missing: no {name}/junit.xml in the results "
-                              f"(run `python -m selgate.lanes run {name}`)")
+            v.blocking.append(
+                f"required lane {name} missing: no {name}/junit.xml in the results (run `python -m selgate.lanes run {name}`)"
+            )
             continue
         if lane.refused is not None:
             v.blocking.append(f"required lane {name} never ran: the lane runner refused it ({lane.refused})")
@@ -310,11 +341,12 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
         status = (env or {}).get("pytest_exitstatus")
         cfg = _lane_config(name)
         if env is None:
-            v.blocking.append(f"required lane {name} unstamped: no environment.json beside {lane.junit} "
-                              "(not run through `python -m selgate.lanes run`)")
+            v.blocking.append(
+                f"required lane {name} unstamped: no environment.json beside {lane.junit} "
+                "(not run through `python -m selgate.lanes run`)"
+            )
         elif env.get("lane") != name:
-            v.blocking.append(f"required lane {name} foreign: {lane.junit} was written by lane "
-                              f"{env.get('lane')!r}")
+            v.blocking.append(f"required lane {name} foreign: {lane.junit} was written by lane {env.get('lane')!r}")
         elif env.get("cut"):
             v.blocking.append(cut_short(name, env["cut"]))
         elif status in ABORTED:
@@ -324,8 +356,10 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
             v.blocking += configuration(name, env.get("pytest"))
             v.blocking += tolerances(name, env, cfg)
             if short := narrowing(name, env.get("selection") or {}):
-                v.blocking.append(f"required lane {name} narrowed: run with {'; '.join(short)} (the gate needs "
-                                  f"the lane's whole selection: `python -m selgate.lanes run {name}`)")
+                v.blocking.append(
+                    f"required lane {name} narrowed: run with {'; '.join(short)} (the gate needs "
+                    f"the lane's whole selection: `python -m selgate.lanes run {name}`)"
+                )
             v.blocking += inventory_gaps(name, lane, cfg)
         if not lane.cases:
             v.blocking.append(f"required lane {name} empty: {lane.junit} holds no tests")
@@ -334,8 +368,10 @@ def evaluate(policy: dict, results: dict, required: list, today: datetime.date |
         for family in lane_families(policy, name):
             fc = lane.counts(family)
             if fc["pass"] == 0 and lane.cases:
-                family_gaps.append(f"required lane {name}: family {family} has no passing test "
-                                  f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})")
+                family_gaps.append(
+                    f"required lane {name}: family {family} has no passing test "
+                    f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})"
+                )
     for lane in results.values():
         if lane.refused is not None and lane.name not in required:
             v.blocking.append(f"lane {lane.name} never ran: the lane runner refused it ({lane.refused})")

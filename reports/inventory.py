@@ -6,6 +6,7 @@ implementation.
 It is collected on the lane's machine while the run starts, not at gate time: what a lane
 collects depends on its device and installed extensions, which the gate's machine (a CPU
 runner gating GPU evidence) does not have, and one extra collection is cheap next to a run."""
+
 from __future__ import annotations
 
 import subprocess
@@ -30,8 +31,14 @@ def start_inventory(lane: str, xmlpath: str, rootdir) -> subprocess.Popen | None
         return None
     if Path(xmlpath).resolve().parts[-4:] != ("reports", "out", lane, "junit.xml"):
         return None
-    return subprocess.Popen(inventory_command(load_lane(base)), cwd=rootdir, env=run_env({}), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        inventory_command(load_lane(base)),
+        cwd=rootdir,
+        env=run_env({}),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def collect_inventory(proc: subprocess.Popen) -> dict:
@@ -41,11 +48,10 @@ def collect_inventory(proc: subprocess.Popen) -> dict:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-    listing = out.split("\n\n", 1)[0]   # -q lists node ids, then a blank line, then the summary
+    listing = out.split("\n\n", 1)[0]  # -q lists node ids, then a blank line, then the summary
     ids = [line for line in listing.splitlines() if "::" in line]
     failed = proc.returncode not in (0, 5)
-    return {"command": list(proc.args), "exitstatus": proc.returncode, "ids": ids,
-            "output": out[-3000:] if failed else ""}
+    return {"command": list(proc.args), "exitstatus": proc.returncode, "ids": ids, "output": out[-3000:] if failed else ""}
 
 
 def group_of(nodeid: str) -> str:

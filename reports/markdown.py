@@ -1,6 +1,7 @@
 """The Markdown report a person reads: families x lanes counts, the blocking lines, each
 failure with a one-line repro and its seed, quarantined tests, then the environments.
 Kept under GitHub's 1 MiB step-summary limit by dropping failure lines past the budget."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,22 @@ from .gate import Verdict
 from .results import OUTCOMES
 
 SUMMARY_LIMIT = 1024 * 1024
-ENV_KEYS = ("gpu", "capability", "capability_override", "driver", "cuda", "torch", "triton", "triton_interpret",
-            "python", "commit", "tolerance_overrides", "host", "finished", "pytest_exitstatus")
+ENV_KEYS = (
+    "gpu",
+    "capability",
+    "capability_override",
+    "driver",
+    "cuda",
+    "torch",
+    "triton",
+    "triton_interpret",
+    "python",
+    "commit",
+    "tolerance_overrides",
+    "host",
+    "finished",
+    "pytest_exitstatus",
+)
 
 
 def _lane_cfg(lane: str) -> dict | None:
@@ -45,11 +60,15 @@ def _selection(sel: dict | None) -> str:
     """A run's recorded selection in one table cell."""
     if not sel:
         return "?"
-    parts = [" ".join(sel.get("paths", [])), f"-m {sel['m']!r}" if sel.get("m") else "",
-             f"-k {sel['k']!r}" if sel.get("k") else "", f"--impl {sel['impl']}" if sel.get("impl") else "",
-             f"--size {sel.get('size')}",
-             *(f"--{o} {' '.join(sel[o])}" for o in ("deselect", "ignore") if sel.get(o)),
-             "--lf" if sel.get("last_failed") else ""]
+    parts = [
+        " ".join(sel.get("paths", [])),
+        f"-m {sel['m']!r}" if sel.get("m") else "",
+        f"-k {sel['k']!r}" if sel.get("k") else "",
+        f"--impl {sel['impl']}" if sel.get("impl") else "",
+        f"--size {sel.get('size')}",
+        *(f"--{o} {' '.join(sel[o])}" for o in ("deselect", "ignore") if sel.get(o)),
+        "--lf" if sel.get("last_failed") else "",
+    ]
     return " ".join(p for p in parts if p).replace("|", "\\|")
 
 
@@ -58,42 +77,57 @@ def _cell(counts: dict) -> str:
     return f"**{cell}**" if counts["fail"] or counts["error"] else cell
 
 
-def render(results: dict, verdict: Verdict, *, title: str = "selgate gate report",
-           max_bytes: int = SUMMARY_LIMIT) -> str:
+def render(results: dict, verdict: Verdict, *, title: str = "selgate gate report", max_bytes: int = SUMMARY_LIMIT) -> str:
     lanes = list(dict.fromkeys([*verdict.required_lanes, *results]))
     present = [n for n in lanes if n in results]
     head = [f"# {title}", "", f"**{verdict.headline()}**", ""]
     seen = {c.family for r in results.values() for c in r.cases}
     families = [*FAMILIES, *(f for f in (HARNESS, OTHER) if f in seen)]
-    table = ["## Results by family", "", "Cells: pass/fail/error/skip/xfail.", "",
-             "| family | " + " | ".join(f"{n}" + ("" if n in results else " (missing)") for n in lanes) + " |",
-             "| --- |" + " --- |" * len(lanes)]
+    table = [
+        "## Results by family",
+        "",
+        "Cells: pass/fail/error/skip/xfail.",
+        "",
+        "| family | " + " | ".join(f"{n}" + ("" if n in results else " (missing)") for n in lanes) + " |",
+        "| --- |" + " --- |" * len(lanes),
+    ]
     for family in families:
-        table.append(f"| {family} | " + " | ".join(_cell(results[n].counts(family)) if n in results else "-"
-                                                    for n in lanes) + " |")
+        table.append(
+            f"| {family} | " + " | ".join(_cell(results[n].counts(family)) if n in results else "-" for n in lanes) + " |"
+        )
     table.append("| **all** | " + " | ".join(_cell(results[n].counts()) if n in results else "-" for n in lanes) + " |")
     blocking = ["", "## Blocking", ""] + ([f"- {b}" for b in verdict.blocking] or ["none"])
     notes = ["", "## Notes", ""] + [f"- {n}" for n in verdict.notes] if verdict.notes else []
-    quarantine = notes + ["", "## Quarantined (not blocking until expiry)", ""] + (
-        [f"- {c.lane}: {c.outcome} `{c.nodeid}`: owner {e['owner']}, expires {e['expires']}: {e['reason']}"
-         for c, e in verdict.quarantined] or ["none"])
+    quarantine = (
+        notes
+        + ["", "## Quarantined (not blocking until expiry)", ""]
+        + (
+            [
+                f"- {c.lane}: {c.outcome} `{c.nodeid}`: owner {e['owner']}, expires {e['expires']}: {e['reason']}"
+                for c, e in verdict.quarantined
+            ]
+            or ["none"]
+        )
+    )
     env = ["", "## Environment", "", "| | " + " | ".join(present) + " |", "| --- |" + " --- |" * len(present)]
     for key in ENV_KEYS:
         env.append(f"| {key} | " + " | ".join(str((results[n].environment or {}).get(key, "?")) for n in present) + " |")
-    env.append("| selection | " + " | ".join(_selection((results[n].environment or {}).get("selection"))
-                                              for n in present) + " |")
+    env.append("| selection | " + " | ".join(_selection((results[n].environment or {}).get("selection")) for n in present) + " |")
     fixed = "\n".join(head + table + blocking + quarantine + env) + "\n"
 
     failures = [c for n in present for c in results[n].cases if c.outcome in ("fail", "error")]
     lines, budget = [], max_bytes - len(fixed.encode()) - 2048
     for i, c in enumerate(failures):
         seed = c.seed if c.seed else "none recorded"
-        entry = (f"- **{c.lane}** {c.outcome} `{c.nodeid}` (seed {seed}): {c.message}\n"
-                 f"  `{repro_command(c, results[c.lane].environment)}`")
+        entry = (
+            f"- **{c.lane}** {c.outcome} `{c.nodeid}` (seed {seed}): {c.message}\n"
+            f"  `{repro_command(c, results[c.lane].environment)}`"
+        )
         budget -= len(entry.encode()) + 1
         if budget < 0:
-            lines.append(f"- ... {len(failures) - i} more failures omitted to stay under "
-                         f"{max_bytes} bytes; the merged JUnit has them all")
+            lines.append(
+                f"- ... {len(failures) - i} more failures omitted to stay under {max_bytes} bytes; the merged JUnit has them all"
+            )
             break
         lines.append(entry)
     fail_section = ["", "## Failures", ""] + (lines or ["none"])

@@ -1,6 +1,7 @@
 """The release-gate report: the gate under the `release` profile plus, for each GPU the
 lanes ran on, the latest benchmark tables against their baseline (whose regressions also
 block)."""
+
 from __future__ import annotations
 
 from .gate import Verdict

@@ -2,6 +2,7 @@
 lane's inventory.json, or the note of a run refused before it started) with junitparser,
 one outcome per test, and merged into one JUnit file whose suites carry their lane and
 environment as properties."""
+
 from __future__ import annotations
 
 import gzip
@@ -16,7 +17,7 @@ from .families import family_of
 from .inventory import INVENTORY_FILE
 
 OUTCOMES = ("pass", "fail", "error", "skip", "xfail")
-_RANK = {"pass": 0, "skip": 1, "xfail": 2, "fail": 3, "error": 4}   # a repeated test keeps its worst
+_RANK = {"pass": 0, "skip": 1, "xfail": 2, "fail": 3, "error": 4}  # a repeated test keeps its worst
 
 
 @dataclass
@@ -35,8 +36,8 @@ class LaneResult:
     junit: Path
     environment: dict | None
     cases: list = field(default_factory=list)
-    inventory: dict | None = None   # the lane's own selection, collected apart from the run
-    refused: str | None = None      # why the lane runner refused to start the run
+    inventory: dict | None = None  # the lane's own selection, collected apart from the run
+    refused: str | None = None  # why the lane runner refused to start the run
 
     def counts(self, family: str | None = None) -> dict:
         out = dict.fromkeys(OUTCOMES, 0)
@@ -70,9 +71,11 @@ def _nodeid(case) -> str:
     if not case.classname:
         return case.name.replace(".", "/") + ".py"
     parts = case.classname.split(".")
-    mod = next((i for i in range(len(parts) - 1, -1, -1) if parts[i].startswith("test")
-                and not parts[i].startswith("Test")), len(parts) - 1)
-    return "/".join(parts[:mod + 1]) + ".py::" + "::".join([*parts[mod + 1:], case.name])
+    mod = next(
+        (i for i in range(len(parts) - 1, -1, -1) if parts[i].startswith("test") and not parts[i].startswith("Test")),
+        len(parts) - 1,
+    )
+    return "/".join(parts[: mod + 1]) + ".py::" + "::".join([*parts[mod + 1 :], case.name])
 
 
 def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
@@ -126,7 +129,7 @@ def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
         for case in suite:
             props = _properties(case)
             if not (props.get("nodeid") or case.name):
-                continue   # a test in flight when the run was cut: pytest leaves an empty element, no result
+                continue  # a test in flight when the run was cut: pytest leaves an empty element, no result
             nodeid = props.get("nodeid") or _nodeid(case)
             outcome, message = _outcome(case)
             family = props.get("family") or family_of(nodeid)

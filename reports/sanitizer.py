@@ -2,6 +2,7 @@
 `python -m selgate.lanes sanitize` on a Hopper GPU) must exist, come from the tree being gated,
 cover every tool, and have found nothing. Each tool's verdict is recomputed from its recorded
 counts, never taken from the file's own `blocking` list."""
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,11 @@ def sanitizer_blocking(result: dict | None, tree: dict) -> list:
     stamp = result.get("tree") or {}
     out = []
     if stamp.get("commit") != tree["commit"] or stamp.get("digest") != tree["digest"]:
-        out.append(f"the compute-sanitizer pass ran commit {stamp.get('commit')!r} (digest "
-                   f"{str(stamp.get('digest'))[:12]}), this tree is {tree['commit']} ({tree['digest'][:12]}): "
-                   f"rerun it ({RUN})")
+        out.append(
+            f"the compute-sanitizer pass ran commit {stamp.get('commit')!r} (digest "
+            f"{str(stamp.get('digest'))[:12]}), this tree is {tree['commit']} ({tree['digest'][:12]}): "
+            f"rerun it ({RUN})"
+        )
     warmup = result.get("warmup") or {}
     if warmup.get("exit_status") != 0:
         out.append(f"the compute-sanitizer pass: its cases failed without a sanitizer (exit {warmup.get('exit_status')})")

@@ -6,6 +6,7 @@ arguments and configuration files, what the run selected and, for a run cut shor
 got (environment.json), and, in a lane run, the lane's inventory collected apart from the run
 (inventory.json). The gate compares all of it with the lane and the tree it gates, so a
 narrowed, cut, foreign or differently configured run cannot stand in for the lane."""
+
 from __future__ import annotations
 
 import json
@@ -53,15 +54,20 @@ def pytest_collection_modifyitems(items):
 
 def selection_of(config) -> dict:
     """The run's selection: positional paths, -k, -m, --size, --impl, --deselect, --ignore, --lf."""
+
     def norm(path: str) -> str:
         return path.removeprefix("./").rstrip("/")
 
-    return {"paths": [norm(a) for a in config.args], "k": config.option.keyword or "",
-            "m": config.option.markexpr or "", "size": config.getoption("--size", None),
-            "impl": config.getoption("--impl", None),
-            "deselect": [norm(a) for a in config.getoption("deselect", None) or []],
-            "ignore": [norm(a) for a in config.getoption("ignore", None) or []],
-            "last_failed": bool(config.getoption("lf", False))}
+    return {
+        "paths": [norm(a) for a in config.args],
+        "k": config.option.keyword or "",
+        "m": config.option.markexpr or "",
+        "size": config.getoption("--size", None),
+        "impl": config.getoption("--impl", None),
+        "deselect": [norm(a) for a in config.getoption("deselect", None) or []],
+        "ignore": [norm(a) for a in config.getoption("ignore", None) or []],
+        "last_failed": bool(config.getoption("lf", False)),
+    }
 
 
 def configuration_of(config) -> dict:
@@ -74,15 +80,24 @@ def configuration_of(config) -> dict:
         path = Path(path)
         return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
 
-    conftests = {rel(p.__file__) for p in config.pluginmanager.get_plugins()
-                 if Path(getattr(p, "__file__", None) or "x").name == "conftest.py"}
-    plugins = {name for name, p in config.pluginmanager.list_name_plugin()
-               if p is not None and os.sep not in name and not name.isdigit()}
-    return {"args": list(config.invocation_params.args), "inifile": rel(config.inipath) if config.inipath else None,
-            "rootdir": str(root), "ini_addopts": list(config.getini("addopts")),
-            "env_addopts": os.environ.get("PYTEST_ADDOPTS", ""),
-            "autoload": os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "") == "",
-            "conftests": sorted(conftests), "plugins": sorted(plugins)}
+    conftests = {
+        rel(p.__file__)
+        for p in config.pluginmanager.get_plugins()
+        if Path(getattr(p, "__file__", None) or "x").name == "conftest.py"
+    }
+    plugins = {
+        name for name, p in config.pluginmanager.list_name_plugin() if p is not None and os.sep not in name and not name.isdigit()
+    }
+    return {
+        "args": list(config.invocation_params.args),
+        "inifile": rel(config.inipath) if config.inipath else None,
+        "rootdir": str(root),
+        "ini_addopts": list(config.getini("addopts")),
+        "env_addopts": os.environ.get("PYTEST_ADDOPTS", ""),
+        "autoload": os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "") == "",
+        "conftests": sorted(conftests),
+        "plugins": sorted(plugins),
+    }
 
 
 def _controller_xml(config) -> str | None:
@@ -107,10 +122,13 @@ def cut_record(session) -> dict:
     done and the tests collected (0 when the run was cut during collection)."""
     kind, message = _interrupt or (None, "")
     keyboard = kind is KeyboardInterrupt
-    reason = ("KeyboardInterrupt" if keyboard else message or str(session.shouldstop or session.shouldfail
-                                                                     or "interrupted"))
-    return {"signal": "SIGINT" if keyboard else None, "reason": reason, "tests_done": len(_done),
-            "tests_collected": int(session.testscollected)}
+    reason = "KeyboardInterrupt" if keyboard else message or str(session.shouldstop or session.shouldfail or "interrupted")
+    return {
+        "signal": "SIGINT" if keyboard else None,
+        "reason": reason,
+        "tests_done": len(_done),
+        "tests_collected": int(session.testscollected),
+    }
 
 
 def pytest_sessionstart(session):
@@ -145,9 +163,8 @@ def pytest_sessionfinish(session, exitstatus):
     pending = config.stash.get(INVENTORY, None)
     if pending is None:
         return
-    if "cut" in env:   # the cut blocks the lane on its own; a machine going away gives no time to wait
+    if "cut" in env:  # the cut blocks the lane on its own; a machine going away gives no time to wait
         pending.kill()
         pending.wait()
         return
     (out / INVENTORY_FILE).write_text(json.dumps(collect_inventory(pending), indent=1) + "\n")
-

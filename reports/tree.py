@@ -2,6 +2,7 @@
 (code, configuration, pytest configuration, test data), tracked or untracked. The gate
 compares it with the tree being gated, so results from another commit, another working
 tree or a tree with an extra `pytest.ini` cannot stand in for this one."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,26 @@ from selgate.kernels import settings
 ROOT = Path(__file__).resolve().parent.parent
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
 # What a run reads: sources, configuration and test data. Prose cannot change a run.
-RUN_SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".json", ".csv", ".txt", ".sh",
-                ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
+RUN_SUFFIXES = (
+    ".py",
+    ".pyi",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".ini",
+    ".cfg",
+    ".json",
+    ".csv",
+    ".txt",
+    ".sh",
+    ".cu",
+    ".cuh",
+    ".cpp",
+    ".cc",
+    ".c",
+    ".h",
+    ".hpp",
+)
 NOT_RUN = ("docs/", "reports/evidence/", "reports/out/")
 # Files pytest reads its own configuration from; untracked, they can narrow a run unseen.
 PYTEST_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "conftest.py", "pyproject.toml")
@@ -74,12 +93,11 @@ def tree_stamp(root: Path = ROOT) -> dict:
     files = 0
     for path in sorted({p for p in paths if p and runs(p)}):
         full = root / path
-        if not full.is_file():   # tracked but deleted in the working tree
+        if not full.is_file():  # tracked but deleted in the working tree
             continue
         digest.update(path.encode() + b"\0" + hashlib.sha256(full.read_bytes()).digest())
         files += 1
-    return {"commit": commit(root), "digest": digest.hexdigest(), "files": files, "untracked": untracked,
-            "dirty": dirty}
+    return {"commit": commit(root), "digest": digest.hexdigest(), "files": files, "untracked": untracked, "dirty": dirty}
 
 
 def untracked_config(stamp: dict) -> list[str]:

@@ -1,11 +1,11 @@
 """`selgate <tool> ...`: one console script for the package's command-line modules."""
+
 from __future__ import annotations
 
 import runpy
 import sys
 
-TOOLS = {"check": "selgate.conformance.check", "lanes": "selgate.lanes", "reports": "selgate.reports",
-         "bench": "selgate.bench"}
+TOOLS = {"check": "selgate.conformance.check", "lanes": "selgate.lanes", "reports": "selgate.reports", "bench": "selgate.bench"}
 
 
 def main(argv=None) -> None:

@@ -1,5 +1,6 @@
 """Inputs and checks for the harness's own unit tests: random inputs, NaN-poisoned K/V, and
 SPEC.md's acceptance against the fp64 reference."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,7 @@ def clean_dispatcher(monkeypatch):
     reset_stats()
 
 
-def random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.float64, seed=0,
-                  lo=-3, hi=None, requires_grad=False):
+def random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.float64, seed=0, lo=-3, hi=None, requires_grad=False):
     """q, k, v and raw ranges with overlaps, padding and out-of-bounds ends."""
     g = torch.Generator().manual_seed(seed)
     hi = S_kv + 4 if hi is None else hi
@@ -73,5 +73,4 @@ def assert_matches_reference(q, k, v, norm, o, lse, *, positions=None):
             continue
         low_err = (low.double() - ref).abs().max()
         bound = 2 * low_err + 2 * eps * ref.abs().max()
-        assert err.max() <= bound and err.mean() <= 1e-3, \
-            f"{name}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g}"
+        assert err.max() <= bound and err.mean() <= 1e-3, f"{name}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g}"

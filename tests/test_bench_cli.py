@@ -1,4 +1,5 @@
 """`python -m selgate.bench sel` on tiny CPU shapes: tables, metrics, robustness, arguments."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ def run(tmp_path, capsys, *args):
 
 
 def test_decode_smoke_tables_and_metrics(tmp_path, capsys):
-    rows, out = run(tmp_path, capsys, "--dtype", "fp32", "--dist", "few,mixed",
-                    "--backends", "sdpa,masked_sdpa,gather_sdpa,reference")
+    rows, out = run(
+        tmp_path, capsys, "--dtype", "fp32", "--dist", "few,mixed", "--backends", "sdpa,masked_sdpa,gather_sdpa,reference"
+    )
     assert len(rows) == 4 * 4 and {r["status"] for r in rows} == {"ok"} and {r["parity"] for r in rows} == {"ok"}
     assert out.rstrip().splitlines()[-1].startswith("files: ") and "## selgate bench summary" in out
     assert rows[0]["software"].startswith(f"torch {torch.__version__}")
@@ -42,8 +44,22 @@ def test_decode_smoke_tables_and_metrics(tmp_path, capsys):
 
 
 def test_prefill_smoke_skips_what_does_not_apply(tmp_path, capsys):
-    rows, _ = run(tmp_path, capsys, "--T", "64", "--heads", "4", "--groups", "2", "--l_sel", "8", "--n_blocks", "3",
-                  "--backends", "sdpa,gather_sdpa,dense_causal,fla_nsa,cuda")
+    rows, _ = run(
+        tmp_path,
+        capsys,
+        "--T",
+        "64",
+        "--heads",
+        "4",
+        "--groups",
+        "2",
+        "--l_sel",
+        "8",
+        "--n_blocks",
+        "3",
+        "--backends",
+        "sdpa,gather_sdpa,dense_causal,fla_nsa,cuda",
+    )
     got = {r["method"]: r for r in rows}
     assert got["sdpa"]["status"] == "ok" and got["sdpa"]["parity"] == "ok" and got["sdpa"]["dtype"] == "bfloat16"
     assert got["gather_sdpa"]["parity"] == "ok"
@@ -56,7 +72,9 @@ def test_a_failing_backend_is_logged_and_the_sweep_goes_on(tmp_path, capsys, mon
     def broken(p, x):
         def call():
             raise RuntimeError("kernel exploded\nsecond line")
+
         return call
+
     monkeypatch.setitem(baselines.METHODS, "broken", baselines.Method("broken", True, broken))
     rows, out = run(tmp_path, capsys, "--dtype", "fp32", "--backends", "broken,sdpa")
     assert [r["status"] for r in rows] == ["error", "ok"] * 2
@@ -73,11 +91,14 @@ def test_time_budget_skips_the_rest_and_default_output_folder(tmp_path, capsys, 
     assert [r["status"] for r in rows] == ["skip", "skip"] and "time budget" in rows[0]["note"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--dist", "some"], "expected a comma-separated subset of"),
-    (["--backends", "sdpa,nope"], "backend: expected one of"),
-    (["--N", "1x"], "expected comma-separated integers"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dist", "some"], "expected a comma-separated subset of"),
+        (["--backends", "sdpa,nope"], "backend: expected one of"),
+        (["--N", "1x"], "expected comma-separated integers"),
+    ],
+)
 def test_bad_arguments_are_named(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         main([*TINY, *args])
@@ -100,12 +121,13 @@ def test_presets_hold_the_acceptance_and_seed_matrices():
     assert (pf.kv_layout, pf_key.kv_layout) == ("separate", "key") and pf_key.key == pf.key + " kv=key"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="Triton runs on CPU only under TRITON_INTERPRET=1 (bin/test sets it)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton runs on CPU only under TRITON_INTERPRET=1 (bin/test sets it)",
+)
 def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
     """fp32 only: the interpreter computes bf16 wrongly (triton-lang/triton#11584)."""
-    rows, _ = run(tmp_path, capsys, "--N", "2", "--L_list", "16", "--dtype", "fp32",
-                  "--backends", "sdpa,triton,triton@16x4x2")
+    rows, _ = run(tmp_path, capsys, "--N", "2", "--L_list", "16", "--dtype", "fp32", "--backends", "sdpa,triton,triton@16x4x2")
     got = {r["method"]: r for r in rows}
     assert got["triton"]["status"] == "ok" and got["triton"]["parity"] == "ok"
     assert got["triton@16x4x2"]["parity"] == "ok" and got["triton@16x4x2"]["kernel_config"] == "16x4x2"
@@ -113,16 +135,23 @@ def test_triton_smoke_under_the_interpreter(tmp_path, capsys):
 
 def test_acceptance_bars_are_checked_from_the_rows():
     (dec, *_), (pf, pf_key) = (m.problems for m in PRESETS["acceptance"]())
-    rows = [{"config": dec.key, "method": "triton", "status": "ok", "ms": 0.5, "frac_copy": 0.8, "host_ms": 0.1},
-            {"config": dec.key, "method": "gather_sdpa", "status": "ok", "ms": 3.0, "frac_copy": 0.1},
-            {"config": pf.key, "method": "triton", "status": "ok", "ms": 20.0, "frac_copy": 0.1},
-            {"config": pf_key.key, "method": "triton", "status": "ok", "ms": 14.0, "frac_copy": 0.1}]
+    rows = [
+        {"config": dec.key, "method": "triton", "status": "ok", "ms": 0.5, "frac_copy": 0.8, "host_ms": 0.1},
+        {"config": dec.key, "method": "gather_sdpa", "status": "ok", "ms": 3.0, "frac_copy": 0.1},
+        {"config": pf.key, "method": "triton", "status": "ok", "ms": 20.0, "frac_copy": 0.1},
+        {"config": pf_key.key, "method": "triton", "status": "ok", "ms": 14.0, "frac_copy": 0.1},
+    ]
     lines = acceptance_checks(rows)
     # the per-key layout is reported beside the bar's row, never judged in its place
-    assert f"- INFO {pf_key.key} / triton: 14.00 ms (K and V stored per key; the bar is judged on separate K and V " \
-        "tensors)" in lines and not any(x.startswith(f"- PASS {pf_key.key}") for x in lines)
-    assert any(x.startswith(f"- PASS {dec.key} / triton: no graph timing the HBM floor (bar 1.5x; eager 0.5000 ms "
-                            "= 1.25x") and "6.0x vs gather" in x for x in lines)
+    assert (
+        f"- INFO {pf_key.key} / triton: 14.00 ms (K and V stored per key; the bar is judged on separate K and V tensors)" in lines
+        and not any(x.startswith(f"- PASS {pf_key.key}") for x in lines)
+    )
+    assert any(
+        x.startswith(f"- PASS {dec.key} / triton: no graph timing the HBM floor (bar 1.5x; eager 0.5000 ms = 1.25x")
+        and "6.0x vs gather" in x
+        for x in lines
+    )
     assert f"- FAIL {pf.key} / triton: 20.00 ms (bar 15 ms)" in lines
     rows[1]["ms"] = 2.0  # only 4x faster than gather-then-SDPA
     assert acceptance_checks(rows)[2].startswith("- FAIL")

@@ -1,4 +1,5 @@
 """Benchmark inputs, parity check and timing statistics (CPU, tiny shapes)."""
+
 from __future__ import annotations
 
 import time
@@ -11,8 +12,14 @@ from selgate.bench.baselines import METHODS, block_indices
 from selgate.bench.inputs import decode_problem, make_inputs, prefill_problem, with_kv_layout
 from selgate.bench.parity import check_parity, poisoned
 from selgate.bench.timing import MIN_SAMPLES, median_interval, rotation_count, time_calls
-from selgate.reference import (expand_ranges, normalize_ranges, selected_keys, selected_lengths,
-                               selection_attention_ref, validate_ranges)
+from selgate.reference import (
+    expand_ranges,
+    normalize_ranges,
+    selected_keys,
+    selected_lengths,
+    selection_attention_ref,
+    validate_ranges,
+)
 
 CPU = torch.device("cpu")
 

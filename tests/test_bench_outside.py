@@ -1,5 +1,6 @@
 """`bench sel --backends pkg.mod:fn`: outside kernels timed beside ours through the
 conformance loader, declarations and block-index adapters, on tiny CPU shapes."""
+
 from __future__ import annotations
 
 import sys
@@ -13,10 +14,26 @@ from selgate.bench.__main__ import main
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "tests.outside.tokenkernels:gather"
 FLA = "tests.outside.blockkernels:fla_style"
-DECODE = ["sel", "--N", "3", "--H", "2", "--D", "16", "--Dv", "8", "--L_list", "16,24", "--iters", "2",
-          "--warmup", "1"]
-PREFILL = ["sel", "--T", "40", "--heads", "4", "--groups", "2", "--D", "16", "--l_sel", "8", "--n_blocks", "3",
-           "--iters", "2", "--warmup", "1"]
+DECODE = ["sel", "--N", "3", "--H", "2", "--D", "16", "--Dv", "8", "--L_list", "16,24", "--iters", "2", "--warmup", "1"]
+PREFILL = [
+    "sel",
+    "--T",
+    "40",
+    "--heads",
+    "4",
+    "--groups",
+    "2",
+    "--D",
+    "16",
+    "--l_sel",
+    "8",
+    "--n_blocks",
+    "3",
+    "--iters",
+    "2",
+    "--warmup",
+    "1",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -69,10 +86,13 @@ def test_block_index_kernel_gets_whole_blocks_and_a_wrong_mask_fails_parity(tmp_
     assert bad["status"] == "ok" and bad["parity"].startswith("FAIL")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backends", "sdpa,tests.outside.nope:fn"], "No module named"),
-    (["--backends", "sdpa", "--declare", "x.yaml"], "declares one package.module:callable"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backends", "sdpa,tests.outside.nope:fn"], "No module named"),
+        (["--backends", "sdpa", "--declare", "x.yaml"], "declares one package.module:callable"),
+    ],
+)
 def test_bad_outside_backends_are_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         main([*DECODE, *args])

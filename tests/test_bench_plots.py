@@ -1,6 +1,7 @@
 """`python -m selgate.bench plot`: PNGs from results CSVs (a few synthetic rows under the real
 column names), the skipped prefill plot, a missing column, matplotlib missing; and the
 `prefill_scaling` preset that feeds the prefill plot."""
+
 from __future__ import annotations
 
 import csv
@@ -29,8 +30,17 @@ def mpl():
 def row(p, method: str, ms: float, *, status: str = "ok", **fields) -> dict:
     base = dataclasses.asdict(p)
     del base["l_sel"], base["n_blocks"]
-    r = {"config": p.key, **base, "method": method, "ours": method in ("triton", "cuda", "sdpa"), "status": status,
-         "device": DEVICE, "software": SOFTWARE, "copy_gbps": 3000.0, "matmul_tflops": 800.0}
+    r = {
+        "config": p.key,
+        **base,
+        "method": method,
+        "ours": method in ("triton", "cuda", "sdpa"),
+        "status": status,
+        "device": DEVICE,
+        "software": SOFTWARE,
+        "copy_gbps": 3000.0,
+        "matmul_tflops": 800.0,
+    }
     if status == "ok":
         r.update(ms=ms, ms_lo=ms * 0.98, ms_hi=ms * 1.02, iters=15, frac_copy=min(0.02 / ms, 0.97))
     return {**r, **fields}
@@ -41,10 +51,13 @@ def decode_rows() -> list[dict]:
     for dist in ("few", "many"):
         for L in (16, 64, 256):
             p = decode_problem(64, 4, 64, 64, L, dist, "bfloat16")
-            rows += [row(p, "triton", 0.1 + L / 4000, graph_ms=0.01 + L / 5000),
-                     row(p, "cuda", 0.03 + L / 5000, graph_ms=0.01 + L / 5000),
-                     row(p, "sdpa", 1.2 + L / 1000), row(p, "gather_sdpa", 0.5 + L / 500),
-                     row(p, "dense_causal", 0.0, status="skip", note="prefill only")]
+            rows += [
+                row(p, "triton", 0.1 + L / 4000, graph_ms=0.01 + L / 5000),
+                row(p, "cuda", 0.03 + L / 5000, graph_ms=0.01 + L / 5000),
+                row(p, "sdpa", 1.2 + L / 1000),
+                row(p, "gather_sdpa", 0.5 + L / 500),
+                row(p, "dense_causal", 0.0, status="skip", note="prefill only"),
+            ]
     return rows
 
 
@@ -52,9 +65,13 @@ def prefill_rows(Ts) -> list[dict]:
     rows = []
     for T in Ts:
         p = acceptance_prefill("bfloat16", T)
-        rows += [row(p, "triton", 15.6 * T / 65536), row(p, "fla_nsa", 21.4 * T / 65536),
-                 row(p, "sdpa", 473.5 * T / 65536), row(p, "dense_causal", 112.8 * (T / 65536) ** 2),
-                 row(p, "masked_sdpa", 5.0) if T == 4096 else row(p, "masked_sdpa", 0.0, status="skip")]
+        rows += [
+            row(p, "triton", 15.6 * T / 65536),
+            row(p, "fla_nsa", 21.4 * T / 65536),
+            row(p, "sdpa", 473.5 * T / 65536),
+            row(p, "dense_causal", 112.8 * (T / 65536) ** 2),
+            row(p, "masked_sdpa", 5.0) if T == 4096 else row(p, "masked_sdpa", 0.0, status="skip"),
+        ]
     return rows
 
 

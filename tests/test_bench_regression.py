@@ -5,6 +5,7 @@ changes (median and interval scaled together): sdpa on `L=16 few` 1.25x slower (
 sdpa on `L=16 many` 1.05x (passes),
 masked_sdpa on `L=64 few` 1.5x (a torch baseline: shown, never blocks), sdpa on
 `L=64 many` failed (blocks), and gather_sdpa on `L=64 few` not measured (listed only)."""
+
 from __future__ import annotations
 
 import re
@@ -139,8 +140,9 @@ def test_a_latest_run_that_failed_parity_blocks_however_fast():
 
 
 def test_a_slowdown_within_the_intervals_overlap_does_not_block():
-    base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43,
-             "iters": 10}]
+    base = [
+        {"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43, "iters": 10}
+    ]
     noisy = [{**base[0], "ms": 2.45, "ms_lo": 2.18, "ms_hi": 3.10, "host_ms": 0.5}]
     clear = [{**noisy[0], "ms_lo": 2.44}]
     rows, blocking = regression.compare_rows(base, noisy)
@@ -151,8 +153,18 @@ def test_a_slowdown_within_the_intervals_overlap_does_not_block():
 
 @pytest.mark.parametrize("base_iters, latest_iters", [(9, 10), (10, 9), (None, 100)])
 def test_an_interval_from_too_few_samples_excuses_nothing(base_iters, latest_iters):
-    base = [{"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43,
-             "iters": base_iters}]
+    base = [
+        {
+            "config": "c",
+            "method": "sdpa",
+            "ours": True,
+            "status": "ok",
+            "ms": 2.04,
+            "ms_lo": 1.98,
+            "ms_hi": 2.43,
+            "iters": base_iters,
+        }
+    ]
     noisy = [{**base[0], "ms": 2.45, "ms_lo": 2.18, "ms_hi": 3.10, "host_ms": 0.5, "iters": latest_iters}]
     rows, blocking = regression.compare_rows(base, noisy)
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
@@ -164,8 +176,7 @@ def test_an_eager_slowdown_with_the_device_time_within_the_baseline_does_not_blo
     base = [{"config": "c", "method": "cuda", "ours": True, "status": "ok", "ms": 0.10}]
     latest = [{**base[0], "ms": 0.30, "host_ms": 0.255, "graph_ms": 0.105}]
     rows, blocking = regression.compare_rows(base, latest)
-    assert blocking == [] and rows[0]["verdict"] == ("slower eagerly, device time within the baseline "
-                                                      "(graph 0.1050 ms)")
+    assert blocking == [] and rows[0]["verdict"] == ("slower eagerly, device time within the baseline (graph 0.1050 ms)")
     latest[0]["graph_ms"] = 0.12  # the device itself got 20% slower
     rows, blocking = regression.compare_rows(base, latest)
     assert rows[0]["verdict"] == "BLOCKING" and len(blocking) == 1
@@ -179,8 +190,7 @@ def test_an_eager_slowdown_with_the_device_time_within_the_baseline_does_not_blo
 def test_a_device_slowdown_under_host_bound_eager_times_blocks(latest_graph, blocks):
     """The H100 case: a decode launch change made rows 1.26x slower on the device (graph 0.0215
     -> 0.0270 ms) while both eager medians were the host's (~0.1 ms), equal within 10%."""
-    base = [{"config": "c", "method": "cuda", "ours": True, "status": "ok", "ms": 0.100, "host_ms": 0.098,
-             "graph_ms": 0.0215}]
+    base = [{"config": "c", "method": "cuda", "ours": True, "status": "ok", "ms": 0.100, "host_ms": 0.098, "graph_ms": 0.0215}]
     latest = [{**base[0], "ms": 0.102, "host_ms": 0.100, "graph_ms": latest_graph}]
     rows, blocking = regression.compare_rows(base, latest)
     assert (len(blocking) == 1) is blocks
@@ -204,12 +214,18 @@ def test_graph_rows_beyond_the_threshold_are_re_timed_and_the_median_kept():
     """A transient that slowed one row's whole graph sample is outvoted by two more timings; a
     slowdown that reproduces keeps blocking; rows within 10%, torch rows and rows without a
     graph-timed baseline are not re-timed."""
+
     def row(config, method="cuda", ours=True, graph=0.0036):
         return {"config": config, "method": method, "ours": ours, "status": "ok", "ms": 0.1, "graph_ms": graph}
 
     base = [row("transient"), row("real"), row("within"), row("torch", "sdpa", False), row("no base graph", graph=None)]
-    latest = [row("transient", graph=0.0078), row("real", graph=0.0050), row("within", graph=0.0039),
-              row("torch", "sdpa", False, graph=0.0090), row("no base graph", graph=0.0090)]
+    latest = [
+        row("transient", graph=0.0078),
+        row("real", graph=0.0050),
+        row("within", graph=0.0039),
+        row("torch", "sdpa", False, graph=0.0090),
+        row("no base graph", graph=0.0090),
+    ]
     again = {"transient": [0.0037, 0.0036], "real": [0.0049, 0.0036]}
     asked = []
 

@@ -1,4 +1,5 @@
 """The threshold optimiser, the profile it writes, and the dispatcher reading that profile."""
+
 from __future__ import annotations
 
 import shutil
@@ -14,8 +15,17 @@ DEVICE = "NVIDIA H100 80GB HBM3"
 
 
 def row(L, method, ms, *, parity="ok", kind="decode", tag="a"):
-    return {"config": f"{kind} L={L} {tag}", "kind": kind, "L": L, "L_max": L, "method": method, "status": "ok",
-            "ms": ms, "parity": parity, "ours": True}
+    return {
+        "config": f"{kind} L={L} {tag}",
+        "kind": kind,
+        "L": L,
+        "L_max": L,
+        "method": method,
+        "status": "ok",
+        "ms": ms,
+        "parity": parity,
+        "ours": True,
+    }
 
 
 def sweep(speedups, **kw):
@@ -59,8 +69,10 @@ def test_a_miss_within_the_noise_does_not_move_the_threshold():
     with a 0.83-1.82 ms interval (host 1.11 ms/call against ~0.17 ms for its neighbours).
     A miss whose interval reaches the bar is noise; one that misses at both ends is not."""
     rows = sweep({16: 3.0, 32: 3.0, 64: 3.0})
-    rows[2:4] = [{**row(32, "sdpa", 1.21), "ms_lo": 1.17, "ms_hi": 1.25, "iters": 15},
-                 {**row(32, "triton", 1.23), "ms_lo": 0.83, "ms_hi": 1.82, "iters": 15}]
+    rows[2:4] = [
+        {**row(32, "sdpa", 1.21), "ms_lo": 1.17, "ms_hi": 1.25, "iters": 15},
+        {**row(32, "triton", 1.23), "ms_lo": 0.83, "ms_hi": 1.82, "iters": 15},
+    ]
     d = thresholds.derive(rows)
     assert d.min_L == 0 and "within the noise of the bar" in d.note.lower() and "best case 1.51x" in d.note
     rows[3]["iters"] = 3  # cut to 3 samples: the interval is their whole range, medians decide
@@ -72,11 +84,12 @@ def test_a_miss_within_the_noise_does_not_move_the_threshold():
 def test_launch_parameters_per_kind_and_bucket():
     rows = []
     for L, fast, slow in ((16, "triton@32x4x2", "triton@64x4x3"), (1000, "triton@64x4x3", "triton@32x4x2")):
-        rows += [row(L, fast, 1.0), row(L, slow, 3.0 if L == 1000 else 1.5),
-                 row(L, "triton@16x8x2", 0.1, parity="FAIL")]
+        rows += [row(L, fast, 1.0), row(L, slow, 3.0 if L == 1000 else 1.5), row(L, "triton@16x8x2", 0.1, parity="FAIL")]
     d = thresholds.derive(rows)
-    assert d.launch_by_bucket["decode"] == {16: {"block_l": 32, "num_warps": 4, "num_stages": 2},
-                                           1024: {"block_l": 64, "num_warps": 4, "num_stages": 3}}
+    assert d.launch_by_bucket["decode"] == {
+        16: {"block_l": 32, "num_warps": 4, "num_stages": 2},
+        1024: {"block_l": 64, "num_warps": 4, "num_stages": 3},
+    }
     assert d.launch["decode"] == {"block_l": 64, "num_warps": 4, "num_stages": 3}  # geomean: 1.5x vs 3x slowdown
 
 

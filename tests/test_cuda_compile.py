@@ -13,6 +13,7 @@ the three took 330-587 s on one core of the CPU lane; on one idle core the front
 It runs in the CPU lane: three architectures of nvcc take minutes (283 s on the H100's host),
 which would be the longest test of a GPU lane, where the kernel is built and run for the
 device's own architecture (tests/test_cuda_decode.py). A GPU lane lists it as a skip."""
+
 from __future__ import annotations
 
 import os
@@ -38,20 +39,31 @@ def running_lane_device() -> str | None:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
-@pytest.mark.skipif(running_lane_device() == "cuda",
-                    reason="cross-architecture compile runs in the CPU lane; a GPU lane builds and runs the decode "
-                           "kernel for its own device (tests/test_cuda_decode.py)")
+@pytest.mark.skipif(
+    running_lane_device() == "cuda",
+    reason="cross-architecture compile runs in the CPU lane; a GPU lane builds and runs the decode "
+    "kernel for its own device (tests/test_cuda_decode.py)",
+)
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("build", BUILDS)
 def test_decode_kernel_compiles_for(build, tmp_path):
     virtual, archs = BUILDS[build]
     obj = tmp_path / "sel_decode.o"
-    cmd = [NVCC, "-c", str(SOURCE_DIR / "sel_decode.cu"), "-o", str(obj), *CUDA_FLAGS,
-           *cpp_extension.COMMON_NVCC_FLAGS, "-Xptxas", "-v",
-           # CPU wheels of torch ship c10/cuda headers without their generated config header
-           "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",
-           *(f"-I{p}" for p in cpp_extension.include_paths()),
-           f"-gencode=arch=compute_{virtual},code=[{','.join(f'sm_{a}' for a in archs)}]"]
+    cmd = [
+        NVCC,
+        "-c",
+        str(SOURCE_DIR / "sel_decode.cu"),
+        "-o",
+        str(obj),
+        *CUDA_FLAGS,
+        *cpp_extension.COMMON_NVCC_FLAGS,
+        "-Xptxas",
+        "-v",
+        # CPU wheels of torch ship c10/cuda headers without their generated config header
+        "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+        f"-gencode=arch=compute_{virtual},code=[{','.join(f'sm_{a}' for a in archs)}]",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"nvcc failed:\n{out.stderr[-4000:]}"
     log = out.stdout + out.stderr

@@ -4,6 +4,7 @@ plumbing into the extension, the build cache, and (GPU only) parity with the fp6
 CPU machines cannot run the kernel; there the extension is replaced by a stand-in that
 records what the wrapper passes it, so the wrapper's normalisation, scale and kernel choice
 are still checked, and build/launch failures are injected to check their reason codes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -88,8 +89,7 @@ class FakeExtension:
         self.error, self.calls = error, []
 
     def fwd(self, q, k, v, ranges, positions, scale, use_mma, tune=()):
-        self.calls.append(dict(q=q, k=k, v=v, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma,
-                               tune=list(tune)))
+        self.calls.append(dict(q=q, k=k, v=v, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma, tune=list(tune)))
         if self.error:
             raise self.error
         from selgate.reference.golden import gather_attention
@@ -109,8 +109,10 @@ def runnable(monkeypatch):
             if build_error:
                 raise build.BuildError(build_error)
             return ext
+
         monkeypatch.setattr(build, "load_extension", load)
         return ext
+
     return use
 
 
@@ -132,9 +134,15 @@ def test_fp32_on_tensor_cores_is_declined(runnable):
     assert e.reason == "dtype"
 
 
-@pytest.mark.parametrize("dtype, kernel, use_mma", [
-    (torch.float16, "auto", True), (torch.bfloat16, "auto", True), (torch.float32, "auto", False),
-    (torch.float16, "simt", False)])
+@pytest.mark.parametrize(
+    "dtype, kernel, use_mma",
+    [
+        (torch.float16, "auto", True),
+        (torch.bfloat16, "auto", True),
+        (torch.float32, "auto", False),
+        (torch.float16, "simt", False),
+    ],
+)
 def test_wrapper_normalises_ranges_and_picks_the_kernel(runnable, dtype, kernel, use_mma):
     ext = runnable(FakeExtension())
     q, k, v, r = decode_inputs(dtype=torch.float32, seed=3)
@@ -143,7 +151,7 @@ def test_wrapper_normalises_ranges_and_picks_the_kernel(runnable, dtype, kernel,
     o, lse = selection_attention_cuda(q, k, v, r, positions=positions, return_lse=True, kernel=kernel)
     call = ext.calls[0]
     assert call["use_mma"] is use_mma
-    assert call["scale"] == pytest.approx(16 ** -0.5)
+    assert call["scale"] == pytest.approx(16**-0.5)
     # int32 indices reach the kernel as they are (it reads both widths): no conversion launch
     assert call["positions"].dtype == torch.int32 and call["positions"].tolist() == [[20], [7]]
     assert call["ranges"].dtype == torch.int32
@@ -167,8 +175,7 @@ def test_launch_overrides_reach_the_extension(runnable):
     q, k, v, r = decode_inputs()
     selection_attention_cuda(q, k, v, r)
     selection_attention_cuda(q, k, v, r, launch=DecodeLaunch(stages=3, split=2, warps=4, pdl=Pdl.TRIGGER_AFTER_LOOP))
-    selection_attention_cuda(q, k, v, r, launch=DecodeLaunch(schedule=Schedule.SHARED_SLABS, prefetch=Prefetch.NONE,
-                                                             occupancy=5))
+    selection_attention_cuda(q, k, v, r, launch=DecodeLaunch(schedule=Schedule.SHARED_SLABS, prefetch=Prefetch.NONE, occupancy=5))
     assert [c["tune"] for c in ext.calls] == [[0] * 8, [3, 2, 4, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 2, 1, 5]]
 
 
@@ -229,7 +236,7 @@ def test_key_strides_past_int32_are_copied_not_sent(runnable):
     is copied rather than refused inside the extension (the 4 GiB storage is reserved, not touched)."""
     ext = runnable(FakeExtension())
     q, k, v, r = decode_inputs(B=1, G=1, S_kv=2, n=1, Dk=16, Dv=8)
-    kk = torch.empty(2 ** 31 + 16, dtype=k.dtype).as_strided(k.shape, (16, 16, 2 ** 31, 1)).copy_(k)
+    kk = torch.empty(2**31 + 16, dtype=k.dtype).as_strided(k.shape, (16, 16, 2**31, 1)).copy_(k)
     o = selection_attention_cuda(q, kk, v, r)
     sent = ext.calls[-1]["k"]
     assert sent.stride() == (32, 16, 1) and torch.equal(sent, k.flatten(0, 1))
@@ -282,9 +289,17 @@ def _fake_compiler(monkeypatch, tmp_path, seconds=0.0):
 
 def _hold_build_lock(out):
     """A separate process that holds the build lock of cache directory `out` until killed."""
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
-                               str(out.with_name(out.name + ".lock"))], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+            str(out.with_name(out.name + ".lock")),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -340,8 +355,9 @@ def test_builders_in_one_cache_take_turns(tmp_path, monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="checks the no-device path of the eager build")
 def test_eager_build_without_a_device_warns_and_imports():
     env = {**os.environ, "SELGATE_CUDA_BUILD": "1"}
-    out = subprocess.run([sys.executable, "-c", "import selgate.kernels.cuda"], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "import selgate.kernels.cuda"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "no CUDA device is visible" in out.stderr
 
@@ -355,15 +371,17 @@ def test_patched_copy_applies_each_edit_once(tmp_path):
     assert all((out / f).read_text() == (build.SOURCE_DIR / f).read_text() for f in ("sel_decode.h", "sel_decode_bind.cpp"))
 
 
-@pytest.mark.parametrize("edits, match", [
-    ({"sel_decode.cu": [("no such text in the kernel", "")]}, "found 0 times, expected once"),
-    ({"sel_decode.cu": [("{", "")]}, "expected once"),
-    ({"other.cu": [("a", "b")]}, "not sources of the extension"),
-])
+@pytest.mark.parametrize(
+    "edits, match",
+    [
+        ({"sel_decode.cu": [("no such text in the kernel", "")]}, "found 0 times, expected once"),
+        ({"sel_decode.cu": [("{", "")]}, "expected once"),
+        ({"other.cu": [("a", "b")]}, "not sources of the extension"),
+    ],
+)
 def test_patched_copy_refuses_an_anchor_that_moved(tmp_path, edits, match):
     with pytest.raises(ValueError, match=match):
         build.patched_copy(tmp_path, edits)
-
 
 
 def _probe(name):
@@ -377,8 +395,7 @@ def _probe(name):
 def test_the_probes_edits_still_fit_the_kernel(tmp_path):
     """The GPU probes patch the kernel by exact text; CI catches a kernel edit that moved an anchor."""
     timeline, variants = _probe("decode_timeline"), _probe("decode_load_variants")
-    out = build.patched_copy(tmp_path / "timeline", {"sel_decode.cu": timeline.PATCHES,
-                                                      "sel_decode_bind.cpp": [timeline.BIND]})
+    out = build.patched_copy(tmp_path / "timeline", {"sel_decode.cu": timeline.PATCHES, "sel_decode_bind.cpp": [timeline.BIND]})
     assert "sel_tl_read" in (out / "sel_decode.cu").read_text() and "timeline" in (out / "sel_decode_bind.cpp").read_text()
     for name, qualifiers in variants.VARIANTS.items():
         edit = (variants.ANCHOR, variants.ANCHOR.replace(variants.BASE, qualifiers))
@@ -386,8 +403,7 @@ def test_the_probes_edits_still_fit_the_kernel(tmp_path):
         assert f'"{qualifiers} [%0], [%1], 16, %2;' in cu
 
 
-@pytest.mark.skipif(not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="Triton needs a GPU or TRITON_INTERPRET=1")
+@pytest.mark.skipif(not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1", reason="Triton needs a GPU or TRITON_INTERPRET=1")
 def test_the_floor_probe_reads_exactly_the_selected_keys():
     """decode_floor's read-only kernels bound the decode kernels only if they read the bytes
     the kernels read: each program sums its 64 selection positions' K and V rows."""
@@ -397,21 +413,28 @@ def test_the_floor_probe_reads_exactly_the_selected_keys():
     dev = torch.device("cuda" if ON_GPU else "cpu")
     x = nsa_inputs(3, 2, 16, 4, torch.float32, seed=5, device=dev)
     for dep, pdl in ((True, False), (False, False)) + (((True, True),) if ON_GPU else ()):  # PDL: inline PTX
-        keys = [torch.cat([torch.arange(int(a), int(b)) for a, b in row]) if dep else torch.arange(256)
-                for row in x.ranges.reshape(3, -1, 2).cpu()]
-        want = torch.stack([torch.stack([(x.k[r, 0, kk] + x.v[r, 0, kk]).sum() for kk in row.to(dev).split(64)])
-                            for r, row in enumerate(keys)])
+        keys = [
+            torch.cat([torch.arange(int(a), int(b)) for a, b in row]) if dep else torch.arange(256)
+            for row in x.ranges.reshape(3, -1, 2).cpu()
+        ]
+        want = torch.stack(
+            [torch.stack([(x.k[r, 0, kk] + x.v[r, 0, kk]).sum() for kk in row.to(dev).split(64)]) for r, row in enumerate(keys)]
+        )
         torch.testing.assert_close(floor.read_only(dep, pdl)(x), want, rtol=1e-5, atol=1e-4)
+
 
 # ------------------------------------------------------------------------------ GPU
 gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device")
 
 
 @gpu
-@pytest.mark.parametrize("dtype, kernel", [(torch.float16, "mma"), (torch.bfloat16, "mma"), (torch.float32, "simt"),
-                                           (torch.bfloat16, "simt")])
-@pytest.mark.parametrize("h, Dk, Dv, L, dist", [(1, 64, 64, 0, "few"), (4, 128, 128, 1000, "many"),
-                                                (16, 192, 64, 333, "mixed"), (20, 72, 40, 129, "mixed")])
+@pytest.mark.parametrize(
+    "dtype, kernel", [(torch.float16, "mma"), (torch.bfloat16, "mma"), (torch.float32, "simt"), (torch.bfloat16, "simt")]
+)
+@pytest.mark.parametrize(
+    "h, Dk, Dv, L, dist",
+    [(1, 64, 64, 0, "few"), (4, 128, 128, 1000, "many"), (16, 192, 64, 333, "mixed"), (20, 72, 40, 129, "mixed")],
+)
 def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, dist):
     from selgate.bench.check_cuda_decode import run_case
 
@@ -424,25 +447,28 @@ AFTER_LOOP, AFTER_WAIT = Pdl.TRIGGER_AFTER_LOOP, Pdl.TRIGGER_AFTER_WAIT
 
 
 @gpu
-@pytest.mark.parametrize("launch", [
-    DecodeLaunch(stages=2, split=1, warps=1),
-    DecodeLaunch(stages=3, split=2, warps=4, pdl=AFTER_LOOP),
-    DecodeLaunch(stages=2, split=4, warps=2),
-    DecodeLaunch(stages=6, split=3, warps=2),
-    DecodeLaunch(split=2),
-    DecodeLaunch(split=4),
-    DecodeLaunch(stages=2, split=1, warps=2, slab=16),
-    DecodeLaunch(stages=3, split=2, warps=4, pdl=AFTER_LOOP, slab=16),
-    DecodeLaunch(slab=16),
-    DecodeLaunch(pdl=Pdl.OFF, schedule=PER_WARP),
-    DecodeLaunch(stages=2, schedule=SHARED),
-    DecodeLaunch(stages=6, pdl=Pdl.OFF, schedule=SHARED),
-    DecodeLaunch(pdl=AFTER_WAIT),
-    DecodeLaunch(stages=2, split=1, warps=2, pdl=AFTER_WAIT, slab=32, schedule=PER_WARP),
-    DecodeLaunch(stages=4, pdl=AFTER_LOOP, schedule=SHARED),
-], ids=DecodeLaunch.label)
-@pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"),
-                                                (2, 256, 256, 333, "many")])
+@pytest.mark.parametrize(
+    "launch",
+    [
+        DecodeLaunch(stages=2, split=1, warps=1),
+        DecodeLaunch(stages=3, split=2, warps=4, pdl=AFTER_LOOP),
+        DecodeLaunch(stages=2, split=4, warps=2),
+        DecodeLaunch(stages=6, split=3, warps=2),
+        DecodeLaunch(split=2),
+        DecodeLaunch(split=4),
+        DecodeLaunch(stages=2, split=1, warps=2, slab=16),
+        DecodeLaunch(stages=3, split=2, warps=4, pdl=AFTER_LOOP, slab=16),
+        DecodeLaunch(slab=16),
+        DecodeLaunch(pdl=Pdl.OFF, schedule=PER_WARP),
+        DecodeLaunch(stages=2, schedule=SHARED),
+        DecodeLaunch(stages=6, pdl=Pdl.OFF, schedule=SHARED),
+        DecodeLaunch(pdl=AFTER_WAIT),
+        DecodeLaunch(stages=2, split=1, warps=2, pdl=AFTER_WAIT, slab=32, schedule=PER_WARP),
+        DecodeLaunch(stages=4, pdl=AFTER_LOOP, schedule=SHARED),
+    ],
+    ids=DecodeLaunch.label,
+)
+@pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"), (2, 256, 256, 333, "many")])
 def test_gpu_parity_of_launch_overrides(launch, h, Dk, Dv, L, dist):
     """Warps, ring depth, cluster split, PDL, keys per warp step and per-warp or shared slabs change the
     schedule, never the function."""
@@ -463,8 +489,11 @@ def test_gpu_kv_views_give_the_contiguous_result(layout, dtype, kernel):
     view's keys, or a row addressed as if dense, shows."""
     q, k, v, r = (t.cuda() for t in decode_inputs(dtype=dtype, h=8, Dk=64, Dv=128, S_kv=700, n=12, B=3, G=2, seed=4))
     kk, vv = kv_views(k, v, layout)
-    launches = (DecodeLaunch(), DecodeLaunch(stages=2, split=1, warps=4),
-                DecodeLaunch(stages=4, split=1, warps=2, pdl=AFTER_WAIT, slab=32, schedule=SHARED))
+    launches = (
+        DecodeLaunch(),
+        DecodeLaunch(stages=2, split=1, warps=4),
+        DecodeLaunch(stages=4, split=1, warps=2, pdl=AFTER_WAIT, slab=32, schedule=SHARED),
+    )
     for launch in launches if kernel == "mma" else (DecodeLaunch(),):
         want = selection_attention_cuda(q, k, v, r, return_lse=True, kernel=kernel, launch=launch)
         got = selection_attention_cuda(q, kk, vv, r, return_lse=True, kernel=kernel, launch=launch)
@@ -502,15 +531,23 @@ def raw_tune(**values) -> list[int]:
 
 
 @gpu
-@pytest.mark.parametrize("values, D, message", [
-    (dict(stages=2, split=8, warps=2), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
-    (dict(stages=2, split=2, warps=8), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
-    (dict(slab=8), 64, "slab \\(keys per warp step\\) must be 16 or 32, got 8"),
-    (dict(warps=4, schedule=2), 64, "the shared-slab schedule runs 2 warps, no split and 32-key slabs, got 4 warps"),
-    (dict(schedule=3), 64, "schedule must be 1 \\(per-warp slabs\\) or 2 \\(shared slabs\\), got 3"),
-    (dict(pdl=4), 64, "pdl must be 0 \\(automatic\\), 1 \\(on\\), 2 \\(off\\) or 3 \\(on, next grid triggered right "
-                      "after the wait\\), got 4"),
-    (dict(prefetch=5), 64, "prefetch must be in \\[0, 4\\], got 5")])
+@pytest.mark.parametrize(
+    "values, D, message",
+    [
+        (dict(stages=2, split=8, warps=2), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
+        (dict(stages=2, split=2, warps=8), 32, "a cluster split is verified only up to 4 blocks of at most 4 warps"),
+        (dict(slab=8), 64, "slab \\(keys per warp step\\) must be 16 or 32, got 8"),
+        (dict(warps=4, schedule=2), 64, "the shared-slab schedule runs 2 warps, no split and 32-key slabs, got 4 warps"),
+        (dict(schedule=3), 64, "schedule must be 1 \\(per-warp slabs\\) or 2 \\(shared slabs\\), got 3"),
+        (
+            dict(pdl=4),
+            64,
+            "pdl must be 0 \\(automatic\\), 1 \\(on\\), 2 \\(off\\) or 3 \\(on, next grid triggered right "
+            "after the wait\\), got 4",
+        ),
+        (dict(prefetch=5), 64, "prefetch must be in \\[0, 4\\], got 5"),
+    ],
+)
 def test_unverified_launches_are_refused_by_the_extension(values, D, message):
     """Launches that crashed on the H100, or were never verified, are refused by the extension with
     the reason, behind DecodeLaunch's own checks (tests/test_cuda_launch.py)."""
@@ -518,8 +555,16 @@ def test_unverified_launches_are_refused_by_the_extension(values, D, message):
     norm = normalize_ranges(r, k.shape[2]).contiguous()
     ext = build.load_extension()
     with pytest.raises(RuntimeError, match=message):
-        ext.fwd(q.contiguous(), k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous(), norm, None, D ** -0.5, True,
-                raw_tune(**values))
+        ext.fwd(
+            q.contiguous(),
+            k.flatten(0, 1).contiguous(),
+            v.flatten(0, 1).contiguous(),
+            norm,
+            None,
+            D**-0.5,
+            True,
+            raw_tune(**values),
+        )
 
 
 @gpu
@@ -536,22 +581,25 @@ def test_more_than_4_warps_at_wide_heads_are_refused():
 def test_keys_beyond_int32_are_refused():
     """The tensor-core kernel counts positions in 32 bits: S_kv >= 2^31 is refused with its reason."""
     with pytest.raises(RuntimeError, match="S_kv must be below 2\\^31 keys, got 2147483648"):
-        build.load_extension().plan(1, 1, 1, 4, 2 ** 31, 64, 64, 8, True, DecodeLaunch().ext_tune())
+        build.load_extension().plan(1, 1, 1, 4, 2**31, 64, 64, 8, True, DecodeLaunch().ext_tune())
 
 
 @gpu
-@pytest.mark.parametrize("rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps, prefetch", [
-    (0.5, 64, 64, 4096, 1, 0, None, 1),  # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
-    (0.5, 64, 64, 256, 2, 3, 6, 1),      # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64 on the H100)
-    (8, 128, 64, 4096, 1, 0, None, 1),   # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
-    (8, 128, 64, 64, 2, 3, 5, 1),        # Dk > Dv, L <= 64: shared slabs (0.51-0.52x)
-    (8, 128, 128, 4096, 2, 3, 4, 1),     # 4 blocks per SM, at most the even share of 8: early trigger; no
-                                         # prefetch (it only cost at N = 1024)
-    (2, 64, 64, 4096, 2, 3, 2, 4),       # one wave, room for 6 per SM: capped at the share of 2 (tail landing)
-    (3, 64, 64, 4096, 2, 3, 3, 4),       # the same at a share of 3
-    (2, 64, 128, 4096, 2, 3, 2, 4),      # 3 per SM capped at 2: the next grid no longer lands unevenly
-    (2, 64, 64, 128, 2, 3, 6, 1),        # S_kv <= 128: no tail landing (the prefetched keys outweigh the rows)
-])
+@pytest.mark.parametrize(
+    "rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps, prefetch",
+    [
+        (0.5, 64, 64, 4096, 1, 0, None, 1),  # fewer rows than SMs, long rows: per-warp slabs (shared up to 1.26x slower)
+        (0.5, 64, 64, 256, 2, 3, 6, 1),  # every L <= 256: shared slabs (0.66-1.02x of per-warp at N=64 on the H100)
+        (8, 128, 64, 4096, 1, 0, None, 1),  # Dk > Dv, long rows: per-warp slabs (shared up to 1.15x slower)
+        (8, 128, 64, 64, 2, 3, 5, 1),  # Dk > Dv, L <= 64: shared slabs (0.51-0.52x)
+        (8, 128, 128, 4096, 2, 3, 4, 1),  # 4 blocks per SM, at most the even share of 8: early trigger; no
+        # prefetch (it only cost at N = 1024)
+        (2, 64, 64, 4096, 2, 3, 2, 4),  # one wave, room for 6 per SM: capped at the share of 2 (tail landing)
+        (3, 64, 64, 4096, 2, 3, 3, 4),  # the same at a share of 3
+        (2, 64, 128, 4096, 2, 3, 2, 4),  # 3 per SM capped at 2: the next grid no longer lands unevenly
+        (2, 64, 64, 128, 2, 3, 6, 1),  # S_kv <= 128: no tail landing (the prefetched keys outweigh the rows)
+    ],
+)
 def test_automatic_launch_follows_the_measured_rule(rows_per_sm, Dk, Dv, S_kv, schedule, pdl, bps, prefetch):
     """The automatic launch's schedule (1 per-warp, 2 shared slabs), PDL (0 off, 1 next grid
     triggered after the loop, 3 right after the wait), blocks per SM (capped at the even share for
@@ -588,17 +636,23 @@ def test_gpu_the_last_keys_below_2_31(dtype, kernel):
     k0, v0 = (torch.randn(1, 1, 1, D, generator=g).to(dtype).cuda() for _ in range(2))
     q = torch.randn(1, 1, 1, 4, D, generator=g).to(dtype).cuda()
     r = torch.tensor([[[[[S_kv - 40, S_kv + 5], [2**30 - 3, 2**30 + 2]]]]], device="cuda")
-    o, lse = selection_attention_cuda(q, k0.expand(1, 1, S_kv, D), v0.expand(1, 1, S_kv, D), r, return_lse=True,
-                                      kernel=kernel)
+    o, lse = selection_attention_cuda(q, k0.expand(1, 1, S_kv, D), v0.expand(1, 1, S_kv, D), r, return_lse=True, kernel=kernel)
     score = (q.double()[0, 0, 0] @ k0.double()[0, 0, 0]) / D**0.5
     assert (o.double()[0, 0, 0] - v0.double()[0, 0]).abs().max() <= 1e-2
     assert (lse.double()[0, 0, 0] - (score + math.log(45))).abs().max() <= 1e-3
 
 
 @gpu
-@pytest.mark.parametrize("launch", [DecodeLaunch(), DecodeLaunch(schedule=PER_WARP), DecodeLaunch(stages=2, schedule=SHARED),
-                                    DecodeLaunch(stages=3, split=2, warps=4)],
-                         ids=["auto", "per_warp", "shared", "split2"])
+@pytest.mark.parametrize(
+    "launch",
+    [
+        DecodeLaunch(),
+        DecodeLaunch(schedule=PER_WARP),
+        DecodeLaunch(stages=2, schedule=SHARED),
+        DecodeLaunch(stages=3, split=2, warps=4),
+    ],
+    ids=["auto", "per_warp", "shared", "split2"],
+)
 @pytest.mark.parametrize("dtype, kernel", [(torch.float16, "mma"), (torch.float32, "simt")])
 @pytest.mark.parametrize("kind", ["nan_q", "inf_key"])
 def test_gpu_non_finite_rows_have_nan_lse(kind, dtype, kernel, launch):

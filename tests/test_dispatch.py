@@ -3,6 +3,7 @@
 Routing is proven by the counters: `launches` counts real Triton kernel launches, so
 "never launches the kernel" is a measured zero, not an inference. Tests that launch
 Triton need a GPU or TRITON_INTERPRET=1 (the capability override then simulates a GPU)."""
+
 from __future__ import annotations
 
 import logging
@@ -41,15 +42,19 @@ def max_L(ranges, S_kv):
 
 # --- CPU routing, no Triton -------------------------------------------------------------
 
+
 def test_cpu_auto_uses_sdpa_without_importing_triton():
-    code = ("import sys, torch; from selgate.kernels import selection_attention, stats; from tests.helpers import "
-            "random_inputs; selection_attention(*random_inputs(dtype=torch.float32)); "
-            "assert stats()['calls'] == {'sdpa': 1}, stats(); assert stats()['fallback_reasons'] == {'triton:cpu': 1}; "
-            "assert 'triton' not in sys.modules and 'selgate.kernels.triton' not in sys.modules, 'triton imported'")
+    code = (
+        "import sys, torch; from selgate.kernels import selection_attention, stats; from tests.helpers import "
+        "random_inputs; selection_attention(*random_inputs(dtype=torch.float32)); "
+        "assert stats()['calls'] == {'sdpa': 1}, stats(); assert stats()['fallback_reasons'] == {'triton:cpu': 1}; "
+        "assert 'triton' not in sys.modules and 'selgate.kernels.triton' not in sys.modules, 'triton imported'"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ENV_FLAGS and k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__))
+    )
     assert res.returncode == 0, res.stderr[-2000:]
 
 
@@ -135,6 +140,7 @@ def config_dir(monkeypatch, tmp_path):
         monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
         config_mod.load_config.cache_clear()
         return tmp_path
+
     yield edit
     config_mod.load_config.cache_clear()
 
@@ -153,6 +159,7 @@ def test_config_precedence_base_profile_env(monkeypatch, config_dir):
 def test_sdpa_budget_from_config_reaches_the_sdpa_and_reference_paths(monkeypatch, config_dir):
     """runtime.sdpa_budget_mb is read: the dispatcher hands it to both torch paths."""
     from selgate.kernels import dispatch
+
     config_dir("sdpa_budget_mb: 1024", "sdpa_budget_mb: 3")
     seen = []
     for name in ("selection_attention_sdpa", "selection_attention_ref"):
@@ -164,6 +171,7 @@ def test_sdpa_budget_from_config_reaches_the_sdpa_and_reference_paths(monkeypatc
 
 
 # --- the Triton rungs (interpreter on CPU) -----------------------------------------------
+
 
 @needs_triton
 def test_sm89_never_launches_without_force_and_does_with_it(monkeypatch):
@@ -208,13 +216,16 @@ def test_min_L_routes_both_ways(monkeypatch):
 
 
 @needs_triton
-@pytest.mark.parametrize("cap, flags, kw, reason", [
-    ("9.0", {}, {"Dk": 12}, "head_dim"),
-    ("9.0", {}, {"Dv": 264}, "head_dim"),
-    ("9.0", {}, {"dtype": torch.float64}, "dtype"),
-    ("7.5", {}, {}, "capability"),
-    ("9.0", {"SELGATE_TRITON_ENABLE": "0"}, {}, "disabled"),
-])
+@pytest.mark.parametrize(
+    "cap, flags, kw, reason",
+    [
+        ("9.0", {}, {"Dk": 12}, "head_dim"),
+        ("9.0", {}, {"Dv": 264}, "head_dim"),
+        ("9.0", {}, {"dtype": torch.float64}, "dtype"),
+        ("7.5", {}, {}, "capability"),
+        ("9.0", {"SELGATE_TRITON_ENABLE": "0"}, {}, "disabled"),
+    ],
+)
 def test_unsupported_or_disabled_falls_back_with_reason(monkeypatch, cap, flags, kw, reason):
     monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     for name, val in flags.items():
@@ -276,8 +287,7 @@ def test_the_sdpa_rung_runs_sdpa_forward_unless_the_lse_is_asked_for(monkeypatch
     explicit softmax that the LSE needs); both agree with the reference."""
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
     q, k, v, r = random_inputs(B=1, S=3, S_kv=30, G=2, h=2, dtype=torch.float32, seed=9)
     ref = selection_attention_ref(q, k, v, r)
     o = selection_attention(q, k, v, r, backend="sdpa")

@@ -1,6 +1,7 @@
 """The Docker backend of the lane runner: its logic against a fake docker-py client, and
 the CPU lane end to end on a real engine (the one .ci/docker_engine.sh starts) with the
 JUnit that comes out of the container fed through the gate."""
+
 from __future__ import annotations
 
 import io
@@ -20,7 +21,7 @@ from selgate.lanes.config import lane_names, load_lane
 
 DeviceRequest = pytest.importorskip("docker.types", reason="docker-py is not installed (only --docker needs it)").DeviceRequest
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE_ENV = ROOT / "build" / "docker-engine.env"   # written by .ci/docker_engine.sh
+ENGINE_ENV = ROOT / "build" / "docker-engine.env"  # written by .ci/docker_engine.sh
 TRANSCRIPT = ROOT / "build" / "docker-engine-test.log"
 
 
@@ -86,10 +87,16 @@ class FakeClient:
 
 def run(lane, client, tmp_path, env=None, args=("tests",)):
     out = io.StringIO()
-    status = docker_backend.run_lane_in_docker(lane, pytest_args=list(args), env=env or {"SELGATE_LANE": lane["name"]},
-                                               reports_dir=tmp_path / "out" / lane["name"],
-                                               cache_dir=tmp_path / "cache", extension_cache_dir=tmp_path / "cuda",
-                                               client=client, out=out)
+    status = docker_backend.run_lane_in_docker(
+        lane,
+        pytest_args=list(args),
+        env=env or {"SELGATE_LANE": lane["name"]},
+        reports_dir=tmp_path / "out" / lane["name"],
+        cache_dir=tmp_path / "cache",
+        extension_cache_dir=tmp_path / "cuda",
+        client=client,
+        out=out,
+    )
     return status, out.getvalue()
 
 
@@ -107,14 +114,16 @@ def test_cpu_lane_builds_its_image_mounts_reports_and_cache_and_returns_pytest_s
     assert build["path"] == str(ROOT)
     ((image, command, kw),) = client.runs
     assert image == "selgate:cpu" and command == ["python", "-m", "pytest", "-p", "no:cacheprovider", "tests", "-k", "x"]
-    assert kw["user"] == f"{os.getuid()}:{os.getgid()}"   # root too: the image's own user is not
+    assert kw["user"] == f"{os.getuid()}:{os.getgid()}"  # root too: the image's own user is not
     assert kw["device_requests"] is None and kw["working_dir"] == "/opt/selgate" and kw["detach"]
-    assert kw["volumes"] == {str(tmp_path / "out" / "cpu"): {"bind": "/opt/selgate/reports/out/cpu", "mode": "rw"},
-                             str(tmp_path / "cache"): {"bind": "/cache/triton", "mode": "rw"},
-                             str(tmp_path / "cuda"): {"bind": "/cache/cuda", "mode": "rw"}}
+    assert kw["volumes"] == {
+        str(tmp_path / "out" / "cpu"): {"bind": "/opt/selgate/reports/out/cpu", "mode": "rw"},
+        str(tmp_path / "cache"): {"bind": "/cache/triton", "mode": "rw"},
+        str(tmp_path / "cuda"): {"bind": "/cache/cuda", "mode": "rw"},
+    }
     assert kw["environment"]["TRITON_CACHE_DIR"] == "/cache/triton" and kw["environment"]["SELGATE_LANE"] == "cpu"
     assert kw["environment"]["SELGATE_CUDA_CACHE"] == "/cache/cuda"
-    assert kw["environment"]["SELGATE_COMMIT"]   # the image holds no .git for the stamp to read
+    assert kw["environment"]["SELGATE_COMMIT"]  # the image holds no .git for the stamp to read
     assert client.container.removed and (tmp_path / "out" / "cpu").is_dir()
 
 
@@ -144,19 +153,24 @@ def test_gpu_lane_with_no_visible_gpu_stops_with_one_line(tmp_path, monkeypatch,
 
 
 def test_an_interrupted_container_gets_sigint_and_is_followed_until_pytest_wrote_its_results(tmp_path):
-    client = FakeClient(FakeContainer([b"running\n"], 0, interrupt=True,
-                                      after_kill=[b"generated xml file: junit.xml\n"]))
+    client = FakeClient(FakeContainer([b"running\n"], 0, interrupt=True, after_kill=[b"generated xml file: junit.xml\n"]))
     status, out = run(load_lane("cpu"), client, tmp_path)
     assert status == 2 and client.container.killed == ["SIGINT"] and client.container.removed
     assert out.index("interrupted: SIGINT to pytest") < out.index("generated xml file")
 
 
 def test_failed_build_stops_before_any_container_with_one_line(tmp_path, capsys):
-    client = FakeClient(build_chunks=[{"stream": "Step 1/9 : FROM x\n"},
-                                      {"error": "The command '/bin/sh -c pip install' returned a non-zero code: 1\n"}])
+    client = FakeClient(
+        build_chunks=[
+            {"stream": "Step 1/9 : FROM x\n"},
+            {"error": "The command '/bin/sh -c pip install' returned a non-zero code: 1\n"},
+        ]
+    )
     assert run(load_lane("cpu"), client, tmp_path)[0] == docker_backend.ENGINE_ERROR
-    assert capsys.readouterr().err == ("error: docker build of selgate:cpu from docker/cpu.Dockerfile failed: "
-                                       "The command '/bin/sh -c pip install' returned a non-zero code: 1\n")
+    assert capsys.readouterr().err == (
+        "error: docker build of selgate:cpu from docker/cpu.Dockerfile failed: "
+        "The command '/bin/sh -c pip install' returned a non-zero code: 1\n"
+    )
     assert not client.runs
 
 
@@ -176,8 +190,9 @@ def test_lane_without_dockerfile_reuses_its_tag_or_says_it_is_missing(tmp_path, 
 def test_no_reachable_engine_is_one_clear_line_and_a_nonzero_exit(tmp_path, monkeypatch, capsys):
     sock = tmp_path / "no-engine.sock"
     monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
-    status = docker_backend.run_lane_in_docker(load_lane("cpu"), pytest_args=["tests"], env={},
-                                               reports_dir=tmp_path / "out", cache_dir=tmp_path / "cache")
+    status = docker_backend.run_lane_in_docker(
+        load_lane("cpu"), pytest_args=["tests"], env={}, reports_dir=tmp_path / "out", cache_dir=tmp_path / "cache"
+    )
     assert status == docker_backend.ENGINE_ERROR
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
@@ -193,8 +208,9 @@ def test_build_args_from_the_environment_override_the_lane(tmp_path, monkeypatch
     monkeypatch.setenv("SELGATE_DOCKER_BUILD_ARGS", "BASE_IMAGE")
     client = FakeClient()
     assert run(load_lane("cpu"), client, tmp_path)[0] == docker_backend.ENGINE_ERROR
-    assert capsys.readouterr().err == ("error: SELGATE_DOCKER_BUILD_ARGS: expected space-separated KEY=VALUE "
-                                       "items, got 'BASE_IMAGE'\n")
+    assert capsys.readouterr().err == (
+        "error: SELGATE_DOCKER_BUILD_ARGS: expected space-separated KEY=VALUE items, got 'BASE_IMAGE'\n"
+    )
     assert not client.builds and not client.runs
 
 
@@ -209,8 +225,10 @@ def test_every_lane_image_builds_from_a_dockerfile_taking_base_image(lane):
 def engine_settings() -> dict:
     """What .ci/docker_engine.sh left in build/docker-engine.env, or a skip with its reason."""
     if not ENGINE_ENV.exists():
-        pytest.skip(f"no Docker engine prepared: {ENGINE_ENV.relative_to(ROOT)} is absent "
-                    "(`bash .ci/docker_engine.sh`, as root, starts one and writes it)")
+        pytest.skip(
+            f"no Docker engine prepared: {ENGINE_ENV.relative_to(ROOT)} is absent "
+            "(`bash .ci/docker_engine.sh`, as root, starts one and writes it)"
+        )
     settings = dict(line.split("=", 1) for line in ENGINE_ENV.read_text().splitlines() if "=" in line)
     if "SELGATE_DOCKER_UNAVAILABLE" in settings:
         pytest.skip(f"no Docker engine: {settings['SELGATE_DOCKER_UNAVAILABLE']} (from .ci/docker_engine.sh)")
@@ -245,7 +263,7 @@ def test_cpu_lane_runs_in_a_real_container_and_its_junit_passes_the_gate(tmp_pat
     offline = " PIP_NO_INDEX=1" if settings.get("SELGATE_DOCKER_OFFLINE") == "1" else ""
     monkeypatch.setenv("SELGATE_DOCKER_BUILD_ARGS", f"BASE_IMAGE={settings['SELGATE_DOCKER_BASE_IMAGE']}{offline}")
     lane = load_lane("cpu")
-    lane["image"] = {**lane["image"], "tag": "selgate:cpu-ci"}   # leaves a user's selgate:cpu alone
+    lane["image"] = {**lane["image"], "tag": "selgate:cpu-ci"}  # leaves a user's selgate:cpu alone
     # The CPU lane's own selection, narrowed to its policy checks (three subprocess probes).
     plan = runner.plan_lane(lane, capability=None, workers=1, policy_only=True)
     assert runner.run_plan(plan, docker=True) == 0
@@ -259,18 +277,36 @@ def test_cpu_lane_runs_in_a_real_container_and_its_junit_passes_the_gate(tmp_pat
     env_file = tmp_path / "results" / "docker-cpu" / "environment.json"
     env_file.write_text(json.dumps({**json.loads(env_file.read_text()), "lane": "docker-cpu"}))
     policy = tmp_path / "gate.yaml"
-    policy.write_text(yaml.safe_dump({"default_profile": "merge", "required_families": ["policy"],
-                                      "profiles": {"merge": {"required_lanes": ["docker-cpu"]}}, "quarantine": []}))
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "default_profile": "merge",
+                "required_families": ["policy"],
+                "profiles": {"merge": {"required_lanes": ["docker-cpu"]}},
+                "quarantine": [],
+            }
+        )
+    )
     # The gated tree is the one the image was built from (the build context less .dockerignore),
     # copied out of the image, under the commit the run named: the stamps must then agree.
     tree = image_tree(docker_backend.connect(), "selgate:cpu-ci", tmp_path / "image")
     monkeypatch.setenv("SELGATE_COMMIT", json.loads(env_file.read_text())["tree"]["commit"])
-    gate_status = reports_main(["gate", "--policy", str(policy), "--results", str(tmp_path / "results"),
-                                "--out", str(tmp_path / "gate"), "--tree", str(tree)])
+    gate_status = reports_main(
+        [
+            "gate",
+            "--policy",
+            str(policy),
+            "--results",
+            str(tmp_path / "results"),
+            "--out",
+            str(tmp_path / "gate"),
+            "--tree",
+            str(tree),
+        ]
+    )
 
     # A failing run inside the container comes back as its exit status (pytest: 4, no such file).
-    assert runner.run_plan(runner.LanePlan(lane, "cpu", ["tests/no_such_file.py"], {}, tmp_path / "cache"),
-                           docker=True) == 4
+    assert runner.run_plan(runner.LanePlan(lane, "cpu", ["tests/no_such_file.py"], {}, tmp_path / "cache"), docker=True) == 4
 
     transcript = capsys.readouterr().out
     TRANSCRIPT.write_text(transcript)

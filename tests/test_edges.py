@@ -4,6 +4,7 @@ overflow, no range slot or no key at all, non-finite rows, malformed arguments a
 Huge S_kv uses stride-0 K/V (`expand`), so every key holds the same vectors and the exact
 answer is known without a reference run: `o = v0`, `lse = scale * q.k0 + log(L)`. Triton runs
 on a GPU or under TRITON_INTERPRET=1; cases that only a GPU path reaches skip on CPU."""
+
 from __future__ import annotations
 
 import math
@@ -53,6 +54,7 @@ def expected(q, k0, v0, L):
 
 # --- key counts past 2^31 ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("S_kv", [2**30 + 100, 2**31 + 10])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_keys_past_2_31_are_read(backend, S_kv):
@@ -67,9 +69,9 @@ def test_keys_past_2_31_are_read(backend, S_kv):
     ranges = ranges[None, None, None].expand(1, 2, 1, 2, 2).contiguous()
     o, lse = call(backend, q, k, v, ranges, return_lse=True)
     for s, L in ((0, 10 + 39), (1, 10 + 40)):  # query s = 0 sits at t = S_kv - 2
-        ref_o, ref_lse = expected(q[:, s:s + 1], k0, v0, L)
-        assert (o[:, s:s + 1].double() - ref_o).abs().max() <= 1e-5
-        assert (lse[:, s:s + 1].double() - ref_lse).abs().max() <= 1e-5
+        ref_o, ref_lse = expected(q[:, s : s + 1], k0, v0, L)
+        assert (o[:, s : s + 1].double() - ref_o).abs().max() <= 1e-5
+        assert (lse[:, s : s + 1].double() - ref_lse).abs().max() <= 1e-5
 
 
 @needs_triton
@@ -118,12 +120,11 @@ def test_varlen_key_offsets_past_int32_with_int32_ranges(backend):
     assert glob.dtype == torch.int64 and glob[0, 1, 0, 0].tolist() == [T_k0 + 4, T_k0 + 20]
     assert pos.tolist() == [[T_k0 - 1, T_k0 + 19]]
     with capability_override("9.0"):
-        o, lse = selection_attention_varlen(q, k, v, ranges, cu_q, cu_k, backend=backend, strict=True,
-                                            return_lse=True)
+        o, lse = selection_attention_varlen(q, k, v, ranges, cu_q, cu_k, backend=backend, strict=True, return_lse=True)
     for s, L in ((0, 64), (1, 16)):
-        ref_o, ref_lse = expected(q[:, s:s + 1], k0, v0, L)
-        assert (o[:, s:s + 1].double() - ref_o).abs().max() <= 1e-5
-        assert (lse[:, s:s + 1].double() - ref_lse).abs().max() <= 1e-5
+        ref_o, ref_lse = expected(q[:, s : s + 1], k0, v0, L)
+        assert (o[:, s : s + 1].double() - ref_o).abs().max() <= 1e-5
+        assert (lse[:, s : s + 1].double() - ref_lse).abs().max() <= 1e-5
 
 
 def test_varlen_int32_ranges_stay_int32_below_2_31():
@@ -134,14 +135,14 @@ def test_varlen_int32_ranges_stay_int32_below_2_31():
 
 # --- positions whose t + 1 overflows ---------------------------------------------------
 
+
 @pytest.mark.parametrize("validate", ["0", "1"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_positions_whose_t_plus_1_overflows_are_refused(backend, validate, monkeypatch):
     """t = 2^63 - 1 made t + 1 wrap to -2^63 and every row silently empty, in every backend;
     SELGATE_VALIDATE_RANGES=1 blamed the ranges."""
     monkeypatch.setenv("SELGATE_VALIDATE_RANGES", validate)
-    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=30, n=2,
-                                                     dtype=torch.float32))
+    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=30, n=2, dtype=torch.float32))
     pos = torch.tensor([[5, INT64_MAX]], device=DEVICE)
     with pytest.raises(ValueError, match=r"positions: max 9223372036854775807 = 2\^63 - 1 overflows t \+ 1"):
         call(backend, q, k, v, normalize_ranges(r, 30), positions=pos)
@@ -152,8 +153,7 @@ def test_int64_positions_still_capture_in_a_cuda_graph(monkeypatch):
     """The positions check reads the device back; under CUDA-graph capture it is skipped (the
     eager warm-up call checks), so a decode loop with int64 positions still captures."""
     monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
-    q, k, v, r = (t.cuda() for t in random_inputs(B=2, S=1, G=2, h=2, Dk=64, Dv=64, S_kv=300, n=4,
-                                                   dtype=torch.float32))
+    q, k, v, r = (t.cuda() for t in random_inputs(B=2, S=1, G=2, h=2, Dk=64, Dv=64, S_kv=300, n=4, dtype=torch.float32))
     pos = torch.full((2, 1), 299, device="cuda")
     selection_attention(q, k, v, r, positions=pos)
     graph = torch.cuda.CUDAGraph()
@@ -174,6 +174,7 @@ def test_largest_positions_that_fit_still_work():
 
 
 # --- no range slot, no key -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [dict(n=0), dict(S_kv=0)], ids=["n=0", "S_kv=0"])
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -198,6 +199,7 @@ def test_reference_formulations_agree_on_no_slot_or_no_key(shape):
 
 
 # --- non-finite rows -------------------------------------------------------------------
+
 
 def nonfinite_case(kind):
     """Rows that select keys [0, 20): a NaN in one head's q, an infinite selected key, or every
@@ -240,8 +242,10 @@ def test_a_non_finite_row_has_nan_lse_in_every_backend(backend, kind):
 def test_reference_formulations_agree_on_non_finite_rows():
     for kind in ("nan_q", "inf_key", "all_minus_inf"):
         q, k, v, r, bad = nonfinite_case(kind)
-        lses = [selection_attention_ref(q.double(), k.double(), v.double(), r, formulation=f, return_lse=True)[1]
-                for f in ("gather", "mask")]
+        lses = [
+            selection_attention_ref(q.double(), k.double(), v.double(), r, formulation=f, return_lse=True)[1]
+            for f in ("gather", "mask")
+        ]
         assert torch.equal(lses[0].isnan(), bad) and torch.equal(lses[1].isnan(), bad)
 
 
@@ -253,12 +257,14 @@ def test_a_minus_inf_score_beside_finite_ones_is_a_zero_weight():
     k[0, 0, 7, 0] = float("-inf")
     o, lse = selection_attention_ref(q, k, v.double(), r, return_lse=True)
     keep = torch.arange(20) != 7
-    want_o, want_lse = selection_attention_ref(q, k[:, :, keep], v.double()[:, :, keep],
-                                               torch.tensor([0, 19]).expand_as(r), return_lse=True)
+    want_o, want_lse = selection_attention_ref(
+        q, k[:, :, keep], v.double()[:, :, keep], torch.tensor([0, 19]).expand_as(r), return_lse=True
+    )
     assert torch.allclose(o, want_o) and torch.allclose(lse, want_lse)
 
 
 # --- malformed arguments ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "ranges", "positions"])
 def test_meta_tensors_are_refused_by_name(name):
@@ -283,11 +289,17 @@ def test_cu_seqlens_must_be_tensors(which, bad):
 
 # --- malformed settings ----------------------------------------------------------------
 
+
 @needs_triton
-@pytest.mark.parametrize("var, value", [("SELGATE_TRITON_FWD_CONFIG", "garbage"),
-                                        ("SELGATE_TRITON_FWD_CONFIG", "BLOCK_X=3"),
-                                        ("SELGATE_TRITON_TMA", "maybe"),
-                                        ("SELGATE_TRITON_RANGE_LEN", "long")])
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("SELGATE_TRITON_FWD_CONFIG", "garbage"),
+        ("SELGATE_TRITON_FWD_CONFIG", "BLOCK_X=3"),
+        ("SELGATE_TRITON_TMA", "maybe"),
+        ("SELGATE_TRITON_RANGE_LEN", "long"),
+    ],
+)
 def test_a_named_backend_raises_on_malformed_settings_and_auto_records_why(var, value, monkeypatch):
     """backend='triton' fell back to sdpa with one warning line; now it raises naming the
     variable. 'auto' may still fall back, with reason 'config' in stats()."""
@@ -296,8 +308,7 @@ def test_a_named_backend_raises_on_malformed_settings_and_auto_records_why(var, 
     monkeypatch.setenv(var, value)
     monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
     monkeypatch.setattr(tuning, "_state", None)  # settings are read once per state
-    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=20, n=2,
-                                                      dtype=torch.float32))
+    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=16, Dv=16, S_kv=20, n=2, dtype=torch.float32))
     with capability_override("9.0"), pytest.raises(ConfigError, match=rf"^{var}"):
         selection_attention(q, k, v, r, backend="triton")
     assert stats()["calls"] == {}

@@ -1,6 +1,7 @@
 """Self-test of the conformance harness: every known-bad implementation is flagged by the
 family it names, on every seed, while reference and sdpa pass every family on those seeds.
 The family checks run directly (no nested pytest), on CPU, on tiny cases."""
+
 import dataclasses
 
 import pytest
@@ -16,14 +17,29 @@ from selgate.conformance.tolerances import ENV, tolerance
 SEEDS = (11, 12, 13)
 DEVICE = "cpu"
 # patterns most likely to expose a fault come first, so a flagged bug stops the search early
-ORDER = ("mixed", "full", "overlapping", "beyond_t", "builder", "heavy_reuse", "single", "adjacent", "many_small",
-         "beyond_skv", "empty", "padding")
+ORDER = (
+    "mixed",
+    "full",
+    "overlapping",
+    "beyond_t",
+    "builder",
+    "heavy_reuse",
+    "single",
+    "adjacent",
+    "many_small",
+    "beyond_skv",
+    "empty",
+    "padding",
+)
 GOOD_PATTERNS = ("mixed", "full", "overlapping")
 
 
 def _cases(impl, family, seed, shapes=None):
-    cases = [c for c in select("tiny") if family.applies(c) and (shapes is None or c.shape in shapes)
-             and not family.skip(impl, c, DEVICE)]
+    cases = [
+        c
+        for c in select("tiny")
+        if family.applies(c) and (shapes is None or c.shape in shapes) and not family.skip(impl, c, DEVICE)
+    ]
     cases.sort(key=lambda c: (ORDER.index(c.pattern), c.dtype.itemsize == 2, c.seed))
     return [dataclasses.replace(c, seed=seed) for c in cases]
 
@@ -62,8 +78,9 @@ def test_good_implementation_passes(name, family):
     if family == "bad_input":
         case = next(c for c in select("tiny") if c.shape == TINY_PREFILL)
         for bad in BAD_INPUTS:
-            check_bad_input(impl, bad, case if not bad.varlen else next(
-                c for c in select("tiny") if c.shape == TINY_VARLEN), DEVICE)
+            check_bad_input(
+                impl, bad, case if not bad.varlen else next(c for c in select("tiny") if c.shape == TINY_VARLEN), DEVICE
+            )
         return
     fam = FAMILIES[family]
     why = fam.skip(impl, None, DEVICE)
@@ -104,8 +121,7 @@ def test_user_implementation_declares_capabilities_by_attributes():
 
 
 def test_tolerance_overrides_layer_over_spec(monkeypatch):
-    monkeypatch.setenv(ENV, '{"fp32": {"max_abs": 2.0e-5}, "bf16": {"grad": {"mean_abs": 2.0e-3}, '
-                            '"dk": {"factor": 4}}}')
+    monkeypatch.setenv(ENV, '{"fp32": {"max_abs": 2.0e-5}, "bf16": {"grad": {"mean_abs": 2.0e-3}, "dk": {"factor": 4}}}')
     assert tolerance(torch.float32, "o").max_abs == 2e-5 and tolerance(torch.float32, "o").mean_abs == 1e-6
     assert tolerance(torch.bfloat16, "dq").mean_abs == 2e-3 and tolerance(torch.bfloat16, "dq").factor == 3
     assert tolerance(torch.bfloat16, "dk").factor == 4 and tolerance(torch.bfloat16, "dk").mean_abs == 2e-3
@@ -122,8 +138,7 @@ def test_failure_message_names_errors_bound_index_and_case():
     with pytest.raises(ConformanceFailure) as e:
         assert_close("dv", got, ref, dtype=torch.float32, case_id="some-case-id")
     msg = str(e.value)
-    for part in ("[some-case-id]", "dv: max abs err 1.000e-03", "bound 1.000e-05", "mean abs err 1.667e-04",
-                 "index (1, 2)"):
+    for part in ("[some-case-id]", "dv: max abs err 1.000e-03", "bound 1.000e-05", "mean abs err 1.667e-04", "index (1, 2)"):
         assert part in msg, msg
     got[0, 0] = float("nan")
     with pytest.raises(ConformanceFailure, match=r"non-finite .* index \(0, 0\)"):

@@ -1,5 +1,6 @@
 """Each kernel's limits are stated once, by the kernel, and the conformance registry and
 the dispatcher read them; the registry checks each Triton forward kernel on its own."""
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,10 @@ def test_registry_declares_what_the_kernels_export():
     for name in ("triton", "triton-gather", "triton-tma"):
         impl = REGISTRY[name]
         assert (impl.dtypes, impl.head_dim_multiple, impl.max_head_dim) == (
-            triton_limits.DTYPES, triton_limits.HEAD_DIM_MULTIPLE, triton_limits.MAX_HEAD_DIM), name
+            triton_limits.DTYPES,
+            triton_limits.HEAD_DIM_MULTIPLE,
+            triton_limits.MAX_HEAD_DIM,
+        ), name
         assert impl.cpu_smoke_only and not (impl.backward and name != "triton"), name
     pairs = REGISTRY["triton-pairs"]
     assert pairs.dtypes == triton_limits.PAIRS_DTYPES and pairs.max_heads == triton_limits.PAIRS_MAX_HEADS
@@ -30,7 +34,10 @@ def test_registry_declares_what_the_kernels_export():
     assert tuple(dims) == triton_limits.PAIRS_HEAD_DIMS and pairs.same_head_dims and pairs.cpu_smoke_only
     cuda = REGISTRY["cuda"]
     assert (cuda.dtypes, cuda.head_dim_multiple, cuda.max_head_dim) == (
-        cuda_limits.DTYPES, cuda_limits.HEAD_DIM_MULTIPLE, cuda_limits.MAX_HEAD_DIM)
+        cuda_limits.DTYPES,
+        cuda_limits.HEAD_DIM_MULTIPLE,
+        cuda_limits.MAX_HEAD_DIM,
+    )
     assert tuple(int(x) for x in cuda.min_capability.split(".")) == cuda_limits.MIN_CAPABILITY
 
 

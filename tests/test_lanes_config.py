@@ -1,4 +1,5 @@
 """Lane YAMLs, GPU-class detection and the lane runner's command line (no pytest is run)."""
+
 import json
 import re
 
@@ -23,8 +24,7 @@ def test_sm89_lane_asserts_the_adr_both_ways():
     assert checks[True] == {"SELGATE_CAPABILITY": "8.9", "SELGATE_TRITON_FORCE": "1"}
 
 
-@pytest.mark.parametrize("cap,lane", [(None, "cpu"), ("9.0", "sm90"), ("8.9", "sm89"), ("8.0", "sm80"),
-                                      ("8.6", "sm80")])
+@pytest.mark.parametrize("cap,lane", [(None, "cpu"), ("9.0", "sm90"), ("8.9", "sm89"), ("8.0", "sm80"), ("8.6", "sm80")])
 def test_detection_maps_capability_to_lane(cap, lane):
     assert lane_for(cap) == lane
 
@@ -53,13 +53,16 @@ def test_tolerance_overrides_reach_the_env_without_reasons(tmp_path):
     assert json.loads(env[TOL_ENV]) == {"fp16": {"factor": 3}}
 
 
-@pytest.mark.parametrize("override, where", [
-    ({"factor": 3, "reason": "2.6x on L4"}, "every override needs a 'reason' and 'measured'"),
-    ({"factor": 3, "reason": "2.6x on L4", "measured": float("nan")}, "measured: expected a finite number >= 0"),
-    ({"factor": float("nan"), "reason": "r", "measured": 2.6}, "fp16.factor: expected a finite number >= 0"),
-    ({"max_abs": -1.0, "reason": "r", "measured": 2.6}, "fp16.max_abs: expected a finite number >= 0"),
-    ({"o": {"mean_abs": float("inf")}, "reason": "r", "measured": 2.6}, "fp16.o.mean_abs: expected a finite"),
-])
+@pytest.mark.parametrize(
+    "override, where",
+    [
+        ({"factor": 3, "reason": "2.6x on L4"}, "every override needs a 'reason' and 'measured'"),
+        ({"factor": 3, "reason": "2.6x on L4", "measured": float("nan")}, "measured: expected a finite number >= 0"),
+        ({"factor": float("nan"), "reason": "r", "measured": 2.6}, "fp16.factor: expected a finite number >= 0"),
+        ({"max_abs": -1.0, "reason": "r", "measured": 2.6}, "fp16.max_abs: expected a finite number >= 0"),
+        ({"o": {"mean_abs": float("inf")}, "reason": "r", "measured": 2.6}, "fp16.o.mean_abs: expected a finite"),
+    ],
+)
 def test_a_tolerance_override_without_measurement_or_with_a_bad_bound_is_rejected(tmp_path, override, where):
     _write_lane(tmp_path, tolerance_overrides={"fp16": override})
     with pytest.raises(ValueError, match=re.escape(where)):
@@ -79,7 +82,7 @@ def test_cpu_plan_runs_xdist_with_timeout_junit_and_triton_cache():
     plan = plan_lane(load_lane("cpu"), capability=None, k="parity")
     args = plan.pytest_args
     assert args[args.index("-n") + 1] == "2"
-    assert args[args.index("--dist") + 1] == "worksteal"   # no test waits behind a long one on a busy worker
+    assert args[args.index("--dist") + 1] == "worksteal"  # no test waits behind a long one on a busy worker
     assert args[args.index("--timeout") + 1] == "300"
     assert args[args.index("--junitxml") + 1] == "reports/out/cpu/junit.xml"
     assert args[args.index("--size") + 1] == "tiny"
@@ -99,13 +102,13 @@ def test_gpu_lane_refuses_the_wrong_device_unless_emulated(monkeypatch):
         plan_lane(load_lane("sm89"), capability="9.0", gpus=1)
     plan = plan_lane(load_lane("sm89"), capability="9.0", gpus=2, emulate=True, policy_only=True)
     assert plan.env["SELGATE_CAPABILITY"] == "8.9"
-    assert plan.env["SELGATE_CUDA_BUILD"] == "1"   # built at collection, outside per-test timeouts
-    monkeypatch.setenv("SELGATE_CUDA_BUILD", "0")   # the caller's own setting passes through untouched
+    assert plan.env["SELGATE_CUDA_BUILD"] == "1"  # built at collection, outside per-test timeouts
+    monkeypatch.setenv("SELGATE_CUDA_BUILD", "0")  # the caller's own setting passes through untouched
     assert "SELGATE_CUDA_BUILD" not in plan_lane(load_lane("sm89"), capability="9.0", gpus=1, emulate=True).env
     assert plan.out_name == "sm89-emulated"
     assert plan.env["TRITON_CACHE_DIR"].endswith("triton/sm89-emulated-sm90")
     assert plan.pytest_args[0] == "lanes/test_lane_policy.py" and "conformance" not in plan.pytest_args
-    assert plan.pytest_args[plan.pytest_args.index("-n") + 1] == "2"   # one worker per GPU
+    assert plan.pytest_args[plan.pytest_args.index("-n") + 1] == "2"  # one worker per GPU
 
 
 def test_gpu_lane_without_visible_gpus_fails_clearly():
@@ -127,10 +130,10 @@ def test_docker_runs_hand_the_plan_to_the_docker_backend(tmp_path, monkeypatch):
     monkeypatch.setenv("SELGATE_CACHE_DIR", str(tmp_path / "cache"))
     plan = plan_lane(load_lane("cpu"), capability=None)
     assert runner.run_plan(plan, docker=True) == 7
-    (lane_cfg, kw), = calls
+    ((lane_cfg, kw),) = calls
     assert lane_cfg["name"] == "cpu" and kw["pytest_args"] == plan.pytest_args
     assert kw["reports_dir"] == tmp_path / "out" / "cpu" and kw["cache_dir"] == tmp_path / "cache" / "triton" / "cpu-cpu"
-    assert kw["env"]["TRITON_INTERPRET"] == "1" and "TRITON_CACHE_DIR" not in kw["env"]   # the image sets its own
+    assert kw["env"]["TRITON_INTERPRET"] == "1" and "TRITON_CACHE_DIR" not in kw["env"]  # the image sets its own
 
 
 def test_a_run_that_writes_nothing_leaves_no_old_results_behind(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 the stamp plugin) interrupted half way, as a cancelled workflow does it (SIGINT, then SIGTERM),
 leaves a JUnit of every test done and a `cut` record, and the gate blocks naming the cut and how
 far the run got."""
+
 from __future__ import annotations
 
 import json
@@ -55,20 +56,26 @@ def wait_for(predicate, timeout: float, what: str):
 
 @pytest.mark.timeout(240)
 def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming_the_cut(tmp_path):
-    marks, out_root = tmp_path / "marks", tmp_path / "reports" / "out"   # where a lane's inventory starts
+    marks, out_root = tmp_path / "marks", tmp_path / "reports" / "out"  # where a lane's inventory starts
     marks.mkdir()
     test_file = tmp_path / "test_slow_lane.py"
     test_file.write_text(SLOW_TESTS)
     # not the durations of a lane this suite may itself run in: they name its tests, relative to its rootdir
     env = {**{k: v for k, v in os.environ.items() if k != "SELGATE_DURATIONS"}, "CUT_MARKS": str(marks)}
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(out_root), str(test_file)], cwd=runner.ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(out_root), str(test_file)],
+        cwd=runner.ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for(lambda: len(list(marks.iterdir())) >= 6 or proc.poll() is not None, 180, "six tests to pass")
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)   # a cancelled workflow's second signal: ignored while results are written
+        proc.send_signal(signal.SIGTERM)  # a cancelled workflow's second signal: ignored while results are written
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
@@ -84,16 +91,25 @@ def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming
     # in flight when the signal lands, and the JUnit holds what the controller had received
     assert outcomes.count("pass") >= 6 - 2 and len(outcomes) < TESTS, outcomes
     cut = json.loads((out_root / "cpu" / "environment.json").read_text())["cut"]
-    assert not (out_root / "cpu" / "inventory.json").exists()   # its collection is stopped, not waited for
+    assert not (out_root / "cpu" / "inventory.json").exists()  # its collection is stopped, not waited for
     assert cut["signal"] == "SIGINT" and cut["tests_collected"] == TESTS
-    assert outcomes.count("pass") <= cut["tests_done"] <= passed + 2   # a test may finish while pytest stops
+    assert outcomes.count("pass") <= cut["tests_done"] <= passed + 2  # a test may finish while pytest stops
 
     policy = tmp_path / "gate.yaml"
-    policy.write_text(yaml.safe_dump({"default_profile": "merge", "required_families": [],
-                                      "profiles": {"merge": {"required_lanes": ["cpu"]}}, "quarantine": []}))
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "default_profile": "merge",
+                "required_families": [],
+                "profiles": {"merge": {"required_lanes": ["cpu"]}},
+                "quarantine": [],
+            }
+        )
+    )
     rc = reports_main(["gate", "--policy", str(policy), "--results", str(out_root), "--out", str(tmp_path / "gate")])
     report = (tmp_path / "gate" / "report.md").read_text()
     assert rc == 1
     share = 100 * cut["tests_done"] // TESTS
-    assert (f"GATE BLOCKED: required lane cpu cut short by SIGINT after {cut['tests_done']} of {TESTS} "
-            f"tests ({share} %)") in report
+    assert (
+        f"GATE BLOCKED: required lane cpu cut short by SIGINT after {cut['tests_done']} of {TESTS} tests ({share} %)"
+    ) in report

@@ -1,5 +1,6 @@
 """The lanes' policy checks, run for real: SM 8.9 emulated through the capability override
 in the Triton interpreter on CPU tensors, so the counters prove the ADR here too."""
+
 import pytest
 
 from selgate.lanes.config import load_lane
@@ -24,7 +25,7 @@ def test_sm89_policy_holds_both_ways(sm89_checks):
 
 
 def test_a_violated_policy_fails_and_says_why(sm89_checks):
-    check, stats = sm89_checks[1]                      # forced: Triton launched
+    check, stats = sm89_checks[1]  # forced: Triton launched
     ok, why = judge({**check, "triton_launches": False}, stats)
     assert not ok
     assert "Triton must never launch" in why and "counted 1 Triton launches" in why

@@ -1,5 +1,6 @@
 """Progress of a long lane: done/total, the rate and the time left, every few seconds or
 percent, on the controller of an xdist run."""
+
 from __future__ import annotations
 
 import os
@@ -23,16 +24,16 @@ def test_a_line_every_interval_and_every_five_percent_with_rate_and_time_left():
     clock = Clock()
     progress = Progress(every_s=30, clock=clock)
     progress.total = 200
-    assert progress.finished("t0") is None          # the rate counts from this first result
+    assert progress.finished("t0") is None  # the rate counts from this first result
     lines = []
     for i in range(1, 200):
         clock.now += 0.5
         lines.append(progress.finished(f"t{i}"))
     due = [line for line in lines if line]
-    assert len(due) == 20   # every 5 % (10 tests in 5 s, before 30 s pass)
+    assert len(due) == 20  # every 5 % (10 tests in 5 s, before 30 s pass)
     assert due[0] == "progress: 10/200 tests (5 %) in 0m04s, 2.22 tests/s, about 1m26s left"
     assert due[-1].startswith("progress: 200/200 tests (100 %) in 1m40s") and due[-1].endswith("about 0m00s left")
-    assert progress.finished("t5") is None          # a test reported twice counts once
+    assert progress.finished("t5") is None  # a test reported twice counts once
 
 
 def test_a_slow_lane_gets_a_line_every_interval_between_steps():
@@ -55,12 +56,32 @@ def test_clock_text_and_a_bad_interval_is_named():
 
 @pytest.mark.timeout(180)
 def test_an_xdist_run_prints_progress_against_what_its_workers_collected(tmp_path):
-    (tmp_path / "test_mod.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(8))\n"
-                                          "def test_x(i):\n    pass\n")
+    (tmp_path / "test_mod.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(8))\ndef test_x(i):\n    pass\n")
     env = {**os.environ, "SELGATE_PROGRESS_S": "0", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist.plugin", "-p", "selgate.lanes.progress",
-                          "-p", "no:cacheprovider", "-n", "2", "--rootdir", str(tmp_path), "test_mod.py"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170, check=False)
-    lines = re.findall(r"^progress: (\d+)/(\d+) tests \((\d+) %\)", out.stdout, re.MULTILINE)   # on lines of their own
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "xdist.plugin",
+            "-p",
+            "selgate.lanes.progress",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "--rootdir",
+            str(tmp_path),
+            "test_mod.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    lines = re.findall(r"^progress: (\d+)/(\d+) tests \((\d+) %\)", out.stdout, re.MULTILINE)  # on lines of their own
     assert [(int(d), int(t)) for d, t, _ in lines] == [(i, 8) for i in range(1, 9)], out.stdout + out.stderr
     assert "8 passed" in out.stdout

@@ -1,6 +1,7 @@
 """The compute-sanitizer pass on CPU: compute-sanitizer's output parsed from canned text, the
 pass run end to end with a stand-in compute-sanitizer and driver, and the release gate that
 blocks on findings, on a pass that is absent, incomplete or of another tree."""
+
 from __future__ import annotations
 
 import json
@@ -38,27 +39,40 @@ CLEAN = "========= COMPUTE-SANITIZER\ncase cuda_decode_mma: ran\n========= ERROR
 RACECHECK_CLEAN = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
 
 
-@pytest.mark.parametrize("tool, text, expected", [
-    ("memcheck", MEMCHECK_FINDING, (2, 0, ["Invalid __global__ read of size 2 bytes"] * 2)),
-    ("racecheck", RACECHECK_FINDING,
-     (1, 0, ["Error: Race reported between Write access at _pair_kernel+0x1230 in pairs.py:150"])),
-    ("initcheck", CLEAN, (0, 0, [])),
-    ("racecheck", RACECHECK_CLEAN, (0, 0, [])),
-    ("synccheck", "========= COMPUTE-SANITIZER\ncase triton_backward: ran\n", (None, 0, [])),   # cut off
-])
+@pytest.mark.parametrize(
+    "tool, text, expected",
+    [
+        ("memcheck", MEMCHECK_FINDING, (2, 0, ["Invalid __global__ read of size 2 bytes"] * 2)),
+        (
+            "racecheck",
+            RACECHECK_FINDING,
+            (1, 0, ["Error: Race reported between Write access at _pair_kernel+0x1230 in pairs.py:150"]),
+        ),
+        ("initcheck", CLEAN, (0, 0, [])),
+        ("racecheck", RACECHECK_CLEAN, (0, 0, [])),
+        ("synccheck", "========= COMPUTE-SANITIZER\ncase triton_backward: ran\n", (None, 0, [])),  # cut off
+    ],
+)
 def test_compute_sanitizer_output_is_parsed(tool, text, expected):
     assert sanitize.parse_output(tool, text) == expected
 
 
-@pytest.mark.parametrize("result, expected", [
-    (sanitize.ToolResult("memcheck", 0, 12.0, 2, 0, ["Invalid __global__ read of size 2 bytes"]),
-     "compute-sanitizer memcheck: 2 errors, e.g. Invalid __global__ read of size 2 bytes"),
-    (sanitize.ToolResult("racecheck", None, 150.0), "compute-sanitizer racecheck: timed out after 150 s"),
-    (sanitize.ToolResult("synccheck", 1, 3.0), "compute-sanitizer synccheck: no error summary in its output (exit 1)"),
-    (sanitize.ToolResult("initcheck", 1, 9.0, 0, tail="case gluon_prefill: FAILED RuntimeError: boom\n"),
-     "compute-sanitizer initcheck: the cases failed under it (exit 1): case gluon_prefill: FAILED RuntimeError: boom"),
-    (sanitize.ToolResult("initcheck", 0, 9.0, 0), None),
-])
+@pytest.mark.parametrize(
+    "result, expected",
+    [
+        (
+            sanitize.ToolResult("memcheck", 0, 12.0, 2, 0, ["Invalid __global__ read of size 2 bytes"]),
+            "compute-sanitizer memcheck: 2 errors, e.g. Invalid __global__ read of size 2 bytes",
+        ),
+        (sanitize.ToolResult("racecheck", None, 150.0), "compute-sanitizer racecheck: timed out after 150 s"),
+        (sanitize.ToolResult("synccheck", 1, 3.0), "compute-sanitizer synccheck: no error summary in its output (exit 1)"),
+        (
+            sanitize.ToolResult("initcheck", 1, 9.0, 0, tail="case gluon_prefill: FAILED RuntimeError: boom\n"),
+            "compute-sanitizer initcheck: the cases failed under it (exit 1): case gluon_prefill: FAILED RuntimeError: boom",
+        ),
+        (sanitize.ToolResult("initcheck", 0, 9.0, 0), None),
+    ],
+)
 def test_each_way_a_tool_run_blocks(result, expected):
     assert result.blocking() == expected or (expected and result.blocking().startswith(expected))
 
@@ -74,12 +88,14 @@ FAKE_DRIVER = "import sys\nprint('gpu: Fake H100')\nprint('case ' + ' '.join(sys
 @pytest.fixture
 def stand_ins(tmp_path, monkeypatch):
     """A compute-sanitizer printing canned output per tool, and a driver that runs nothing."""
+
     def make(outputs: dict):
         (tmp_path / "outputs.json").write_text(json.dumps(outputs))
         tool = tmp_path / "compute-sanitizer"
         tool.write_text(FAKE_SANITIZER.format(python=sys.executable, outputs=str(tmp_path / "outputs.json")))
         tool.chmod(0o755)
         return str(tool)
+
     (tmp_path / "fake_driver.py").write_text(FAKE_DRIVER)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setattr(sanitize, "DRIVER", "fake_driver")
@@ -94,15 +110,21 @@ def run_pass(tmp_path, sanitizer, tools=sanitize.TOOLS):
 
 
 def release(tmp_path, capsys):
-    capsys.readouterr()   # what the pass printed
+    capsys.readouterr()  # what the pass printed
     if not (tmp_path / "res" / "cpu").exists():
         write_lane(tmp_path / "res", "cpu", passing_cases())
     policy = tmp_path / "gate.yaml"
-    policy.write_text(yaml.safe_dump({"default_profile": "merge", "required_families": ["parity"], "quarantine": [],
-                                      "profiles": {"merge": {"required_lanes": ["cpu"]},
-                                                   "release": {"required_lanes": ["cpu"], "sanitizer": True}}}))
-    rc = reports_main(["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
-                       "--policy", str(policy)])
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "default_profile": "merge",
+                "required_families": ["parity"],
+                "quarantine": [],
+                "profiles": {"merge": {"required_lanes": ["cpu"]}, "release": {"required_lanes": ["cpu"], "sanitizer": True}},
+            }
+        )
+    )
+    rc = reports_main(["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--policy", str(policy)])
     report = (tmp_path / "out" / "release.md").read_text()
     return rc, capsys.readouterr().out.splitlines()[0], report
 
@@ -119,12 +141,11 @@ def test_a_clean_pass_writes_its_report_and_clears_the_release(tmp_path, capsys,
 
 
 def test_findings_block_the_release_by_tool_even_if_the_file_says_otherwise(tmp_path, capsys, stand_ins):
-    sanitizer = stand_ins({"memcheck": MEMCHECK_FINDING, "racecheck": RACECHECK_FINDING, "initcheck": CLEAN,
-                           "synccheck": CLEAN})
+    sanitizer = stand_ins({"memcheck": MEMCHECK_FINDING, "racecheck": RACECHECK_FINDING, "initcheck": CLEAN, "synccheck": CLEAN})
     result = run_pass(tmp_path, sanitizer)
     assert result["blocking"][0].startswith("compute-sanitizer memcheck: 2 errors")
     path = tmp_path / "res" / "sanitizer" / "result.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "blocking": []}))   # a hand-edited result
+    path.write_text(json.dumps({**json.loads(path.read_text()), "blocking": []}))  # a hand-edited result
     rc, _, report = release(tmp_path, capsys)
     assert rc == 1
     assert "compute-sanitizer memcheck: 2 errors, e.g. Invalid __global__ read of size 2 bytes" in report

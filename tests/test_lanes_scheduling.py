@@ -1,6 +1,7 @@
 """How a lane spends its wall time: workers per GPU from its memory and the CPUs, costly tests
 first from the committed durations, persistent Triton and CUDA extension caches, and the
 cross-architecture compile kept out of GPU lanes; the selection itself never changes."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from selgate.lanes import ordering, runner
 from selgate.lanes.config import load_lane
 from selgate.lanes.runner import plan_lane, workers_per_gpu
 
-H100 = 85_045_526_528   # total_memory torch reports for an 80 GB H100 (HBM3)
+H100 = 85_045_526_528  # total_memory torch reports for an 80 GB H100 (HBM3)
 H200 = 150_117_466_112
 
 
@@ -23,10 +24,18 @@ def n_of(plan) -> int:
     return int(plan.pytest_args[plan.pytest_args.index("-n") + 1])
 
 
-@pytest.mark.parametrize("memory, cpus, gpus, expected", [
-    (H100, 16, 1, 8), (H200, 16, 1, 15), (H100, 4, 1, 4), (H100, 16, 2, 8), (24e9, 8, 1, 2), (8e9, 16, 1, 1),
-    (H100, 1, 2, 1),
-])
+@pytest.mark.parametrize(
+    "memory, cpus, gpus, expected",
+    [
+        (H100, 16, 1, 8),
+        (H200, 16, 1, 15),
+        (H100, 4, 1, 4),
+        (H100, 16, 2, 8),
+        (24e9, 8, 1, 2),
+        (8e9, 16, 1, 1),
+        (H100, 1, 2, 1),
+    ],
+)
 def test_workers_per_gpu_follow_its_memory_and_the_cpus(memory, cpus, gpus, expected):
     assert workers_per_gpu(memory, cpus, gpus) == expected
 
@@ -56,7 +65,7 @@ def test_triton_and_extension_caches_persist_under_one_root(tmp_path, monkeypatc
     plan = plan_lane(load_lane("sm90"), capability="9.0", gpus=1, gpu_memory=H100, cpus=16)
     assert plan.env["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton" / "sm90-sm90")
     assert plan.env["SELGATE_CUDA_CACHE"] == str(tmp_path / "cache" / "cuda") == str(plan.extension_cache_dir)
-    monkeypatch.setenv("SELGATE_CUDA_CACHE", str(tmp_path / "mine"))   # the caller's own place wins
+    monkeypatch.setenv("SELGATE_CUDA_CACHE", str(tmp_path / "mine"))  # the caller's own place wins
     assert plan_lane(load_lane("cpu"), capability=None).env["SELGATE_CUDA_CACHE"] == str(tmp_path / "mine")
 
 
@@ -83,14 +92,32 @@ def test_a_malformed_durations_file_is_named(tmp_path):
 
 
 def test_the_plugin_orders_a_real_collection_the_same_way(tmp_path):
-    (tmp_path / "test_mod.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(6))\n"
-                                          "def test_x(i):\n    pass\n")
+    (tmp_path / "test_mod.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(6))\ndef test_x(i):\n    pass\n")
     durations = tmp_path / "durations.json"
     durations.write_text(json.dumps({"tests": {"test_mod.py::test_x[4]": 12.0, "test_mod.py::test_x[2]": 40.0}}))
-    env = {**os.environ, ordering.DURATIONS_ENV: durations.name, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}   # from rootdir
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "selgate.lanes.ordering",
-                          "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_mod.py"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    env = {**os.environ, ordering.DURATIONS_ENV: durations.name, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # from rootdir
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "selgate.lanes.ordering",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "test_mod.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     ids = [line.split("::")[1] for line in out.stdout.splitlines() if "::" in line]
     assert ids == ["test_x[2]", "test_x[4]", "test_x[0]", "test_x[1]", "test_x[3]", "test_x[5]"], out.stdout + out.stderr
 
@@ -98,28 +125,57 @@ def test_the_plugin_orders_a_real_collection_the_same_way(tmp_path):
 def test_a_missing_durations_file_is_a_usage_error_naming_it(tmp_path):
     (tmp_path / "test_mod.py").write_text("def test_x():\n    pass\n")
     env = {**os.environ, ordering.DURATIONS_ENV: "lanes/durations/cpu.json", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "selgate.lanes.ordering",
-                          "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_mod.py"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "selgate.lanes.ordering",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "test_mod.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 4 and "SELGATE_DURATIONS: no durations file" in out.stderr, out.stdout + out.stderr
 
 
 def test_durations_are_recorded_from_a_lanes_junit(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out" / "cpu"
     out.mkdir(parents=True)
-    cases = [("tests/test_a.py::test_slow", 283.2), ("tests/test_a.py::test_fast", 0.2),
-             ("conformance/test_parity.py::test_parity[triton-case1]", 7.04)]
-    body = "".join(f'<testcase classname="x" name="y" time="{t}"><properties><property name="nodeid" value="{n}" />'
-                   "</properties></testcase>" for n, t in cases)
+    cases = [
+        ("tests/test_a.py::test_slow", 283.2),
+        ("tests/test_a.py::test_fast", 0.2),
+        ("conformance/test_parity.py::test_parity[triton-case1]", 7.04),
+    ]
+    body = "".join(
+        f'<testcase classname="x" name="y" time="{t}"><properties><property name="nodeid" value="{n}" /></properties></testcase>'
+        for n, t in cases
+    )
     (out / "junit.xml").write_text(f'<testsuites><testsuite name="pytest" tests="3">{body}</testsuite></testsuites>')
-    (out / "environment.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "commit": "c" * 40,
-                                                      "tree": {"commit": "a" * 40}, "finished": "2026-11-26T12:00:00Z"}))
+    (out / "environment.json").write_text(
+        json.dumps(
+            {"gpu": "NVIDIA H100 80GB HBM3", "commit": "c" * 40, "tree": {"commit": "a" * 40}, "finished": "2026-11-26T12:00:00Z"}
+        )
+    )
     monkeypatch.setattr(lanes_main, "OUT_ROOT", tmp_path / "out")
     monkeypatch.setattr(lanes_main, "DURATIONS_DIR", tmp_path / "durations")
     assert lanes_main.main(["durations", "cpu"]) == 0
     data = json.loads((tmp_path / "durations" / "cpu.json").read_text())
-    assert list(data["tests"].items()) == [("tests/test_a.py::test_slow", 283.2),
-                                          ("conformance/test_parity.py::test_parity[triton-case1]", 7.0)]
+    assert list(data["tests"].items()) == [
+        ("tests/test_a.py::test_slow", 283.2),
+        ("conformance/test_parity.py::test_parity[triton-case1]", 7.0),
+    ]
     assert data["gpu"] == "NVIDIA H100 80GB HBM3" and data["lane"] == "cpu" and data["commit"] == "a" * 40
     assert "2 tests of >= 5.0 s (290 s in all)" in capsys.readouterr().out
     assert lanes_main.main(["durations", "sm77"]) == 2

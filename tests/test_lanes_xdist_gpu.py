@@ -1,5 +1,6 @@
 """One GPU per xdist worker, and a test that kills its worker becomes that test's error
 while the lane's other results survive (real pytest -n runs in a subprocess)."""
+
 import json
 import os
 import subprocess
@@ -13,16 +14,19 @@ from selgate.lanes.xdist_gpu import worker_device
 from selgate.reports.results import load_lane
 
 
-@pytest.mark.parametrize("worker,visible,count,expected", [
-    ("gw0", "4,5", 0, "4"),          # an inherited CUDA_VISIBLE_DEVICES is honoured, not renumbered
-    ("gw1", "4,5", 0, "5"),
-    ("gw2", "4,5", 0, "4"),          # more workers than GPUs: wrap around
-    ("gw1", " 4, 5 ", 0, "5"),
-    ("gw1", "GPU-aa,GPU-bb", 0, "GPU-bb"),
-    ("gw3", None, 8, "3"),           # unset: every device
-    ("gw0", "", 0, None),            # nothing visible: leave it alone
-    (None, "4,5", 0, None),          # not an xdist worker
-])
+@pytest.mark.parametrize(
+    "worker,visible,count,expected",
+    [
+        ("gw0", "4,5", 0, "4"),  # an inherited CUDA_VISIBLE_DEVICES is honoured, not renumbered
+        ("gw1", "4,5", 0, "5"),
+        ("gw2", "4,5", 0, "4"),  # more workers than GPUs: wrap around
+        ("gw1", " 4, 5 ", 0, "5"),
+        ("gw1", "GPU-aa,GPU-bb", 0, "GPU-bb"),
+        ("gw3", None, 8, "3"),  # unset: every device
+        ("gw0", "", 0, None),  # nothing visible: leave it alone
+        (None, "4,5", 0, None),  # not an xdist worker
+    ],
+)
 def test_worker_device_mapping(worker, visible, count, expected):
     assert worker_device(worker, visible, count) == expected
 
@@ -45,10 +49,26 @@ def _run_pytest(tmp_path, source, workers, env=None, plugins=("selgate.lanes.xdi
     (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(source))
     named = ("xdist.plugin", "pytest_timeout", *plugins)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", str(workers), *(a for p in named for a in ("-p", p)),
-         "-p", "no:cacheprovider", "--junitxml", "out/junit.xml", *extra, "test_synthetic.py"],
-        cwd=tmp_path, env={**outer_env(), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})},
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            str(workers),
+            *(a for p in named for a in ("-p", p)),
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            "out/junit.xml",
+            *extra,
+            "test_synthetic.py",
+        ],
+        cwd=tmp_path,
+        env={**outer_env(), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc, load_lane("synthetic", tmp_path / "out")
 
 
@@ -82,15 +102,26 @@ def test_a_test_that_kills_or_hangs_its_worker_is_an_error_and_the_rest_survive(
         def test_hang(): time.sleep(60)
         def test_failing(): assert 1 == 2
     """
-    proc, lane = _run_pytest(tmp_path, source, 1, plugins=("selgate.lanes.xdist_gpu", "selgate.reports.stamp"),
-                             extra=("--timeout", "120", "--timeout-method", "thread"))   # as the lanes run
+    proc, lane = _run_pytest(
+        tmp_path,
+        source,
+        1,
+        plugins=("selgate.lanes.xdist_gpu", "selgate.reports.stamp"),
+        extra=("--timeout", "120", "--timeout-method", "thread"),
+    )  # as the lanes run
     outcomes = {c.nodeid.split("::")[1]: c.outcome for c in lane.cases}
-    assert outcomes == {"test_before": "pass", "test_exit": "error", "test_abort": "error",
-                        "test_fault": "error", "test_after": "pass", "test_hang": "error",
-                        "test_failing": "fail"}, proc.stdout[-3000:]
+    assert outcomes == {
+        "test_before": "pass",
+        "test_exit": "error",
+        "test_abort": "error",
+        "test_fault": "error",
+        "test_after": "pass",
+        "test_hang": "error",
+        "test_failing": "fail",
+    }, proc.stdout[-3000:]
     crashed = {c.nodeid.split("::")[1]: c.message for c in lane.cases if c.outcome == "error"}
     assert all("crashed while running" in m for m in crashed.values())
-    assert crashed["test_fault"].startswith("RuntimeError: CUDA error: an illegal memory access")   # cause kept
+    assert crashed["test_fault"].startswith("RuntimeError: CUDA error: an illegal memory access")  # cause kept
     pids = dict(line.split() for line in (tmp_path / "pids").read_text().splitlines())
     assert pids["after"] != pids["fault"], "the poisoned worker must be replaced before the next test"
     assert json.loads((tmp_path / "out" / "environment.json").read_text())["pytest_exitstatus"] == 1
@@ -138,8 +169,9 @@ def test_a_real_cuda_fault_is_contained_to_its_test(tmp_path):
     """Without the plugin the sticky error fails every later test of the worker; with it
     only the faulting test is charged."""
     bare, bare_lane = _run_pytest(tmp_path / "bare", CUDA_FAULT, 1, plugins=())
-    assert {c.nodeid.split("::")[1]: c.outcome for c in bare_lane.cases} == {"test_fault": "fail",
-                                                                              "test_after": "fail"}, bare.stdout[-3000:]
+    assert {c.nodeid.split("::")[1]: c.outcome for c in bare_lane.cases} == {"test_fault": "fail", "test_after": "fail"}, (
+        bare.stdout[-3000:]
+    )
     proc, lane = _run_pytest(tmp_path / "pinned", CUDA_FAULT, 1)
     outcomes = {c.nodeid.split("::")[1]: c.outcome for c in lane.cases}
     assert outcomes == {"test_fault": "error", "test_after": "pass"}, proc.stdout[-3000:]

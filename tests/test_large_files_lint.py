@@ -1,5 +1,6 @@
 """.ci/lint.sh refuses a tracked file over 1 MB unless .ci/large-files lists it, run in a
 scratch repository with stand-in linters (the size check is what is under test)."""
+
 from __future__ import annotations
 
 import shutil
@@ -51,15 +52,25 @@ def test_listed_large_files_pass(repo):
     assert "no tracked file over 1 MB outside .ci/large-files" in r.stdout
 
 
-@pytest.mark.skipif(not (ROOT / ".git").exists() or shutil.which("git") is None,
-                    reason="needs the repository's git checkout (images leave .git out)")
+@pytest.mark.skipif(
+    not (ROOT / ".git").exists() or shutil.which("git") is None,
+    reason="needs the repository's git checkout (images leave .git out)",
+)
 def test_the_repository_passes_its_own_size_check():
     """Every tracked file over 1 MB here is on the allow-list, and the tree stays under 8 MB."""
-    sizes = subprocess.run("git ls-files -s | sed 's/^[0-9]* \\([0-9a-f]*\\) [0-9]*\\t/\\1 /' "
-                           "| git cat-file --batch-check='%(objectsize) %(rest)'", shell=True, cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split("\n")
+    sizes = subprocess.run(
+        "git ls-files -s | sed 's/^[0-9]* \\([0-9a-f]*\\) [0-9]*\\t/\\1 /' | git cat-file --batch-check='%(objectsize) %(rest)'",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     rows = [line.split(" ", 1) for line in sizes if line]
-    allowed = {line.split()[0] for line in (ROOT / ".ci" / "large-files").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    allowed = {
+        line.split()[0]
+        for line in (ROOT / ".ci" / "large-files").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert [p for n, p in rows if int(n) > 1 << 20 and p not in allowed] == []
     assert sum(int(n) for n, _ in rows) < 8_000_000

@@ -8,6 +8,7 @@ that holds t).
 The environment is made with pip from the package index (torch pinned to the version this
 process runs), so it is a CPU-machine check: GPU lanes, whose machines have no index, skip it.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,15 +29,22 @@ OUTSIDE = Path(__file__).resolve().parent / "outside"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(torch.cuda.is_available(), reason="installs from the package index: a CPU-machine check"),
-    pytest.mark.skipif(os.environ.get("PIP_NO_INDEX", "").lower() in ("1", "true", "yes"),
-                       reason="PIP_NO_INDEX is set: no package index to install the wheel's dependencies from"),
+    pytest.mark.skipif(
+        os.environ.get("PIP_NO_INDEX", "").lower() in ("1", "true", "yes"),
+        reason="PIP_NO_INDEX is set: no package index to install the wheel's dependencies from",
+    ),
 ]
 
 
 def _run(cmd, cwd, timeout=900, env=None):
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                         env={**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON"))},
-                              **(env or {})})
+    out = subprocess.run(
+        cmd,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON"))}, **(env or {})},
+    )
     return out.returncode, out.stdout + out.stderr
 
 
@@ -49,16 +57,20 @@ def outside(tmp_path_factory):
     # setuptools builds in the checkout's build/: one xdist worker at a time
     (ROOT / "build").mkdir(exist_ok=True)
     with FileLock(ROOT / "build" / "wheel.lock"):
-        rc, log = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(dist), str(ROOT)], base)
+        rc, log = _run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)], base
+        )
     assert rc == 0, log
-    wheel, = dist.glob("selgate-*.whl")
+    (wheel,) = dist.glob("selgate-*.whl")
     env_dir = base / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     torch_pin = f"torch=={torch.__version__.split('+')[0]}"
-    rc, log = _run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel), torch_pin,
-                    "triton==3.6.0"], base, timeout=1500)
+    rc, log = _run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel), torch_pin, "triton==3.6.0"],
+        base,
+        timeout=1500,
+    )
     assert rc == 0, log
     work = base / "work"
     work.mkdir()
@@ -69,17 +81,41 @@ def outside(tmp_path_factory):
 
 def test_the_wheel_carries_its_configs_and_no_checkout_is_used(outside):
     py, _, work = outside
-    rc, log = _run([str(py), "-c", "import selgate, selgate.kernels, torch; "
-                                   "from selgate.kernels import selection_attention; "
-                                   "print(selgate.__file__); print(selgate.kernels.config.CONFIG_DIR)"], work)
+    rc, log = _run(
+        [
+            str(py),
+            "-c",
+            "import selgate, selgate.kernels, torch; "
+            "from selgate.kernels import selection_attention; "
+            "print(selgate.__file__); print(selgate.kernels.config.CONFIG_DIR)",
+        ],
+        work,
+    )
     assert rc == 0, log
     assert str(ROOT) not in log and "site-packages" in log, log
 
 
 def test_the_pytest_plugin_runs_the_matrix_from_any_directory(outside):
     py, _, work = outside
-    rc, log = _run([str(py), "-m", "pytest", "--pyargs", "selgate.conformance", "-m", "conformance and parity",
-                    "--impl", "tokenkernels:gather", "--size", "tiny", "-q", "-p", "no:cacheprovider"], work)
+    rc, log = _run(
+        [
+            str(py),
+            "-m",
+            "pytest",
+            "--pyargs",
+            "selgate.conformance",
+            "-m",
+            "conformance and parity",
+            "--impl",
+            "tokenkernels:gather",
+            "--size",
+            "tiny",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        work,
+    )
     assert rc == 0, log
     assert " passed" in log and "error" not in log.lower(), log
 
@@ -123,8 +159,7 @@ def test_check_judges_block_index_kernels(outside):
     rc, log, report = _check(outside, "blockkernels:fla_style", "blocks")
     assert rc == 0, log
     assert "| block size | 8 |" in report
-    rc, log, report = _check(outside, "blockkernels:fla_style_broken_causal", "blocks-broken",
-                             "-k", "test_parity or test_bounds")
+    rc, log, report = _check(outside, "blockkernels:fla_style_broken_causal", "blocks-broken", "-k", "test_parity or test_bounds")
     assert rc == 1, log
     assert "FAIL test_parity.py::test_parity[" in report and "FAIL test_bounds.py::test_bounds[" in report
 

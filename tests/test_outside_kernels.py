@@ -1,5 +1,6 @@
 """Outside kernels: declarations (validated, from attributes or YAML), cases fitted to them,
 the block-index adapters, and block-index kernels through the matrix's families."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +27,7 @@ def _impl(name):
 
 # --- adapters ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", range(6))
 def test_block_indices_and_ranges_round_trip(seed):
     """Random block selections -> ranges -> block ids give the same blocks, the block that
@@ -42,7 +44,7 @@ def test_block_indices_and_ranges_round_trip(seed):
             for g in range(G):
                 want = sorted({int(i) for i in ids[b, s, g] if i >= 0 and i * bs <= t[s]})
                 row = got[b, s, g].tolist()
-                assert row[:len(want)] == want and all(x == -1 for x in row[len(want):])
+                assert row[: len(want)] == want and all(x == -1 for x in row[len(want) :])
                 assert int(counts[b, s, g]) == len(want)
     assert got.dtype == torch.int32 and counts.dtype == torch.int32
 
@@ -55,8 +57,11 @@ def test_block_counts_cut_the_rows():
 
 def test_a_selection_that_is_not_whole_blocks_is_refused_naming_it():
     ranges = torch.tensor([[[[[0, 8], [10, 16]]]]])
-    with pytest.raises(ValueError, match=r"ranges: row \(0, 0, 0\) range 1 is \[10, 16\), not whole blocks of "
-                                         r"block_size=8"):
+    with pytest.raises(
+        ValueError,
+        match=r"ranges: row \(0, 0, 0\) range 1 is \[10, 16\), not whole blocks of "
+        r"block_size=8",
+    ):
         adapters.ranges_to_block_indices(ranges, 8, 40)
     with pytest.raises(ValueError, match="block_size: expected an integer >= 1"):
         adapters.ranges_to_block_indices(ranges, 0, 40)
@@ -76,6 +81,7 @@ def test_every_block_aligned_case_converts():
 
 
 # --- declarations -----------------------------------------------------------------------------
+
 
 def test_cases_fit_the_declared_heads_and_block_size():
     impl = dataclasses.replace(_impl("fla_style"), min_heads=16, heads_power_of_two=True)
@@ -100,15 +106,18 @@ def test_an_unknown_attribute_is_an_error_naming_it():
         load_user_impl("tests.test_outside_kernels:declared_with_a_typo")
 
 
-@pytest.mark.parametrize("text, error", [
-    ("dtypes: [fp8]", r"dtypes: 'fp8' is not a torch dtype"),
-    ("block_sise: 64", r"unknown declaration 'block_sise'"),
-    ("min_heads: 0", r"min_heads: expected an integer >= 1, got 0"),
-    ("backward: yes please", r"backward: expected true or false"),
-    ("xfail: [{family: parity, cases: '*'}]", r"xfail\[0\]: expected exactly the keys"),
-    ("xfail: [{family: speed, cases: '*', reason: r}]", r"xfail\[0\].family: 'speed' is not one of"),
-    ("[1, 2]", r"expected a mapping of declarations"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("dtypes: [fp8]", r"dtypes: 'fp8' is not a torch dtype"),
+        ("block_sise: 64", r"unknown declaration 'block_sise'"),
+        ("min_heads: 0", r"min_heads: expected an integer >= 1, got 0"),
+        ("backward: yes please", r"backward: expected true or false"),
+        ("xfail: [{family: parity, cases: '*'}]", r"xfail\[0\]: expected exactly the keys"),
+        ("xfail: [{family: speed, cases: '*', reason: r}]", r"xfail\[0\].family: 'speed' is not one of"),
+        ("[1, 2]", r"expected a mapping of declarations"),
+    ],
+)
 def test_a_bad_declare_file_is_an_error_naming_the_key(tmp_path, text, error):
     path = tmp_path / "declare.yaml"
     path.write_text(text)
@@ -118,9 +127,11 @@ def test_a_bad_declare_file_is_an_error_naming_the_key(tmp_path, text, error):
 
 def test_a_declare_file_overrides_attributes_and_declares_strict_xfails(tmp_path):
     path = tmp_path / "declare.yaml"
-    path.write_text("dtypes: [fp16]\nbackward: false\nmin_heads: 16\n"
-                    "xfail:\n  - {family: parity, cases: 'decode-*', reason: 'decode rows off by one'}\n")
-    impl, = resolve("blockkernels:fla_style", declare=str(path))
+    path.write_text(
+        "dtypes: [fp16]\nbackward: false\nmin_heads: 16\n"
+        "xfail:\n  - {family: parity, cases: 'decode-*', reason: 'decode rows off by one'}\n"
+    )
+    (impl,) = resolve("blockkernels:fla_style", declare=str(path))
     assert impl.dtypes == (torch.float16,) and not impl.backward and impl.min_heads == 16
     decode = fit(next(c for c in select("tiny") if c.mode == "decode"), impl)
     assert known_bug(impl, "parity", decode) == "decode rows off by one"
@@ -130,11 +141,15 @@ def test_a_declare_file_overrides_attributes_and_declares_strict_xfails(tmp_path
 
 # --- block-index kernels through the families -------------------------------------------------
 
+
 def _cases(impl, family, patterns=("mixed", "builder", "full"), most=6):
     """Up to `most` tiny fp32 cases of `family` that `impl` runs, one per shape and pattern."""
     fam = FAMILIES[family]
-    out = [fit(c, impl) for c in select("tiny") if fam.applies(c) and c.pattern in patterns and c.seed == 0
-           and c.dtype == torch.float32 and c.scale is None]
+    out = [
+        fit(c, impl)
+        for c in select("tiny")
+        if fam.applies(c) and c.pattern in patterns and c.seed == 0 and c.dtype == torch.float32 and c.scale is None
+    ]
     return [c for c in out if not fam.skip(impl, c, "cpu")][:most]
 
 

@@ -1,4 +1,5 @@
 """The range builder (SPEC.md): Eq. 9 and 10, eligibility, forced blocks, ties, decode = prefill."""
+
 import pytest
 import torch
 
@@ -48,7 +49,7 @@ def test_decode_equals_prefill_rows():
     p = torch.rand(1, S_kv, G * h, 10, generator=g)
     prefill = build_ranges(p, G=G, l_sel=l_sel, n=4, S_kv=S_kv)
     for t in (0, 3, 4, 17, 36):
-        decode = build_ranges(p[:, t:t + 1], G=G, l_sel=l_sel, n=4, S_kv=t + 1)
+        decode = build_ranges(p[:, t : t + 1], G=G, l_sel=l_sel, n=4, S_kv=t + 1)
         assert torch.equal(decode[0, 0], prefill[0, t]), t
 
 
@@ -65,17 +66,23 @@ def test_eq9_mapping_matches_the_formula():
     p_cmp = torch.rand(3, 11, generator=g, dtype=torch.float64)
     got = compressed_to_selection_scores(p_cmp, l_cmp=l_cmp, stride=stride, l_sel=l_sel, n_sel_blocks=nb)
     for j in range(nb):
-        want = sum(p_cmp[:, (l_sel // stride) * j - m - n]
-                   for m in range(l_sel // stride) for n in range(l_cmp // stride)
-                   if 0 <= (l_sel // stride) * j - m - n < 11)
+        want = sum(
+            p_cmp[:, (l_sel // stride) * j - m - n]
+            for m in range(l_sel // stride)
+            for n in range(l_cmp // stride)
+            if 0 <= (l_sel // stride) * j - m - n < 11
+        )
         assert torch.allclose(got[:, j], torch.as_tensor(want, dtype=torch.float64) + torch.zeros(3, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(p=torch.rand(2, 3, 4)), r"p_slc: expected a 4-D tensor \[B, S, G\*h, n_blocks\], got shape \(2, 3, 4\)"),
-    (dict(G=3), r"p_slc: head count 4 is not a multiple of G=3"),
-    (dict(n=0), r"need n >= 1, l_sel >= 1, n_local >= 0; got n=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(p=torch.rand(2, 3, 4)), r"p_slc: expected a 4-D tensor \[B, S, G\*h, n_blocks\], got shape \(2, 3, 4\)"),
+        (dict(G=3), r"p_slc: head count 4 is not a multiple of G=3"),
+        (dict(n=0), r"need n >= 1, l_sel >= 1, n_local >= 0; got n=0"),
+    ],
+)
 def test_builder_rejects_bad_arguments(kwargs, match):
     args = dict(p=torch.rand(1, 2, 4, 5), G=2, l_sel=4, n=2, S_kv=20)
     args.update(kwargs)

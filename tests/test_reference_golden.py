@@ -1,4 +1,5 @@
 """The golden reference: two formulations agree, gradients are exact, empty rows are exact."""
+
 import pytest
 import torch
 

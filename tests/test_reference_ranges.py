@@ -1,4 +1,5 @@
 """Range normalisation and validation: properties over random ranges (hypothesis)."""
+
 import itertools
 
 import pytest
@@ -6,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selgate.reference import (RangeError, expand_ranges, normalize_ranges, selected_keys, selected_lengths,
-                               validate_ranges)
+from selgate.reference import RangeError, expand_ranges, normalize_ranges, selected_keys, selected_lengths, validate_ranges
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -46,8 +46,15 @@ def test_normalize_preserves_union_within_causal_limit(case):
 
 
 @SETTINGS
-@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 5), st.integers(1, 4), st.integers(1, 30),
-       st.booleans(), st.integers(0, 10_000))
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.integers(1, 30),
+    st.booleans(),
+    st.integers(0, 10_000),
+)
 def test_selected_keys_is_the_union_of_the_rows_key_sets(B, G, S, n, S_kv, explicit, seed):
     """Per (b, g), straight from SPEC.md: keys in some row's [start, end) below min(t + 1, S_kv)."""
     gen = torch.Generator().manual_seed(seed)
@@ -111,8 +118,11 @@ def test_validate_names_first_offending_entry():
     with pytest.raises(RangeError, match=r"ranges\[0, 0, 0, 1\] = \(2, 6\) overlaps or precedes an earlier range"):
         validate_ranges(r, 25)
     r = torch.tensor([[0, 4], [10, 30]]).reshape(1, 1, 1, 2, 2)
-    with pytest.raises(RangeError, match=r"ranges\[0, 0, 0, 1\] = \(10, 30\) outside \[0, min\(t\+1, S_kv\)\); "
-                                         r"row limit min\(t\+1, S_kv\) = 25"):
+    with pytest.raises(
+        RangeError,
+        match=r"ranges\[0, 0, 0, 1\] = \(10, 30\) outside \[0, min\(t\+1, S_kv\)\); "
+        r"row limit min\(t\+1, S_kv\) = 25",
+    ):
         validate_ranges(r, 25)
 
 

@@ -1,4 +1,5 @@
 """Every input-validation error names the argument and what was expected."""
+
 import pytest
 import torch
 
@@ -33,8 +34,11 @@ BAD = [
     (dict(k=k0[:1]), ValueError, r"k: expected \[B=2, G=2, S_kv, Dk\] to match q \(2, 5, 2, 3, 8\), got \(1, 2, 23, 8\)"),
     (dict(k=k0[..., :4]), ValueError, r"k: head dim 4 differs from q's Dk=8"),
     (dict(v=v0[:, :, :7]), ValueError, r"v: expected \[B=2, G=2, S_kv=23, Dv\] to match k \(2, 2, 23, 8\), got \(2, 2, 7, 6\)"),
-    (dict(ranges=torch.zeros(2, 5, 2, 4, 3, dtype=torch.int64)), ValueError,
-     r"ranges: trailing dimension must be 2 \(start, end\), got shape \(2, 5, 2, 4, 3\)"),
+    (
+        dict(ranges=torch.zeros(2, 5, 2, 4, 3, dtype=torch.int64)),
+        ValueError,
+        r"ranges: trailing dimension must be 2 \(start, end\), got shape \(2, 5, 2, 4, 3\)",
+    ),
     (dict(ranges=r0[:, :4]), ValueError, r"ranges: expected \[B=2, S=5, G=2, n, 2\] to match q, got \(2, 4, 2, 4, 2\)"),
     (dict(scale=float("nan")), ValueError, r"scale: expected a finite float, got nan"),
     (dict(scale=float("inf")), ValueError, r"scale: expected a finite float, got inf"),
@@ -42,10 +46,16 @@ BAD = [
     (dict(positions=torch.zeros(2, 4, dtype=torch.int64)), ValueError, r"positions: expected shape \[B=2, S=5\], got \(2, 4\)"),
     (dict(positions=torch.zeros(2, 5)), TypeError, r"positions: expected int32 or int64, got torch.float32"),
     (dict(q=q0.to("meta")), ValueError, r"q: a meta tensor \(2, 5, 2, 3, 8\) holds no data; expected a CPU"),
-    (dict(positions=torch.zeros(2, 5, dtype=torch.int64, device="meta")), ValueError,
-     r"positions: a meta tensor \(2, 5\) holds no data"),
-    (dict(positions=torch.full((2, 5), 2**63 - 1)), ValueError,
-     r"positions: max 9223372036854775807 = 2\^63 - 1 overflows t \+ 1 in int64"),
+    (
+        dict(positions=torch.zeros(2, 5, dtype=torch.int64, device="meta")),
+        ValueError,
+        r"positions: a meta tensor \(2, 5\) holds no data",
+    ),
+    (
+        dict(positions=torch.full((2, 5), 2**63 - 1)),
+        ValueError,
+        r"positions: max 9223372036854775807 = 2\^63 - 1 overflows t \+ 1 in int64",
+    ),
 ]
 
 

@@ -1,4 +1,5 @@
 """Varlen: packing round-trips, and a packed call equals per-sequence calls."""
+
 import pytest
 import torch
 
@@ -30,13 +31,16 @@ def test_packed_equals_per_sequence(seed):
         assert torch.equal(o_seq, selection_attention_ref(*part))
 
 
-@pytest.mark.parametrize("cu_q, cu_k, match", [
-    (torch.tensor([0, 2, 5]), torch.tensor([0, 4, 9]), r"cu_seqlens_q: expected non-decreasing offsets from 0 to 4"),
-    (torch.tensor([0, 3, 2, 4]), torch.tensor([0, 1, 2, 3]), r"cu_seqlens_q: expected non-decreasing offsets"),
-    (torch.tensor([0, 4]), torch.tensor([0, 4, 9]), r"cu_seqlens_k: expected shape \(2,\) like cu_seqlens_q"),
-    (torch.tensor([[0, 4]]), torch.tensor([0, 4]), r"cu_seqlens_q: expected a 1-D int32/int64 tensor"),
-    (torch.tensor([0, 2, 4]), torch.tensor([0, 7, 5]), r"cu_seqlens_k: expected non-decreasing offsets from 0 to 5"),
-])
+@pytest.mark.parametrize(
+    "cu_q, cu_k, match",
+    [
+        (torch.tensor([0, 2, 5]), torch.tensor([0, 4, 9]), r"cu_seqlens_q: expected non-decreasing offsets from 0 to 4"),
+        (torch.tensor([0, 3, 2, 4]), torch.tensor([0, 1, 2, 3]), r"cu_seqlens_q: expected non-decreasing offsets"),
+        (torch.tensor([0, 4]), torch.tensor([0, 4, 9]), r"cu_seqlens_k: expected shape \(2,\) like cu_seqlens_q"),
+        (torch.tensor([[0, 4]]), torch.tensor([0, 4]), r"cu_seqlens_q: expected a 1-D int32/int64 tensor"),
+        (torch.tensor([0, 2, 4]), torch.tensor([0, 7, 5]), r"cu_seqlens_k: expected non-decreasing offsets from 0 to 5"),
+    ],
+)
 def test_bad_cu_seqlens(cu_q, cu_k, match):
     r = torch.zeros(1, 4, 1, 2, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match=match):

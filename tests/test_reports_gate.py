@@ -2,6 +2,7 @@
 (a failing case, a missing/skipped/empty/unstamped/narrowed required lane, an expired
 quarantine, a required family without a pass, a release of a tree with uncommitted changes).
 The tree being gated is a fixed stamp here; tests/test_gate_adversarial.py stamps real trees."""
+
 import datetime
 import json
 import os
@@ -18,8 +19,16 @@ from selgate.reports.families import FAMILIES
 REQUIRED = ["parity", "bounds", "policy"]
 TODAY = datetime.datetime.now(datetime.timezone.utc).date()
 TREE = {"commit": "4" * 40, "digest": "d" * 64, "files": 3, "untracked": [], "dirty": False}
-PYTEST_CONFIG = {"args": [], "inifile": "pyproject.toml", "rootdir": "/src", "ini_addopts": [], "env_addopts": "",
-                 "autoload": False, "conftests": ["conftest.py"], "plugins": []}
+PYTEST_CONFIG = {
+    "args": [],
+    "inifile": "pyproject.toml",
+    "rootdir": "/src",
+    "ini_addopts": [],
+    "env_addopts": "",
+    "autoload": False,
+    "conftests": ["conftest.py"],
+    "plugins": [],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -38,59 +47,106 @@ def full_selection(lane):
     if not (LANE_DIR / f"{base}.yaml").exists():
         return {}
     cfg = load_lane(base)
-    return {"paths": [*cfg["paths"], POLICY_TESTS], "k": "", "m": cfg["markers"] or "", "size": cfg["size"],
-            "deselect": [], "ignore": [], "last_failed": False}
+    return {
+        "paths": [*cfg["paths"], POLICY_TESTS],
+        "k": "",
+        "m": cfg["markers"] or "",
+        "size": cfg["size"],
+        "deselect": [],
+        "ignore": [],
+        "last_failed": False,
+    }
 
 
-def write_lane(root, lane, cases, env=True, exitstatus=0, commit="abc123", selection=None, tree=None,
-               inventory=None, **stamp):
+def write_lane(root, lane, cases, env=True, exitstatus=0, commit="abc123", selection=None, tree=None, inventory=None, **stamp):
     """A pytest-shaped junit.xml (+ environment.json and inventory.json) under root/lane/, as
     the lane runner leaves them. `cases`: tuples (nodeid, outcome, family, seed) with outcome
     pass/fail/error/skip/xfail. `selection` defaults to the lane's whole one, `tree` to TREE,
     `inventory` to the cases' ids; `stamp` adds or replaces environment.json keys."""
-    body = {"pass": "", "fail": '<failure message="assert 1 == 2">trace</failure>',
-            "error": '<error message="worker \'gw0\' crashed">crash</error>',
-            "skip": '<skipped type="pytest.skip" message="needs a GPU" />',
-            "xfail": '<skipped type="pytest.xfail" message="known" />'}
+    body = {
+        "pass": "",
+        "fail": '<failure message="assert 1 == 2">trace</failure>',
+        "error": "<error message=\"worker 'gw0' crashed\">crash</error>",
+        "skip": '<skipped type="pytest.skip" message="needs a GPU" />',
+        "xfail": '<skipped type="pytest.xfail" message="known" />',
+    }
     xml = []
     for nodeid, outcome, family, seed in cases:
         module, name = nodeid.split("::")
         props = f'<property name="nodeid" value={quoteattr(nodeid)} /><property name="family" value="{family}" />'
         props += f'<property name="seed" value="{seed}" />' if seed is not None else ""
-        xml.append(f'<testcase classname="{module[:-3].replace("/", ".")}" name={quoteattr(name)} time="0.1">'
-                   f"<properties>{props}</properties>{body[outcome]}</testcase>")
+        xml.append(
+            f'<testcase classname="{module[:-3].replace("/", ".")}" name={quoteattr(name)} time="0.1">'
+            f"<properties>{props}</properties>{body[outcome]}</testcase>"
+        )
     d = root / lane
     d.mkdir(parents=True)
-    (d / "junit.xml").write_text('<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
-                                 f'<testsuite name="pytest" tests="{len(cases)}">{"".join(xml)}</testsuite>'
-                                 "</testsuites>")
+    (d / "junit.xml").write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+        f'<testsuite name="pytest" tests="{len(cases)}">{"".join(xml)}</testsuite>'
+        "</testsuites>"
+    )
     if env:
-        (d / "environment.json").write_text(json.dumps({
-            "lane": lane, "gpu": "none", "capability": "none", "torch": "2.13.0", "triton": "3.6.0",
-            "commit": commit, "capability_override": "none", "tolerance_overrides": "none",
-            "pytest_exitstatus": exitstatus, "selection": full_selection(lane) if selection is None else selection,
-            "tree": TREE if tree is None else tree, "pytest": PYTEST_CONFIG, **stamp}))
+        (d / "environment.json").write_text(
+            json.dumps(
+                {
+                    "lane": lane,
+                    "gpu": "none",
+                    "capability": "none",
+                    "torch": "2.13.0",
+                    "triton": "3.6.0",
+                    "commit": commit,
+                    "capability_override": "none",
+                    "tolerance_overrides": "none",
+                    "pytest_exitstatus": exitstatus,
+                    "selection": full_selection(lane) if selection is None else selection,
+                    "tree": TREE if tree is None else tree,
+                    "pytest": PYTEST_CONFIG,
+                    **stamp,
+                }
+            )
+        )
         ids = [c[0] for c in cases] if inventory is None else inventory
         (d / "inventory.json").write_text(json.dumps({"command": [], "exitstatus": 0, "ids": ids, "output": ""}))
 
 
-def passing_cases(families=REQUIRED + ["backward", "gradcheck", "determinism", "decode", "group", "varlen",
-                                       "empty_ranges", "bad_input"]):
+def passing_cases(
+    families=REQUIRED + ["backward", "gradcheck", "determinism", "decode", "group", "varlen", "empty_ranges", "bad_input"],
+):
     return [(f"conformance/test_{f}.py::test_{f}[case0]", "pass", f, 7) for f in families]
 
 
 def write_policy(tmp_path, quarantine=(), required_lanes=("cpu",)):
     path = tmp_path / "gate.yaml"
-    path.write_text(yaml.safe_dump({"default_profile": "merge",
-                                    "profiles": {"merge": {"required_lanes": list(required_lanes)},
-                                                 "release": {"required_lanes": ["cpu", "sm90"], "same_commit": True}},
-                                    "required_families": REQUIRED, "quarantine": list(quarantine)}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "default_profile": "merge",
+                "profiles": {
+                    "merge": {"required_lanes": list(required_lanes)},
+                    "release": {"required_lanes": ["cpu", "sm90"], "same_commit": True},
+                },
+                "required_families": REQUIRED,
+                "quarantine": list(quarantine),
+            }
+        )
+    )
     return path
 
 
 def gate(tmp_path, capsys, *extra, policy=None):
-    rc = main(["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
-               "--policy", str(policy or write_policy(tmp_path)), *extra])
+    rc = main(
+        [
+            "gate",
+            "--results",
+            str(tmp_path / "res"),
+            "--out",
+            str(tmp_path / "out"),
+            "--policy",
+            str(policy or write_policy(tmp_path)),
+            *extra,
+        ]
+    )
     return rc, capsys.readouterr().out.splitlines()[0]
 
 
@@ -106,13 +162,11 @@ def test_a_failing_case_blocks_and_is_named(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", cases)
     rc, line = gate(tmp_path, capsys)
     assert rc == 1
-    assert line == ("GATE BLOCKED: lane cpu: FAIL conformance/test_parity.py::test_parity[fp16-case3] "
-                    "(seed 3): assert 1 == 2")
+    assert line == ("GATE BLOCKED: lane cpu: FAIL conformance/test_parity.py::test_parity[fp16-case3] (seed 3): assert 1 == 2")
 
 
 def test_a_crashed_case_blocks(tmp_path, capsys):
-    write_lane(tmp_path / "res", "cpu", passing_cases() + [("conformance/test_bounds.py::test_oob", "error",
-                                                               "bounds", None)])
+    write_lane(tmp_path / "res", "cpu", passing_cases() + [("conformance/test_bounds.py::test_oob", "error", "bounds", None)])
     rc, line = gate(tmp_path, capsys)
     assert rc == 1 and "ERROR conformance/test_bounds.py::test_oob" in line
 
@@ -137,25 +191,35 @@ def test_lanes_flag_replaces_the_profile(tmp_path, capsys):
     assert (rc, line) == (0, "GATE PASSED: required lanes cpu")
 
 
-@pytest.mark.parametrize("cases,env,exitstatus,expected", [
-    ([], True, 5, "required lane cpu empty"),
-    ([("conformance/test_parity.py::test_p", "skip", "parity", None)], True, 0, "required lane cpu skipped: all 1"),
-    (passing_cases(), False, 0, "required lane cpu unstamped"),
-    (passing_cases(), True, 2, "required lane cpu aborted: pytest exit 2 (interrupted)"),
-    (passing_cases(REQUIRED[:-1]), True, 0, "required lane cpu: family policy has no passing test"),
-])
+@pytest.mark.parametrize(
+    "cases,env,exitstatus,expected",
+    [
+        ([], True, 5, "required lane cpu empty"),
+        ([("conformance/test_parity.py::test_p", "skip", "parity", None)], True, 0, "required lane cpu skipped: all 1"),
+        (passing_cases(), False, 0, "required lane cpu unstamped"),
+        (passing_cases(), True, 2, "required lane cpu aborted: pytest exit 2 (interrupted)"),
+        (passing_cases(REQUIRED[:-1]), True, 0, "required lane cpu: family policy has no passing test"),
+    ],
+)
 def test_a_lane_without_evidence_blocks(tmp_path, capsys, cases, env, exitstatus, expected):
     write_lane(tmp_path / "res", "cpu", cases, env=env, exitstatus=exitstatus)
     rc, line = gate(tmp_path, capsys)
     assert rc == 1 and line.startswith(f"GATE BLOCKED: {expected}"), line
 
 
-@pytest.mark.parametrize("cut, expected", [
-    ({"signal": "SIGTERM", "reason": "KeyboardInterrupt", "tests_done": 812, "tests_collected": 3941},
-     "required lane cpu cut short by SIGTERM after 812 of 3941 tests (20 %)"),
-    ({"signal": None, "reason": "maximum crashed workers reached: 20", "tests_done": 5, "tests_collected": 0},
-     "required lane cpu cut short (maximum crashed workers reached: 20) after 5 of 0 tests: its JUnit"),
-])
+@pytest.mark.parametrize(
+    "cut, expected",
+    [
+        (
+            {"signal": "SIGTERM", "reason": "KeyboardInterrupt", "tests_done": 812, "tests_collected": 3941},
+            "required lane cpu cut short by SIGTERM after 812 of 3941 tests (20 %)",
+        ),
+        (
+            {"signal": None, "reason": "maximum crashed workers reached: 20", "tests_done": 5, "tests_collected": 0},
+            "required lane cpu cut short (maximum crashed workers reached: 20) after 5 of 0 tests: its JUnit",
+        ),
+    ],
+)
 def test_a_cut_run_blocks_naming_what_cut_it_and_how_far_it_got(tmp_path, capsys, cut, expected):
     write_lane(tmp_path / "res", "cpu", passing_cases(), exitstatus=2, cut=cut)
     rc, line = gate(tmp_path, capsys)
@@ -171,8 +235,7 @@ def test_results_written_by_another_lane_block(tmp_path, capsys):
 
 
 def _quarantine(expires, test="conformance/test_parity.py::test_parity[fp16-*]", lanes=("cpu",)):
-    return {"test": test, "owner": "kernels-team", "reason": "fp16 drift, #12", "expires": expires,
-            "lanes": list(lanes)}
+    return {"test": test, "owner": "kernels-team", "reason": "fp16 drift, #12", "expires": expires, "lanes": list(lanes)}
 
 
 def test_a_live_quarantine_lets_its_failure_through(tmp_path, capsys):
@@ -184,11 +247,14 @@ def test_a_live_quarantine_lets_its_failure_through(tmp_path, capsys):
     assert "owner kernels-team" in (tmp_path / "out" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("failing, entry", [
-    ("conformance/test_bounds.py::test_bounds[fp16-case3]", {}),  # another test than the entry names
-    ("conformance/test_parity.py::test_parity[fp16-case3]", {"lanes": ["sm90"]}),  # the entry covers sm90 only
-    ("conformance/test_parity.py::test_parity[sdpa-case3]", {}),  # another implementation
-])
+@pytest.mark.parametrize(
+    "failing, entry",
+    [
+        ("conformance/test_bounds.py::test_bounds[fp16-case3]", {}),  # another test than the entry names
+        ("conformance/test_parity.py::test_parity[fp16-case3]", {"lanes": ["sm90"]}),  # the entry covers sm90 only
+        ("conformance/test_parity.py::test_parity[sdpa-case3]", {}),  # another implementation
+    ],
+)
 def test_a_quarantine_lets_through_only_what_it_names(tmp_path, capsys, failing, entry):
     family = failing.split("test_")[1].split(".")[0]
     write_lane(tmp_path / "res", "cpu", passing_cases() + [(failing, "fail", family, 3)])
@@ -202,16 +268,26 @@ def test_an_expired_quarantine_blocks_even_with_every_test_passing(tmp_path, cap
     policy = write_policy(tmp_path, [_quarantine(TODAY - datetime.timedelta(days=1))])
     rc, line = gate(tmp_path, capsys, policy=policy)
     assert rc == 1
-    assert line.startswith("GATE BLOCKED: quarantine of conformance/test_parity.py::test_parity[fp16-*] "
-                           "(owner kernels-team) expired on")
+    assert line.startswith(
+        "GATE BLOCKED: quarantine of conformance/test_parity.py::test_parity[fp16-*] (owner kernels-team) expired on"
+    )
 
 
 def test_a_quarantine_entry_without_owner_is_a_policy_error(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     entry = _quarantine(TODAY)
     del entry["owner"]
-    rc = main(["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
-               "--policy", str(write_policy(tmp_path, [entry]))])
+    rc = main(
+        [
+            "gate",
+            "--results",
+            str(tmp_path / "res"),
+            "--out",
+            str(tmp_path / "out"),
+            "--policy",
+            str(write_policy(tmp_path, [entry])),
+        ]
+    )
     assert rc == 2
     assert "quarantine[0] ('conformance/test_parity.py::test_parity[fp16-*]'): missing ['owner']" in capsys.readouterr().err
 
@@ -228,21 +304,28 @@ def test_the_shipped_policy_requires_known_families_and_the_cpu_lane_for_merges(
 def test_a_collection_error_blocks_under_its_module_path(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     junit = tmp_path / "res" / "cpu" / "junit.xml"
-    junit.write_text(junit.read_text().replace(
-        "</testsuite>", '<testcase classname="" name="tests.test_docker_backend" time="0.0">'
-                        '<error message="collection failure">ImportError</error></testcase></testsuite>'))
+    junit.write_text(
+        junit.read_text().replace(
+            "</testsuite>",
+            '<testcase classname="" name="tests.test_docker_backend" time="0.0">'
+            '<error message="collection failure">ImportError</error></testcase></testsuite>',
+        )
+    )
     rc, line = gate(tmp_path, capsys)
     assert (rc, line) == (1, "GATE BLOCKED: lane cpu: ERROR tests/test_docker_backend.py: collection failure")
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"k": "cuda and not compile"}, "-k 'cuda and not compile'"),
-    ({"paths": ["tests"]}, "paths without ['conformance', 'lanes/test_lane_policy.py']"),
-    ({"m": "not slow and not docker"}, "-m 'not slow and not docker' where the lane has 'not slow'"),
-    ({"size": None}, "--size None where the lane has tiny"),
-    ({"deselect": ["tests/test_x.py::test_y"]}, "--deselect ['tests/test_x.py::test_y']"),
-    ({"last_failed": True}, "--lf"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"k": "cuda and not compile"}, "-k 'cuda and not compile'"),
+        ({"paths": ["tests"]}, "paths without ['conformance', 'lanes/test_lane_policy.py']"),
+        ({"m": "not slow and not docker"}, "-m 'not slow and not docker' where the lane has 'not slow'"),
+        ({"size": None}, "--size None where the lane has tiny"),
+        ({"deselect": ["tests/test_x.py::test_y"]}, "--deselect ['tests/test_x.py::test_y']"),
+        ({"last_failed": True}, "--lf"),
+    ],
+)
 def test_a_narrowed_run_cannot_stand_in_for_its_lane(tmp_path, capsys, change, expected):
     write_lane(tmp_path / "res", "cpu", passing_cases(), selection={**full_selection("cpu"), **change})
     rc, line = gate(tmp_path, capsys)
@@ -259,38 +342,65 @@ def test_a_wider_run_counts_when_it_ran_the_lanes_inventory(tmp_path, capsys):
     assert rc == 1 and line.startswith("GATE BLOCKED: required lane cpu narrowed: run with paths without"), line
 
 
-@pytest.mark.parametrize("tree, dirty, blocked", [
-    (TREE, False, None),
-    ({**TREE, "commit": "5" * 40}, False, f"required lane sm90 ran commit {'5' * 40}, this tree is commit"),
-    (TREE, True, "the tree being gated has uncommitted changes"),
-])
+@pytest.mark.parametrize(
+    "tree, dirty, blocked",
+    [
+        (TREE, False, None),
+        ({**TREE, "commit": "5" * 40}, False, f"required lane sm90 ran commit {'5' * 40}, this tree is commit"),
+        (TREE, True, "the tree being gated has uncommitted changes"),
+    ],
+)
 def test_a_release_gates_one_committed_tree(tmp_path, capsys, monkeypatch, tree, dirty, blocked):
     write_lane(tmp_path / "res", "cpu", passing_cases() + passing_cases(["dtype"]))
     write_lane(tmp_path / "res", "sm90", passing_cases() + passing_cases(["dtype"]), tree=tree)
     monkeypatch.setattr("selgate.reports.__main__.tree_stamp", lambda root: {**TREE, "dirty": dirty})
-    rc = main(["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
-               "--policy", str(write_policy(tmp_path))])
+    rc = main(
+        ["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--policy", str(write_policy(tmp_path))]
+    )
     line = capsys.readouterr().out.splitlines()[0]
     if blocked:
         assert rc == 1 and line.startswith(f"GATE BLOCKED: {blocked}"), line
     else:
         assert rc == 0, line
-    assert gate(tmp_path, capsys, "--lanes", "cpu")[0] == 0   # a merge may gate a work tree it ran
+    assert gate(tmp_path, capsys, "--lanes", "cpu")[0] == 0  # a merge may gate a work tree it ran
 
 
 def test_the_stamp_records_what_the_run_selected(tmp_path):
     (tmp_path / "test_a.py").write_text("def test_one(): pass\ndef test_two(): pass\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -m 'not slow'\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "selgate.reports.stamp", "-p", "no:cacheprovider",
-                           "--junitxml", "out/junit.xml", "-k", "one", "./test_a.py"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith(("PYTEST_XDIST_", "SELGATE_LANE", "PYTEST_ADDOPTS"))})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "selgate.reports.stamp",
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            "out/junit.xml",
+            "-k",
+            "one",
+            "./test_a.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST_", "SELGATE_LANE", "PYTEST_ADDOPTS"))},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
     stamp = json.loads((tmp_path / "out" / "environment.json").read_text())
-    selection = {k: v for k, v in stamp["selection"].items() if k != "size"}   # --size: where the matrix's plugin is installed
-    assert selection == {"paths": ["test_a.py"], "k": "one", "m": "not slow", "impl": None, "deselect": [],
-                         "ignore": [], "last_failed": False}
+    selection = {k: v for k, v in stamp["selection"].items() if k != "size"}  # --size: where the matrix's plugin is installed
+    assert selection == {
+        "paths": ["test_a.py"],
+        "k": "one",
+        "m": "not slow",
+        "impl": None,
+        "deselect": [],
+        "ignore": [],
+        "last_failed": False,
+    }
     assert stamp["pytest"]["inifile"] == "pytest.ini" and stamp["pytest"]["ini_addopts"] == ["-m", "not slow"]
     assert stamp["pytest"]["args"][-3:] == ["-k", "one", "./test_a.py"]
     assert len(stamp["tree"]["digest"]) == 64 and not (tmp_path / "out" / "inventory.json").exists()
@@ -300,7 +410,8 @@ def test_the_stamp_records_what_the_run_selected(tmp_path):
 def test_a_results_file_that_does_not_parse_is_named(tmp_path, capsys, name, text):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     (tmp_path / "res" / "cpu" / name).write_text(text)
-    rc = main(["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
-               "--policy", str(write_policy(tmp_path))])
+    rc = main(
+        ["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--policy", str(write_policy(tmp_path))]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and f"{tmp_path / 'res' / 'cpu' / name}: not " in err, err

@@ -13,10 +13,8 @@ FAIL = ("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity",
 
 
 def _results(tmp_path):
-    write_lane(tmp_path / "res", "cpu", passing_cases() + [FAIL, ("conformance/test_dtype.py::test_bf16", "skip",
-                                                                   "dtype", None)])
-    write_lane(tmp_path / "res", "sm90", passing_cases() + [("conformance/test_dtype.py::test_bf16", "xfail",
-                                                                "dtype", 0)])
+    write_lane(tmp_path / "res", "cpu", passing_cases() + [FAIL, ("conformance/test_dtype.py::test_bf16", "skip", "dtype", None)])
+    write_lane(tmp_path / "res", "sm90", passing_cases() + [("conformance/test_dtype.py::test_bf16", "xfail", "dtype", 0)])
     return load_results([tmp_path / "res"])
 
 
@@ -27,9 +25,11 @@ def test_report_has_the_matrix_failures_with_repro_and_environment(tmp_path):
     assert "| parity | **1/1/0/0/0** | 1/0/0/0/0 |" in text
     assert "| dtype | 0/0/0/1/0 | 0/0/0/0/1 |" in text
     assert "| **all** | **11/1/0/1/0** | 11/0/0/0/1 |" in text
-    assert ("- **cpu** fail `conformance/test_parity.py::test_parity[fp16-case3]` (seed 3): assert 1 == 2\n"
-            "  `SELGATE_LANE=cpu TRITON_INTERPRET=1 python -m pytest "
-            "'conformance/test_parity.py::test_parity[fp16-case3]' --size tiny -p no:xdist`") in text
+    assert (
+        "- **cpu** fail `conformance/test_parity.py::test_parity[fp16-case3]` (seed 3): assert 1 == 2\n"
+        "  `SELGATE_LANE=cpu TRITON_INTERPRET=1 python -m pytest "
+        "'conformance/test_parity.py::test_parity[fp16-case3]' --size tiny -p no:xdist`"
+    ) in text
     assert "| torch | 2.13.0 | 2.13.0 |" in text and "| commit | abc123 | abc123 |" in text
 
 
@@ -38,8 +38,9 @@ def test_repro_carries_the_emulated_capability_and_overrides(tmp_path):
     lane = load_results([tmp_path / "res"])["sm89-emulated"]
     env = {**lane.environment, "capability_override": "8.9", "tolerance_overrides": '{"fp16": {"max_factor": 3}}'}
     line = repro_command(lane.cases[0], env)
-    assert line.startswith("SELGATE_LANE=sm89-emulated SELGATE_CAPABILITY=8.9 "
-                           "SELGATE_TOL_OVERRIDES='{\"fp16\": {\"max_factor\": 3}}' python -m pytest")
+    assert line.startswith(
+        'SELGATE_LANE=sm89-emulated SELGATE_CAPABILITY=8.9 SELGATE_TOL_OVERRIDES=\'{"fp16": {"max_factor": 3}}\' python -m pytest'
+    )
     assert line.endswith("--size small -p no:xdist")
 
 
@@ -86,9 +87,11 @@ def test_release_report_includes_benchmarks_and_their_blocking(tmp_path, capsys,
     write_lane(tmp_path / "res", "cpu", passing_cases())
     write_lane(tmp_path / "res", "sm90", passing_cases() + [("conformance/test_dtype.py::test_bf16", "pass", "dtype", 1)])
     (tmp_path / "res" / "sm90" / "environment.json").write_text(
-        (tmp_path / "res" / "sm90" / "environment.json").read_text().replace('"gpu": "none"', '"gpu": "Fake GPU"'))
-    rc = main(["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
-               "--policy", str(write_policy(tmp_path))])
+        (tmp_path / "res" / "sm90" / "environment.json").read_text().replace('"gpu": "none"', '"gpu": "Fake GPU"')
+    )
+    rc = main(
+        ["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--policy", str(write_policy(tmp_path))]
+    )
     assert seen == ["Fake GPU"]
     assert rc == 1
     assert capsys.readouterr().out.startswith("GATE BLOCKED: benchmark Fake GPU: sel decode B=8 / triton")
@@ -98,7 +101,18 @@ def test_release_report_includes_benchmarks_and_their_blocking(tmp_path, capsys,
 
 def test_release_without_gpu_lanes_says_no_benchmark_results(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
-    rc = main(["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
-               "--policy", str(write_policy(tmp_path)), "--lanes", "cpu"])
+    rc = main(
+        [
+            "release",
+            "--results",
+            str(tmp_path / "res"),
+            "--out",
+            str(tmp_path / "out"),
+            "--policy",
+            str(write_policy(tmp_path)),
+            "--lanes",
+            "cpu",
+        ]
+    )
     assert rc == 0, capsys.readouterr().out
     assert "no benchmark results: no GPU lane in these results" in (tmp_path / "out" / "release.md").read_text()

@@ -1,4 +1,5 @@
 """Committed evidence keeps its JUnit gzipped: the gate reads junit.xml.gz as it reads junit.xml."""
+
 import gzip
 
 from selgate.reports.results import junit_path, load_lane

@@ -1,4 +1,5 @@
 """The packed-SDPA path equals the golden reference, with exact empty rows and autograd."""
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,8 +14,15 @@ from tests.helpers import random_inputs
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 6), st.integers(1, 50), st.sampled_from([1, 2, 4]),
-       st.sampled_from([1, 3, 8]), st.integers(1, 5), st.booleans())
+@given(
+    st.integers(0, 10_000),
+    st.integers(1, 6),
+    st.integers(1, 50),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 3, 8]),
+    st.integers(1, 5),
+    st.booleans(),
+)
 def test_sdpa_equals_reference_fp64(seed, S, S_kv, G, h, n, with_lse):
     q, k, v, r = random_inputs(B=2, S=S, S_kv=S_kv, G=G, h=h, n=n, seed=seed)
     o_ref, lse_ref = selection_attention_ref(q, k, v, r, return_lse=True)
@@ -37,7 +45,7 @@ def test_sdpa_low_precision_within_spec(dtype):
         assert err.max() <= 1e-5 and err.mean() <= 1e-6
     else:
         norm = normalize_ranges(r, 70)
-        plain = gather_attention(q, k, v, norm, scale=16 ** -0.5, dtype=dtype)[0].double()
+        plain = gather_attention(q, k, v, norm, scale=16**-0.5, dtype=dtype)[0].double()
         floor = 2 * torch.finfo(dtype).eps * o_ref.abs().max()
         assert err.max() <= 2 * (plain - o_ref).abs().max() + floor and err.mean() <= 1e-3
 
@@ -117,8 +125,7 @@ def test_gradients_take_the_explicit_softmax(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU determinism needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_backward_is_bitwise_deterministic_on_the_gpu(dtype):
-    q, k, v, r = (t.cuda() for t in random_inputs(B=2, S=8, S_kv=300, G=2, h=4, Dk=64, Dv=64, n=6, dtype=dtype,
-                                                    seed=7))
+    q, k, v, r = (t.cuda() for t in random_inputs(B=2, S=8, S_kv=300, G=2, h=4, Dk=64, Dv=64, n=6, dtype=dtype, seed=7))
     grads = []
     for _ in range(10):
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))

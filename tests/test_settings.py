@@ -1,5 +1,6 @@
 """The environment-variable registry: one parser per type, malformed values named, and every
 variable the package mentions declared and documented in docs/configuration.md."""
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,9 @@ def package_dirs() -> list[Path]:
 
 
 def test_docs_are_the_generated_text():
-    assert (ROOT / "docs" / "configuration.md").read_text() == settings.markdown(), \
+    assert (ROOT / "docs" / "configuration.md").read_text() == settings.markdown(), (
         "regenerate: python -m selgate.kernels.settings --markdown > docs/configuration.md"
+    )
 
 
 def test_every_variable_the_package_names_is_declared():
@@ -45,8 +47,10 @@ def test_declared_readers_exist_and_one_names_the_variable(var):
     assert any(var.name in text for text in texts)
 
 
-@pytest.mark.parametrize("raw, value", [("1", True), ("TRUE", True), ("yes", True), ("On", True),
-                                        ("0", False), ("false", False), ("NO", False), ("off", False)])
+@pytest.mark.parametrize(
+    "raw, value",
+    [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False), ("NO", False), ("off", False)],
+)
 def test_flags_take_every_spelling(raw, value):
     assert settings.get("SELGATE_STRICT", environ={"SELGATE_STRICT": raw}) is value
 
@@ -60,12 +64,15 @@ def test_unset_or_empty_is_the_default():
     assert settings.get("SELGATE_CONFIG_DIR", environ={"SELGATE_CONFIG_DIR": "/x"}) == Path("/x")
 
 
-@pytest.mark.parametrize("name, raw, expected", [
-    ("SELGATE_STRICT", "maybe", "expected one of"),
-    ("SELGATE_TRITON_MIN_L", "4k", "expected an integer"),
-    ("SELGATE_CUDA_BUILD_WAIT", "soon", "expected a finite number"),
-    ("SELGATE_CUDA_BUILD_WAIT", "inf", "expected a finite number"),
-])
+@pytest.mark.parametrize(
+    "name, raw, expected",
+    [
+        ("SELGATE_STRICT", "maybe", "expected one of"),
+        ("SELGATE_TRITON_MIN_L", "4k", "expected an integer"),
+        ("SELGATE_CUDA_BUILD_WAIT", "soon", "expected a finite number"),
+        ("SELGATE_CUDA_BUILD_WAIT", "inf", "expected a finite number"),
+    ],
+)
 def test_a_malformed_value_names_the_variable_and_the_value(name, raw, expected):
     with pytest.raises(ConfigError, match=rf"^{name}: {expected}.*{raw!r}"):
         settings.get(name, environ={name: raw})

@@ -5,6 +5,7 @@ name, and mentioned nowhere in the product but the registry.
 
 The tests take former names from the registry rather than spelling them, so this file is no
 exception to the last rule."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,11 +42,13 @@ def fresh_warnings(monkeypatch, caplog):
 
 
 def deprecation_lines(caplog, old: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "selgate" and r.levelno == logging.WARNING and old in r.getMessage()]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "selgate" and r.levelno == logging.WARNING and old in r.getMessage()
+    ]
 
 
 # --- the scheme and the mapping -------------------------------------------------------
+
 
 def test_every_variable_follows_the_scheme():
     assert [name for name in settings.VARS if not re.fullmatch(r"SELGATE_[A-Z0-9]+(_[A-Z0-9]+)*", name)] == []
@@ -72,6 +75,7 @@ def test_the_generated_page_lists_the_former_names():
 
 # --- reading ----------------------------------------------------------------------------
 
+
 def test_a_former_name_is_read_with_one_warning_per_process(fresh_warnings, monkeypatch):
     old = former("SELGATE_STRICT")
     monkeypatch.delenv("SELGATE_STRICT", raising=False)
@@ -92,17 +96,18 @@ def test_the_current_name_alone_warns_about_nothing(fresh_warnings):
 
 def test_the_current_name_wins(fresh_warnings):
     old = former("SELGATE_TRITON_MIN_L")
-    env = {"SELGATE_TRITON_MIN_L": "64", old: ""}   # empty counts as unset
+    env = {"SELGATE_TRITON_MIN_L": "64", old: ""}  # empty counts as unset
     assert settings.get("SELGATE_TRITON_MIN_L", environ=env) == 64
     assert settings.source("SELGATE_TRITON_MIN_L", environ=env) == "SELGATE_TRITON_MIN_L"
-    same = {"SELGATE_STRICT": "1", former("SELGATE_STRICT"): "yes"}   # the same value, spelt differently
+    same = {"SELGATE_STRICT": "1", former("SELGATE_STRICT"): "yes"}  # the same value, spelt differently
     assert settings.get("SELGATE_STRICT", environ=same) is True
     assert settings.source("SELGATE_STRICT", environ=same) == "SELGATE_STRICT"
-    assert len(deprecation_lines(fresh_warnings, former("SELGATE_STRICT"))) == 1   # still set: still said
+    assert len(deprecation_lines(fresh_warnings, former("SELGATE_STRICT"))) == 1  # still set: still said
 
 
-@pytest.mark.parametrize("name, new, old", [("SELGATE_STRICT", "1", "0"), ("SELGATE_TRITON_MIN_L", "64", "128"),
-                                            ("SELGATE_CAPABILITY", "8.9", "9.0")])
+@pytest.mark.parametrize(
+    "name, new, old", [("SELGATE_STRICT", "1", "0"), ("SELGATE_TRITON_MIN_L", "64", "128"), ("SELGATE_CAPABILITY", "8.9", "9.0")]
+)
 def test_two_names_set_to_different_values_raise_naming_both(name, new, old):
     env = {name: new, former(name): old}
     with pytest.raises(ConfigError, match=rf"{name} and {former(name)} are both set"):
@@ -118,14 +123,19 @@ def test_the_process_environment_conflict_is_refused(monkeypatch):
         settings.get("SELGATE_CAPABILITY")
 
 
-@pytest.mark.parametrize("name, raw, expected", [("SELGATE_STRICT", "maybe", "expected one of"),
-                                                 ("SELGATE_TRITON_MIN_L", "4k", "expected an integer"),
-                                                 ("SELGATE_CUDA_BUILD_WAIT", "soon", "expected a finite number")])
+@pytest.mark.parametrize(
+    "name, raw, expected",
+    [
+        ("SELGATE_STRICT", "maybe", "expected one of"),
+        ("SELGATE_TRITON_MIN_L", "4k", "expected an integer"),
+        ("SELGATE_CUDA_BUILD_WAIT", "soon", "expected a finite number"),
+    ],
+)
 def test_a_malformed_former_value_names_the_variable_actually_set(name, raw, expected):
     old = former(name)
     with pytest.raises(ConfigError, match=rf"^{old}: {expected}.*{raw!r}"):
         settings.get(name, environ={old: raw})
-    with pytest.raises(ConfigError, match=rf"^{old}: {expected}"):   # beside a valid current value too
+    with pytest.raises(ConfigError, match=rf"^{old}: {expected}"):  # beside a valid current value too
         settings.get(name, environ={name: "1", old: raw})
 
 
@@ -135,6 +145,7 @@ def test_a_former_name_is_no_registry_key():
 
 
 # --- handing the environment on ---------------------------------------------------------
+
 
 def test_children_get_current_names_only():
     old = former("SELGATE_CAPABILITY")
@@ -229,6 +240,7 @@ def test_a_tolerance_override_under_a_former_name_is_refused_and_stamped_as_the_
 
 
 # --- no former name in the product --------------------------------------------------------
+
 
 def tracked_files() -> list[str]:
     try:

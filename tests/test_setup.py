@@ -4,6 +4,7 @@ in for the host's environment, with a stand-in `torch` package (a module with __
 and its package metadata, never the real one). Hermetic: setup runs with
 SELGATE_SETUP_DRY_RUN=1 (its pip installs are printed, not run) and pip's own checks run
 with --no-index and no configuration files."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,12 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bin/setup is a 
 
 
 def site_packages(python: Path) -> Path:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(out.stdout.strip())
 
 
@@ -53,8 +58,7 @@ def host(tmp_path):
 
 def clean_env(**extra) -> dict:
     """No pip configuration of this machine (indexes, find-links, constraints) leaks in."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PIP_", "SELGATE_", "PYTHON", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "SELGATE_", "PYTHON", "VIRTUAL_ENV"))}
     return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", **extra}
 
 
@@ -73,8 +77,12 @@ def installs_torch(lines: list[str]) -> bool:
 
 
 def venv_torch(venv: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "python"), "-c", "import torch; print(torch.__file__, torch.__version__)"],
-                          env=clean_env(), capture_output=True, text=True)
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import torch; print(torch.__file__, torch.__version__)"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_setup_reuses_a_torch_that_lives_in_a_venv_and_installs_no_second_one(tmp_path, host):
@@ -98,8 +106,12 @@ def test_setup_reuses_a_torch_that_lives_in_a_venv_and_installs_no_second_one(tm
     assert all(f"-c {constraints}" in line for line in plan), plan
 
     # pip itself, offline, sees that torch as installed: pyproject's `torch>=2.4` is satisfied.
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--no-index",
-                          "-c", str(constraints), "torch>=2.4"], env=clean_env(), capture_output=True, text=True)
+    pip = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--no-index", "-c", str(constraints), "torch>=2.4"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
     assert pip.returncode == 0 and "Requirement already satisfied: torch>=2.4" in pip.stdout, pip.stdout + pip.stderr
 
 
@@ -108,7 +120,7 @@ def test_without_its_pth_file_the_venv_loses_the_hosts_torch(tmp_path, host):
     those of the venv that python3 is; the .pth file is what brings the host's torch back."""
     python, torch_file = host
     venv = tmp_path / "selgate-venv"
-    make_venv(venv, "--system-site-packages")   # what setup makes, less pip: faster
+    make_venv(venv, "--system-site-packages")  # what setup makes, less pip: faster
     assert run_setup(python, venv).returncode == 0
     pth = site_packages(venv / "bin" / "python") / "selgate-host-env.pth"
     assert str(torch_file.parent.parent.resolve()) in pth.read_text().splitlines()
@@ -137,7 +149,7 @@ def test_a_machine_without_torch_gets_the_pinned_torch_and_triton(tmp_path):
         (hidden / name).mkdir(parents=True)
         (hidden / name / "__init__.py").write_text(f"raise ModuleNotFoundError('no {name} here')\n")
     venv = tmp_path / "selgate-venv"
-    make_venv(venv, "--system-site-packages")   # what setup makes, less pip: faster
+    make_venv(venv, "--system-site-packages")  # what setup makes, less pip: faster
     proc = run_setup(python, venv, PYTHONPATH=str(hidden))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = planned_installs(proc.stdout)

@@ -3,6 +3,7 @@
 On CPU the kernels run under TRITON_INTERPRET=1 on tiny shapes; bf16 runs on GPU only
 (the interpreter computes bf16 dots wrongly, triton-lang/triton#11584). Outputs are NaN-poisoned
 before each call, and NaN keys outside the selection must not leak into any gradient."""
+
 import os
 
 import pytest
@@ -15,15 +16,25 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 from selgate.kernels.triton.autograd import selection_attention_triton_autograd  # noqa: E402
 from selgate.kernels.triton.bwd import InverseIndex, triton_backward  # noqa: E402
 from selgate.kernels.triton.fwd import tma_supported  # noqa: E402
-from selgate.reference import (build_ranges, normalize_ranges, resolve_scale, selected_keys,  # noqa: E402
-                               selection_attention_ref)
+from selgate.reference import (  # noqa: E402
+    build_ranges,
+    normalize_ranges,
+    resolve_scale,
+    selected_keys,
+    selection_attention_ref,
+)
 from selgate.reference.golden import gather_attention  # noqa: E402
 from selgate.reference.ranges import key_limit  # noqa: E402
 from tests.helpers import random_inputs  # noqa: E402
 
-DTYPES = [torch.float32, torch.float16,
-          pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-              DEVICE == "cpu", reason="bf16 is wrong under TRITON_INTERPRET (triton-lang/triton#11584)"))]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(DEVICE == "cpu", reason="bf16 is wrong under TRITON_INTERPRET (triton-lang/triton#11584)"),
+    ),
+]
 
 
 def heavy_reuse_ranges(B, S, G, S_kv, l_sel, n, seed):
@@ -86,8 +97,9 @@ def assert_within_spec(got, ref, base, dtype, what):
         assert err.max() <= 1e-5 and err.mean() <= 1e-6, f"{what}: max {err.max():.3g} mean {err.mean():.3g}"
     else:
         bound = 3 * (base - ref).abs().max() + 2 * torch.finfo(dtype).eps * ref.abs().max()
-        assert err.max() <= bound and err.mean() <= 1e-3, \
+        assert err.max() <= bound and err.mean() <= 1e-3, (
             f"{what}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g} > 1e-3"
+        )
 
 
 def assert_backward_matches_reference(case, dtype, config):
@@ -102,9 +114,20 @@ def assert_backward_matches_reference(case, dtype, config):
     norm = normalize_ranges(r, k.shape[2], pos)
     unused = ~selected_keys(norm, k.shape[2], pos)[..., None]
     k_nan, v_nan = (t.masked_fill(unused, float("nan")) for t in (k, v))
-    got = triton_backward(q, k_nan, v_nan, o.to(dtype), lse.float(), do.to(dtype), norm,
-                          scale=resolve_scale(None, q.shape[-1]), positions=pos, dlse=w.float(),
-                          out=poisoned_like(q, k, v), config=config)
+    got = triton_backward(
+        q,
+        k_nan,
+        v_nan,
+        o.to(dtype),
+        lse.float(),
+        do.to(dtype),
+        norm,
+        scale=resolve_scale(None, q.shape[-1]),
+        positions=pos,
+        dlse=w.float(),
+        out=poisoned_like(q, k, v),
+        config=config,
+    )
     for name, a, b, c in zip(("dq", "dk", "dv"), got, ref, base):
         assert a.dtype == dtype
         assert_within_spec(a, b, c, dtype, f"{case} {dtype} {name}")
@@ -127,8 +150,9 @@ def test_dq_through_tensor_descriptors(dtype):
     if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors need SM >= 9.0")
     assert tma_supported(*make_case("long_ranges", dtype)[1:3]), "the gather path would run instead"
-    norm = assert_backward_matches_reference("long_ranges", dtype, dict(
-        block_n=16, chunk=5, dq_block_n=16, dq_tail_n=16, dq_tma=True))
+    norm = assert_backward_matches_reference(
+        "long_ranges", dtype, dict(block_n=16, chunk=5, dq_block_n=16, dq_tail_n=16, dq_tma=True)
+    )
     length = norm[..., 1] - norm[..., 0]
     assert bool(((length > 16) & (length % 16 > 0)).any()) and bool(((length > 0) & (length < 16)).any())
 
@@ -143,8 +167,12 @@ def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero(
     sc = resolve_scale(None, 16)
     used = selected_keys(norm, 45)
     assert bool((~used).any()) and bool(used.any())
-    run = lambda k, v: triton_backward(q, k, v, o.float(), lse.float(), do, norm, scale=sc,  # noqa: E731
-                                       out=poisoned_like(q, k, v), config=dict(block_n=16, chunk=3))
+
+    def run(k, v):
+        return triton_backward(
+            q, k, v, o.float(), lse.float(), do, norm, scale=sc, out=poisoned_like(q, k, v), config=dict(block_n=16, chunk=3)
+        )
+
     clean = run(k, v)
     kp, vp = k.clone(), v.clone()
     kp[~used] = float("nan")
@@ -165,8 +193,10 @@ def test_repeated_runs_are_bitwise_equal(dtype):
     norm = normalize_ranges(r, k.shape[2])
     o, lse = selection_attention_ref(q, k, v, norm, return_lse=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
-    runs = [triton_backward(q, k, v, o.to(dtype), lse.float(), do, norm, scale=0.25,
-                            config=dict(block_n=16, chunk=4)) for _ in range(2)]
+    runs = [
+        triton_backward(q, k, v, o.to(dtype), lse.float(), do, norm, scale=0.25, config=dict(block_n=16, chunk=4))
+        for _ in range(2)
+    ]
     for a, b in zip(*runs):
         assert torch.equal(a, b)
 
@@ -211,8 +241,7 @@ def test_autograd_function_end_to_end(autocast):
     ((o.float() * do).sum() + lse_f.sum()).backward()
     low = torch.float16 if autocast else torch.float32
     ref, _, _ = reference_grads(*(t.to(low) for t in (q, k, v)), r, pos, do, torch.ones_like(lse_f), torch.float64)
-    base = ref if not autocast else reference_grads(*(t.to(low) for t in (q, k, v)), r, pos, do,
-                                                      torch.ones_like(lse_f), low)[0]
+    base = ref if not autocast else reference_grads(*(t.to(low) for t in (q, k, v)), r, pos, do, torch.ones_like(lse_f), low)[0]
     for name, leaf, b, c in zip(("dq", "dk", "dv"), leaves, ref, base):
         assert leaf.grad.dtype == torch.float32
         assert_within_spec(leaf.grad, b, c, low, f"autograd autocast={autocast} {name}")
@@ -245,16 +274,14 @@ def test_side_stream_follows_the_callers_stream():
 
 
 def test_bad_inputs_name_the_argument():
-    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=8, Dv=8, S_kv=9, n=2,
-                                                      dtype=torch.float32))
+    q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=8, Dv=8, S_kv=9, n=2, dtype=torch.float32))
     norm = normalize_ranges(r, 9)
     o, lse = torch.zeros(1, 2, 1, 2, 8, device=DEVICE), torch.zeros(1, 2, 1, 2, device=DEVICE)
     with pytest.raises(TypeError, match="lse: expected dtype torch.float32"):
         triton_backward(q, k, v, o, lse.half(), o, norm, scale=1.0)
     with pytest.raises(ValueError, match=r"do: expected shape \(1, 2, 1, 2, 8\)"):
         triton_backward(q, k, v, o, lse, o[..., :4], norm, scale=1.0)
-    q2, k2, v2, _ = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=12, Dv=8, S_kv=9, n=2,
-                                                         dtype=torch.float32))
+    q2, k2, v2, _ = (t.to(DEVICE) for t in random_inputs(B=1, S=2, G=1, h=2, Dk=12, Dv=8, S_kv=9, n=2, dtype=torch.float32))
     with pytest.raises(ValueError, match="Dk=12"):
         triton_backward(q2, k2, v2, o, lse, o, norm, scale=1.0)
     with pytest.raises(ValueError, match=r"out\[1\]: expected shape"):
@@ -264,14 +291,16 @@ def test_bad_inputs_name_the_argument():
 def test_dispatcher_routes_grad_to_the_triton_backward(monkeypatch):
     from selgate.kernels import selection_attention
     from selgate.kernels.errors import StrictModeError
+
     q, k, v, r, _ = make_case("h1_dk8", torch.float32, seed=6)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     monkeypatch.delenv("SELGATE_TRITON_ALLOW_GRAD", raising=False)  # default: on
     o = selection_attention(*leaves, r, backend="triton", strict=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(8)).to(DEVICE)
     (o * do).sum().backward()
-    ref, _, _ = reference_grads(q, k, v, r, None, do.double(), torch.zeros(q.shape[:4], dtype=torch.float64,
-                                                                        device=DEVICE), torch.float64)
+    ref, _, _ = reference_grads(
+        q, k, v, r, None, do.double(), torch.zeros(q.shape[:4], dtype=torch.float64, device=DEVICE), torch.float64
+    )
     for name, leaf, b in zip(("dq", "dk", "dv"), leaves, ref):
         assert_within_spec(leaf.grad, b, b, torch.float32, f"dispatched {name}")
     monkeypatch.setenv("SELGATE_TRITON_ALLOW_GRAD", "0")
@@ -283,6 +312,7 @@ def test_varlen_backward_through_the_dispatcher():
     """Packed sequences (cu_seqlens): per-query positions reach the backward's causal limit."""
     from selgate.kernels import selection_attention_varlen
     from selgate.reference import varlen_to_batched
+
     q, k, v, r = random_inputs(B=1, S=9, G=2, h=2, Dk=16, Dv=8, S_kv=30, n=3, dtype=torch.float32, seed=9)
     cu_q, cu_k = torch.tensor([0, 4, 9]), torch.tensor([0, 12, 30])
     q, k, v, r, cu_q, cu_k = (t.to(DEVICE) for t in (q, k, v, r, cu_q, cu_k))
@@ -291,7 +321,8 @@ def test_varlen_backward_through_the_dispatcher():
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(10)).to(DEVICE)
     (o * do).sum().backward()
     glob, pos = varlen_to_batched(r, cu_q, cu_k)
-    ref, _, _ = reference_grads(q, k, v, glob, pos, do.double(), torch.zeros(q.shape[:4], dtype=torch.float64,
-                                                                          device=DEVICE), torch.float64)
+    ref, _, _ = reference_grads(
+        q, k, v, glob, pos, do.double(), torch.zeros(q.shape[:4], dtype=torch.float64, device=DEVICE), torch.float64
+    )
     for name, leaf, b in zip(("dq", "dk", "dv"), leaves, ref):
         assert_within_spec(leaf.grad, b, b, torch.float32, f"varlen {name}")

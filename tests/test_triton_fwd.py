@@ -2,6 +2,7 @@
 answer for the kernel). Outputs are NaN-poisoned before the launch, and every key that no
 row of its (b, g) selects is NaN, so a missing store or an out-of-selection read fails.
 On CPU this runs under TRITON_INTERPRET=1 on tiny shapes."""
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,12 @@ from selgate.kernels.triton.fwd import tma_supported, triton_forward  # noqa: E4
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [
-    torch.float32, torch.float16,
-    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-        not ON_GPU, reason="the Triton interpreter computes bf16 wrongly (triton-lang/triton#11584)")),
+    torch.float32,
+    torch.float16,
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(not ON_GPU, reason="the Triton interpreter computes bf16 wrongly (triton-lang/triton#11584)"),
+    ),
 ]
 # (B, S, G, h, Dk, Dv, S_kv, n): decode, prefill with Dk=8 and h=16, h=1 with S > S_kv rows
 SHAPES = {

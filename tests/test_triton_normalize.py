@@ -1,4 +1,5 @@
 """The one-launch Triton range normalisation equals the torch reference, bit for bit."""
+
 import os
 
 import pytest
@@ -15,8 +16,15 @@ from selgate.reference import normalize_ranges  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 70), st.integers(1, 5), st.integers(1, 17),
-       st.sampled_from([torch.int32, torch.int64]), st.booleans(), st.booleans())
+@given(
+    st.integers(0, 10_000),
+    st.integers(1, 70),
+    st.integers(1, 5),
+    st.integers(1, 17),
+    st.sampled_from([torch.int32, torch.int64]),
+    st.booleans(),
+    st.booleans(),
+)
 def test_equals_reference(seed, S_kv, S, n, dtype, with_pos, strided):
     g = torch.Generator().manual_seed(seed)
     r = torch.randint(-5, S_kv + 8, (2, S, 3, n, 2), generator=g).to(dtype)
@@ -42,11 +50,13 @@ def test_dispatcher_on_cuda_uses_it(monkeypatch):
         pytest.skip("the dispatcher normalises with Triton only for CUDA tensors")
     monkeypatch.setenv("SELGATE_TRITON_NORMALIZE", "1")
     import selgate.kernels.triton.normalize as normalize
+
     calls = []
     real = normalize.normalize_ranges_triton
     monkeypatch.setattr(normalize, "normalize_ranges_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     from selgate.kernels import selection_attention
     from selgate.reference import selection_attention_ref
+
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 3, 2, 4, 64, generator=g)
     k, v = torch.randn(2, 2, 50, 64, generator=g), torch.randn(2, 2, 50, 64, generator=g)

@@ -2,6 +2,7 @@
 SM 9.0 on any machine, and on an H100 its output against the fp64 reference, with outputs
 NaN-poisoned before the launch and every key no row of its (b, g) selects NaN, over NSA
 ranges (the shared tiles) and arbitrary ones, odd S, S < S_kv and S > S_kv (empty rows)."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="the pair kernel runs on SM 
 
 def _qkv(B=1, S=6, G=2, h=4, D=64, S_kv=40, dtype=torch.bfloat16, device="cpu"):
     g = torch.Generator().manual_seed(S * 131 + D)
-    q, k, v = (torch.randn(*shape, generator=g).to(dtype).to(device)
-               for shape in ((B, S, G, h, D), (B, G, S_kv, D), (B, G, S_kv, D)))
+    q, k, v = (
+        torch.randn(*shape, generator=g).to(dtype).to(device) for shape in ((B, S, G, h, D), (B, G, S_kv, D), (B, G, S_kv, D))
+    )
     return q, k, v
 
 
@@ -38,20 +40,25 @@ def test_accepts_separate_and_per_key_k_v():
     assert pairs.layout_problem(q, per_key.k, per_key.v, None) is None
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda q, k, v: (q.float(), k.float(), v.float(), None), "dtype"),
-    (lambda q, k, v: (q[..., :48], k[..., :48], v[..., :48], None), "Dk=48"),
-    (lambda q, k, v: (q, k, v[..., :32], None), "Dv=32"),
-    (lambda q, k, v: (torch.cat([q] * 5, 3), k, v, None), "h=20"),
-    (lambda q, k, v: (q, k, v, torch.zeros(1, 6, dtype=torch.long)), "positions"),
-    (lambda q, k, v: (q, torch.cat([k, k], 2)[:, :, :40], v, None), "k strides"),  # a narrowed cache, G = 2
-    (lambda q, k, v: (q, k, torch.cat([v, v], 2)[:, :, :40], None), "v strides"),
-    (lambda q, k, v: (q, k.half(), v, None), "dtypes"),
-    (lambda q, k, v: (torch.cat([q] * 2), torch.cat([k[:, :1]] * 2, 2)[:, :, :40].expand(2, 1, 40, 64), v, None),
-     "k strides"),  # B = 2 over a cache twice as long
-    (lambda q, k, v: (q, torch.zeros(1, 2, 40, 68, dtype=k.dtype)[..., :64], v, None), "16-byte"),
-    (lambda q, k, v: (q, *(torch.empty(1, 2, 2**30, 64, dtype=k.dtype, device="meta"),) * 2, None), "2^31"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda q, k, v: (q.float(), k.float(), v.float(), None), "dtype"),
+        (lambda q, k, v: (q[..., :48], k[..., :48], v[..., :48], None), "Dk=48"),
+        (lambda q, k, v: (q, k, v[..., :32], None), "Dv=32"),
+        (lambda q, k, v: (torch.cat([q] * 5, 3), k, v, None), "h=20"),
+        (lambda q, k, v: (q, k, v, torch.zeros(1, 6, dtype=torch.long)), "positions"),
+        (lambda q, k, v: (q, torch.cat([k, k], 2)[:, :, :40], v, None), "k strides"),  # a narrowed cache, G = 2
+        (lambda q, k, v: (q, k, torch.cat([v, v], 2)[:, :, :40], None), "v strides"),
+        (lambda q, k, v: (q, k.half(), v, None), "dtypes"),
+        (
+            lambda q, k, v: (torch.cat([q] * 2), torch.cat([k[:, :1]] * 2, 2)[:, :, :40].expand(2, 1, 40, 64), v, None),
+            "k strides",
+        ),  # B = 2 over a cache twice as long
+        (lambda q, k, v: (q, torch.zeros(1, 2, 40, 68, dtype=k.dtype)[..., :64], v, None), "16-byte"),
+        (lambda q, k, v: (q, *(torch.empty(1, 2, 2**30, 64, dtype=k.dtype, device="meta"),) * 2, None), "2^31"),
+    ],
+)
 def test_names_what_it_does_not_take(change, needle):
     q, k, v, pos = change(*_qkv())
     assert needle in pairs.layout_problem(q, k, v, pos)
@@ -89,10 +96,18 @@ def _compile(dtype: str, D: int) -> None:
     kernel = pairs._pair_kernel
     gdt = gl.bfloat16 if dtype == "bf16" else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([1, pairs.BLOCK, D], gdt)
-    const = dict(H=pairs.HEADS, D=D, N_PAD=16, BL=pairs.BLOCK, STAGES=pairs.STAGES, TAIL=pairs.BLOCK, SMEM=smem,
-                 ITEM=2, R=pairs.ROWS)
-    types = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "o_ptr": f"*{dtype}", "r_ptr": "*i32",
-             "lse_ptr": "*fp32", "qk_scale": "fp32"}
+    const = dict(
+        H=pairs.HEADS, D=D, N_PAD=16, BL=pairs.BLOCK, STAGES=pairs.STAGES, TAIL=pairs.BLOCK, SMEM=smem, ITEM=2, R=pairs.ROWS
+    )
+    types = {
+        "q_ptr": f"*{dtype}",
+        "k_ptr": f"*{dtype}",
+        "v_ptr": f"*{dtype}",
+        "o_ptr": f"*{dtype}",
+        "r_ptr": "*i32",
+        "lse_ptr": "*fp32",
+        "qk_scale": "fp32",
+    }
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in kernel.arg_names}
     for n in ("k_desc", "v_desc"):
         sig[n] = f"tensordesc<{dtype}[1,{pairs.BLOCK},{D}],{smem!r}>"
@@ -109,8 +124,14 @@ def test_compiles_for_sm90(dtype, D):
     (how CPU CI runs) gluon.jit makes interpreter functions, which cannot be compiled."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = f"from tests.test_triton_pairs import _compile; _compile({dtype!r}, {D})"
-    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[1],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
 
 

@@ -6,6 +6,7 @@ tuning inside a normal call unless asked, and outputs that do not depend on earl
 (no kernel accumulates into its output, so none needs reset_to_zero).
 
 Kernel launches run on a GPU or under TRITON_INTERPRET=1 on tiny shapes."""
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,19 @@ CAN_LAUNCH = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
 launches = pytest.mark.skipif(not CAN_LAUNCH, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DATA = Path(__file__).parent / "data" / "bench"
-ENVS = tuple(name for var in (tuning.ENV_FWD, tuning.ENV_BWD, tuning.ENV_AUTOTUNE, tuning.ENV_TUNED,
-                              tuning.ENV_TUNED_DIR, tuning.ENV_RANGE_LEN, "SELGATE_TRITON_MIN_L")
-             for name in settings.names(var))   # under former names too
+ENVS = tuple(
+    name
+    for var in (
+        tuning.ENV_FWD,
+        tuning.ENV_BWD,
+        tuning.ENV_AUTOTUNE,
+        tuning.ENV_TUNED,
+        tuning.ENV_TUNED_DIR,
+        tuning.ENV_RANGE_LEN,
+        "SELGATE_TRITON_MIN_L",
+    )
+    for name in settings.names(var)
+)  # under former names too
 
 
 @pytest.fixture
@@ -63,8 +74,16 @@ def write_profile(folder: Path, text: str) -> None:
 
 
 def fwd_entry(kind, D, bucket, dtype, block_l, warps=4, stages=1, Dv=None):
-    return {"op": "fwd", "kind": kind, "Dk": D, "Dv": Dv or D, "L_bucket": bucket, "dtype": dtype,
-            "config": {"BLOCK_L": block_l, "num_warps": warps, "num_stages": stages}, "ms": 1.0}
+    return {
+        "op": "fwd",
+        "kind": kind,
+        "Dk": D,
+        "Dv": Dv or D,
+        "L_bucket": bucket,
+        "dtype": dtype,
+        "config": {"BLOCK_L": block_l, "num_warps": warps, "num_stages": stages},
+        "ms": 1.0,
+    }
 
 
 def pick(D=16, Dv=16, dtype=torch.float32, kind="interpreter", S_kv=70, n=4):
@@ -74,6 +93,7 @@ def pick(D=16, Dv=16, dtype=torch.float32, kind="interpreter", S_kv=70, n=4):
 
 
 # ---- pure host logic -------------------------------------------------------------------------
+
 
 def test_bucket_is_a_power_of_two_of_the_host_known_bound(cfg, monkeypatch):
     assert [tuning.l_bucket(x) for x in (0, 1, 16, 17, 100, 1024, 1025)] == [16, 16, 16, 32, 128, 1024, 2048]
@@ -90,14 +110,24 @@ def test_tuned_file_round_trip_and_merge(cfg):
     path = tuning.tuned_path(device_name())
     assert path == cfg / "tuned" / f"{config.device_slug(device_name())}.json"
     tuning.write_tuned(path, [fwd_entry("decode", 128, 1024, "bfloat16", 64)], device_name=device_name())
-    tuning.write_tuned(path, [fwd_entry("decode", 128, 1024, "bfloat16", 32),  # same key: replaced
-                              fwd_entry("decode", 128, 256, "bfloat16", 16)], device_name=device_name())
+    tuning.write_tuned(
+        path,
+        [
+            fwd_entry("decode", 128, 1024, "bfloat16", 32),  # same key: replaced
+            fwd_entry("decode", 128, 256, "bfloat16", 16),
+        ],
+        device_name=device_name(),
+    )
     data = json.loads(path.read_text())
     assert data["triton"] == tuning.triton_version() and data["device"] == device_name()
     table, reason = tuning.read_tuned(path, device_name=device_name(), version=tuning.triton_version())
     assert reason is None
-    assert table == {("fwd", "decode", 128, 128, "bfloat16"): {
-        256: {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1}, 1024: {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1}}}
+    assert table == {
+        ("fwd", "decode", 128, 128, "bfloat16"): {
+            256: {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1},
+            1024: {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
+        }
+    }
     table, reason = tuning.read_tuned(path, device_name=device_name(), version=tuning.triton_version(), rl=32)
     assert table == {} and "range_len 64, running with range_len 32" in reason  # its buckets would mislead
     # A file of another triton version is replaced on write, never merged.
@@ -107,8 +137,7 @@ def test_tuned_file_round_trip_and_merge(cfg):
 
 def test_other_triton_version_is_ignored_with_a_logged_reason(cfg, caplog):
     path = tuning.tuned_path(device_name())
-    tuning.write_tuned(path, [fwd_entry("interpreter", 16, 128, "float32", 32)], device_name=device_name(),
-                       version="0.0.1")
+    tuning.write_tuned(path, [fwd_entry("interpreter", 16, 128, "float32", 32)], device_name=device_name(), version="0.0.1")
     with caplog.at_level(logging.INFO, logger="selgate.kernels"):
         got, source = pick()
     assert source == "configs triton_fwd.interpreter" and got["BLOCK_L"] == 16
@@ -130,12 +159,11 @@ def test_file_of_another_device_is_ignored(cfg):
 
 def test_precedence_env_over_tuned_over_by_L_bucket_over_profile(cfg, monkeypatch):
     assert pick() == ({"BLOCK_L": 16, "num_warps": 4, "num_stages": 1}, "configs triton_fwd.interpreter")
-    write_profile(cfg, "triton_fwd:\n  by_L_bucket:\n    interpreter:\n"
-                       "      128: {block_l: 64, num_warps: 8, num_stages: 1}\n")
-    assert pick() == ({"BLOCK_L": 64, "num_warps": 8, "num_stages": 1},
-                      "configs triton_fwd.by_L_bucket.interpreter.128")
-    tuning.write_tuned(tuning.tuned_path(device_name()), [fwd_entry("interpreter", 16, 128, "float32", 32, 2, 1)],
-                       device_name=device_name())
+    write_profile(cfg, "triton_fwd:\n  by_L_bucket:\n    interpreter:\n      128: {block_l: 64, num_warps: 8, num_stages: 1}\n")
+    assert pick() == ({"BLOCK_L": 64, "num_warps": 8, "num_stages": 1}, "configs triton_fwd.by_L_bucket.interpreter.128")
+    tuning.write_tuned(
+        tuning.tuned_path(device_name()), [fwd_entry("interpreter", 16, 128, "float32", 32, 2, 1)], device_name=device_name()
+    )
     got, source = pick()
     assert got == {"BLOCK_L": 32, "num_warps": 2, "num_stages": 1} and source.startswith("tuned")
     assert pick(dtype=torch.float16)[1].startswith("configs")  # another dtype: not tuned
@@ -157,11 +185,18 @@ def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkey
     """Tuned entries time the gather path; a kind the profile runs through tensor descriptors
     keeps the profile's parameters, with its tail tile, and the env flag turns TMA off."""
     write_profile(cfg, "triton_fwd:\n  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, tail_l: 8}\n")
-    tuning.write_tuned(tuning.tuned_path(device_name()), [fwd_entry("interpreter", 16, 128, "float32", 32, 2, 1)],
-                       device_name=device_name())
+    tuning.write_tuned(
+        tuning.tuned_path(device_name()), [fwd_entry("interpreter", 16, 128, "float32", 32, 2, 1)], device_name=device_name()
+    )
     got = tuning.fwd_config(16, 16, 4, "interpreter", dtype=torch.float32, S_kv=70, n=4)
-    assert got == {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1, "TMA": True, "TAIL_L": 16,  # tail >= MMA minimum
-                   "PAIRS": False}
+    assert got == {
+        "BLOCK_L": 16,
+        "num_warps": 4,
+        "num_stages": 1,
+        "TMA": True,
+        "TAIL_L": 16,  # tail >= MMA minimum
+        "PAIRS": False,
+    }
     monkeypatch.setenv(tuning.ENV_TMA, "0")
     tuning.clear_cache()
     got = tuning.fwd_config(16, 16, 4, "interpreter", dtype=torch.float32, S_kv=70, n=4)
@@ -171,9 +206,12 @@ def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkey
 def test_the_profile_turns_the_pair_kernel_on_per_kind_and_the_env_flag_overrides_it(cfg, monkeypatch):
     """`pairs: true` (the H100's prefill) sends supported calls to pairs.py; other kinds keep
     fwd.py; SELGATE_TRITON_PAIRS=0|1 overrides the profile, read once per state."""
-    write_profile(cfg, "triton_fwd:\n"
-                       "  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, pairs: true}\n"
-                       "  decode: {block_l: 16, num_warps: 4, num_stages: 1}\n")
+    write_profile(
+        cfg,
+        "triton_fwd:\n"
+        "  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, tma: true, pairs: true}\n"
+        "  decode: {block_l: 16, num_warps: 4, num_stages: 1}\n",
+    )
     assert tuning.fwd_config(16, 16, 4, "interpreter", dtype=torch.float32, S_kv=70, n=4)["PAIRS"] is True
     assert tuning.fwd_config(16, 16, 4, "decode", dtype=torch.float32, S_kv=70, n=4)["PAIRS"] is False
     monkeypatch.setenv(tuning.ENV_PAIRS, "0")
@@ -206,8 +244,16 @@ def test_backward_precedence(cfg, monkeypatch):
         return got, tuning.last_choice("bwd")[2]
 
     assert bwd_pick() == (default, "bwd.default_config")
-    entry = {"op": "bwd", "kind": "interpreter", "Dk": 16, "Dv": 16, "L_bucket": 128, "dtype": "float32",
-             "config": {**default, "block_n": 16, "chunk": 64}, "ms": 1.0}
+    entry = {
+        "op": "bwd",
+        "kind": "interpreter",
+        "Dk": 16,
+        "Dv": 16,
+        "L_bucket": 128,
+        "dtype": "float32",
+        "config": {**default, "block_n": 16, "chunk": 64},
+        "ms": 1.0,
+    }
     tuning.write_tuned(tuning.tuned_path(device_name()), [entry], device_name=device_name())
     got, source = bwd_pick()
     assert got == {**default, "block_n": 16, "chunk": 64} and source.startswith("tuned")
@@ -233,10 +279,12 @@ def test_selection_is_cached_per_bucket_not_per_length(cfg):
 
 def test_range_slots_match_the_benchmark_inputs():
     gen = torch.Generator().manual_seed(0)
-    problems = (decode_problem(2, 2, 16, 16, 64, "few", "float32"),
-                decode_problem(2, 2, 16, 16, 48, "many", "float32"),
-                decode_problem(3, 2, 16, 16, 256, "mixed", "float32"),
-                prefill_problem(64, 4, 2, 16, 16, 8, 4, "float32"))
+    problems = (
+        decode_problem(2, 2, 16, 16, 64, "few", "float32"),
+        decode_problem(2, 2, 16, 16, 48, "many", "float32"),
+        decode_problem(3, 2, 16, 16, 256, "mixed", "float32"),
+        prefill_problem(64, 4, 2, 16, 16, 8, 4, "float32"),
+    )
     for p in problems:
         assert range_slots(p) == make_ranges(p, gen, "cpu").shape[3]
         row = {"kind": p.kind, "config": p.key, "L": p.L, "dist": p.dist, "S_kv": p.S_kv}
@@ -263,12 +311,15 @@ def test_by_L_bucket_from_a_recorded_sweep(cfg):
     thresholds.write_profile(d, device_name(), source="launch_cpu.csv")
     tuning.clear_cache()
     assert pick(kind="decode", S_kv=64, n=16) == (
-        {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1}, "configs triton_fwd.by_L_bucket.decode.64")
+        {"BLOCK_L": 16, "num_warps": 4, "num_stages": 1},
+        "configs triton_fwd.by_L_bucket.decode.64",
+    )
     assert pick(kind="decode", S_kv=4096, n=16)[0]["BLOCK_L"] == 32  # bucket 1024
-    assert pick(kind="decode", S_kv=2 ** 20, n=64)[1].endswith("by_L_bucket.decode.1024")  # above: the largest
+    assert pick(kind="decode", S_kv=2**20, n=64)[1].endswith("by_L_bucket.decode.1024")  # above: the largest
 
 
 # ---- the launch path --------------------------------------------------------------------------
+
 
 class Spy:
     """Stands in for the forward kernel: records the launch's keyword arguments, then launches."""
@@ -280,6 +331,7 @@ class Spy:
         def launch(*args, **kw):
             self.calls.append(kw)
             return self.kernel[grid](*args, **kw)
+
         return launch
 
 
@@ -296,13 +348,13 @@ def test_the_kernel_launches_with_the_tuned_block_l(cfg, monkeypatch):
     monkeypatch.setattr(fwd_mod, "_sel_fwd_kernel", spy)
     q, k, v, norm = tiny()
     o_default, _ = fwd_mod.triton_forward(q, k, v, norm, scale=0.25)
-    tuning.write_tuned(tuning.tuned_path(device_name()), [fwd_entry(kind, 16, 128, "float32", 32, 4, 2)],
-                       device_name=device_name())
+    tuning.write_tuned(
+        tuning.tuned_path(device_name()), [fwd_entry(kind, 16, 128, "float32", 32, 4, 2)], device_name=device_name()
+    )
     o_tuned, _ = fwd_mod.triton_forward(q, k, v, norm, scale=0.25)
     assert spy.calls[0]["BLOCK_L"] not in (32, 128)
     assert (spy.calls[1]["BLOCK_L"], spy.calls[1]["num_warps"], spy.calls[1]["num_stages"]) == (32, 4, 2)
-    write_profile(cfg, f"triton_fwd:\n  by_L_bucket:\n    {kind}:\n"
-                       "      128: {block_l: 128, num_warps: 4, num_stages: 2}\n")
+    write_profile(cfg, f"triton_fwd:\n  by_L_bucket:\n    {kind}:\n      128: {{block_l: 128, num_warps: 4, num_stages: 2}}\n")
     monkeypatch.setenv(tuning.ENV_TUNED, "0")
     fwd_mod.triton_forward(q, k, v, norm, scale=0.25)
     assert spy.calls[2]["BLOCK_L"] == 128  # by_L_bucket, read by the launch path
@@ -381,10 +433,39 @@ def test_outputs_do_not_depend_on_the_config_run_before(cfg):
 @launches
 def test_tune_command_writes_a_file_the_launch_path_reads(cfg, tmp_path, capsys, monkeypatch):
     out = tmp_path / "tuned_out"
-    args = ["tune", "--device", DEVICE.type, "--decode", "--bwd", "--N", "2", "--H", "2", "--D", "16",
-            "--dtype", "fp32", "--decode_buckets", "16,128", "--fwd_space", "16x4x1,32x4x1",
-            "--bwd_buckets", "64", "--T", "16", "--heads", "2", "--groups", "1", "--bwd_axes", "block_n=16",
-            "--out-dir", str(out), "--budget_s", "300"]
+    args = [
+        "tune",
+        "--device",
+        DEVICE.type,
+        "--decode",
+        "--bwd",
+        "--N",
+        "2",
+        "--H",
+        "2",
+        "--D",
+        "16",
+        "--dtype",
+        "fp32",
+        "--decode_buckets",
+        "16,128",
+        "--fwd_space",
+        "16x4x1,32x4x1",
+        "--bwd_buckets",
+        "64",
+        "--T",
+        "16",
+        "--heads",
+        "2",
+        "--groups",
+        "1",
+        "--bwd_axes",
+        "block_n=16",
+        "--out-dir",
+        str(out),
+        "--budget_s",
+        "300",
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     path = out / f"{config.device_slug(device_name())}.json"

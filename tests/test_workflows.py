@@ -4,6 +4,7 @@ cancelled or skipped lane is never a pass (.github/scripts/check_needs.py). And 
 trust properties: no fork's code on a GPU runner without an environment approval, caches
 kept apart by trust level, actions pinned by commit, no persisted checkout credentials,
 superseded runs cancelled, images that run unprivileged."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,7 +31,7 @@ spec.loader.exec_module(check_needs)
 
 def workflow(name: str) -> dict:
     doc = yaml.safe_load((WORKFLOWS / name).read_text())
-    doc["on"] = doc.pop(True)   # YAML 1.1 reads the key `on` as a boolean
+    doc["on"] = doc.pop(True)  # YAML 1.1 reads the key `on` as a boolean
     return doc
 
 
@@ -75,9 +76,11 @@ def test_check_needs_command_line_as_the_gate_job_runs_it():
     assert ok.returncode == 0 and "needs.gpu.result = skipped (may skip)" in ok.stdout
     blocked = run_check_needs(results(needs_of(GATE), cpu="cancelled", gpu="skipped", sm89="skipped"), "--may-skip", "")
     assert blocked.returncode == 1
-    assert blocked.stderr.splitlines() == ["gate blocked: cpu: cancelled (a cancelled lane is not a pass)",
-                                           "gate blocked: gpu: skipped (a skipped lane is not a pass)",
-                                           "gate blocked: sm89: skipped (a skipped lane is not a pass)"]
+    assert blocked.stderr.splitlines() == [
+        "gate blocked: cpu: cancelled (a cancelled lane is not a pass)",
+        "gate blocked: gpu: skipped (a skipped lane is not a pass)",
+        "gate blocked: sm89: skipped (a skipped lane is not a pass)",
+    ]
     assert run_check_needs(None).returncode == 2
 
 
@@ -115,8 +118,11 @@ def test_every_lane_the_workflows_run_exists_and_uploads_its_results():
     lane_job = workflow("lane-in-docker.yml")["jobs"]["lane"]
     assert lane_job["runs-on"] == ["self-hosted", "linux", "x64", "gpu", "${{ inputs.lane }}"]
     assert any("--gpus all" in s.get("run", "") for s in lane_job["steps"])
-    uploads = [s["with"]["name"] for s in lane_job["steps"] + MERGE["jobs"]["cpu"]["steps"]
-               if s.get("uses", "").startswith("actions/upload-artifact")]
+    uploads = [
+        s["with"]["name"]
+        for s in lane_job["steps"] + MERGE["jobs"]["cpu"]["steps"]
+        if s.get("uses", "").startswith("actions/upload-artifact")
+    ]
     assert uploads == ["lane-${{ inputs.lane }}", "lane-cpu"]
     download = [s for s in GATE["steps"] if s.get("uses", "").startswith("actions/download-artifact")]
     assert download[0]["with"]["pattern"] == "lane-*"
@@ -156,7 +162,7 @@ def evaluate(expr, ctx: dict, results: dict | None = None):
             out.append({"&&": " and ", "||": " or ", "!": " not "}[tok])
         elif tok in ("true", "false", "null"):
             out.append({"true": "True", "false": "False", "null": "None"}[tok])
-        elif re.fullmatch(r"[A-Za-z_][\w.*-]*", tok) and expr[m.end():].lstrip().startswith("("):
+        elif re.fullmatch(r"[A-Za-z_][\w.*-]*", tok) and expr[m.end() :].lstrip().startswith("("):
             out.append(f"fn_{tok}")
         elif re.fullmatch(r"[A-Za-z_][\w.*-]*", tok):
             out.append(f"ctx({tok!r})")
@@ -164,28 +170,40 @@ def evaluate(expr, ctx: dict, results: dict | None = None):
             out.append(tok)
     consumed = "".join(m.group() for m in re.finditer(r"\s+|'(?:[^']|'')*'|&&|\|\||==|!=|!|\(|\)|,|[A-Za-z_][\w.*-]*", expr))
     assert consumed == expr, f"expression outside the evaluator's subset: {expr!r}"
-    funcs = {"fn_cancelled": lambda: False, "fn_always": lambda: True,
-             "fn_success": lambda: all(r == "success" for r in (results or {}).values()),
-             "fn_startsWith": lambda a, b: str(a or "").lower().startswith(str(b).lower()),
-             "fn_contains": lambda a, b: b in (a or []),
-             "fn_format": lambda f, *a: re.sub(r"\{(\d+)\}", lambda g: str(a[int(g.group(1))] or ""), f)}
-    return eval("".join(out), {"__builtins__": {}}, {"ctx": lookup.get, **funcs})   # noqa: S307 (test-only subset)
+    funcs = {
+        "fn_cancelled": lambda: False,
+        "fn_always": lambda: True,
+        "fn_success": lambda: all(r == "success" for r in (results or {}).values()),
+        "fn_startsWith": lambda a, b: str(a or "").lower().startswith(str(b).lower()),
+        "fn_contains": lambda a, b: b in (a or []),
+        "fn_format": lambda f, *a: re.sub(r"\{(\d+)\}", lambda g: str(a[int(g.group(1))] or ""), f),
+    }
+    return eval("".join(out), {"__builtins__": {}}, {"ctx": lookup.get, **funcs})  # noqa: S307 (test-only subset)
 
 
 def event(name="pull_request", *, fork=False, ref=None, gpu="true", labels=("gpu-lanes",)) -> dict:
     """The contexts of an event on REPO; a pull request from a fork when `fork`."""
-    ctx = {"github.event_name": name, "github.repository": REPO, "needs.plan.outputs.gpu": gpu,
-           "github.ref": ref or ("refs/pull/7/merge" if name == "pull_request" else "refs/heads/main")}
+    ctx = {
+        "github.event_name": name,
+        "github.repository": REPO,
+        "needs.plan.outputs.gpu": gpu,
+        "github.ref": ref or ("refs/pull/7/merge" if name == "pull_request" else "refs/heads/main"),
+    }
     ctx["github.ref_name"] = ctx["github.ref"].split("/", 2)[-1]
     if name == "pull_request":
-        ctx.update({"github.event.pull_request.number": 7, "github.event.pull_request.labels.*.name": list(labels),
-                    "github.event.pull_request.head.repo.full_name": "fork/selgate" if fork else REPO})
+        ctx.update(
+            {
+                "github.event.pull_request.number": 7,
+                "github.event.pull_request.labels.*.name": list(labels),
+                "github.event.pull_request.head.repo.full_name": "fork/selgate" if fork else REPO,
+            }
+        )
     return ctx
 
 
 def local_workflow(uses: str) -> str | None:
     prefix = "./.github/workflows/"
-    return uses[len(prefix):] if uses.startswith(prefix) else None
+    return uses[len(prefix) :] if uses.startswith(prefix) else None
 
 
 def reaches_self_hosted(job: dict) -> bool:
@@ -212,8 +230,11 @@ def gpu_jobs(name: str) -> dict:
 
 def approval_jobs(jobs: dict) -> dict:
     """Jobs behind an environment (a fixed name: its required reviewers approve each run)."""
-    return {j: spec for j, spec in jobs.items() if isinstance(spec.get("environment"), (str, dict))
-            and "${{" not in json.dumps(spec["environment"])}
+    return {
+        j: spec
+        for j, spec in jobs.items()
+        if isinstance(spec.get("environment"), (str, dict)) and "${{" not in json.dumps(spec["environment"])
+    }
 
 
 @pytest.mark.parametrize("name", pr_triggered())
@@ -232,8 +253,12 @@ def test_a_forks_pull_request_reaches_a_gpu_runner_only_after_an_environment_app
             assert not evaluate(cond, event(fork=True), {**others, **dict.fromkeys(gates, refused)}), (job, refused)
         assert evaluate(cond, event(fork=True), {**others, **dict.fromkeys(gates, "success")}), job
         # this repository's own branches, and code already in it, need no approval
-        for ctx in (event(fork=False), event("push"), event("merge_group", ref="refs/heads/gh-readonly-queue/main/x"),
-                    event("workflow_dispatch")):
+        for ctx in (
+            event(fork=False),
+            event("push"),
+            event("merge_group", ref="refs/heads/gh-readonly-queue/main/x"),
+            event("workflow_dispatch"),
+        ):
             assert evaluate(cond, ctx, {**others, **dict.fromkeys(gates, "skipped")}), (job, ctx["github.event_name"])
         assert not evaluate(cond, event(fork=False, gpu="false"), others), job
     for job, spec in approvals.items():
@@ -253,8 +278,7 @@ def uses_lines(name: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_action_is_pinned_by_full_commit_with_its_tag_in_a_comment(name):
-    parsed = [s["uses"] for job in workflow(name)["jobs"].values()
-              for s in [job, *job.get("steps", [])] if "uses" in s]
+    parsed = [s["uses"] for job in workflow(name)["jobs"].values() for s in [job, *job.get("steps", [])] if "uses" in s]
     found = uses_lines(name)
     assert sorted(ref for ref, _ in found) == sorted(parsed)
     for ref, comment in found:
@@ -284,8 +308,13 @@ def test_superseded_runs_are_cancelled(name):
 
 
 def cache_steps() -> list[tuple[str, dict, dict]]:
-    return [(name, job, step) for name in ALL for job in workflow(name)["jobs"].values()
-            for step in job.get("steps", []) if step.get("uses", "").startswith("actions/cache")]
+    return [
+        (name, job, step)
+        for name in ALL
+        for job in workflow(name)["jobs"].values()
+        for step in job.get("steps", [])
+        if step.get("uses", "").startswith("actions/cache")
+    ]
 
 
 def test_caches_are_kept_apart_by_trust_level():
@@ -297,20 +326,30 @@ def test_caches_are_kept_apart_by_trust_level():
         def scope(ctx):
             return evaluate(scope_expr, ctx)
 
-        def key(text, ctx):   # the key with its expressions evaluated
-            return re.sub(r"\$\{\{(.*?)\}\}", lambda m: str(evaluate(m.group(1), {
-                **ctx, "inputs.lane": "sm90", "github.sha": "abc", "env.CACHE_SCOPE": scope(ctx)})), text)
+        def key(text, ctx):  # the key with its expressions evaluated
+            return re.sub(
+                r"\$\{\{(.*?)\}\}",
+                lambda m: str(
+                    evaluate(m.group(1), {**ctx, "inputs.lane": "sm90", "github.sha": "abc", "env.CACHE_SCOPE": scope(ctx)})
+                ),
+                text,
+            )
 
         main = event("push")
-        untrusted = [event(fork=True), event(fork=False), event("merge_group", ref="refs/heads/gh-readonly-queue/main/x"),
-                     event("push", ref="refs/tags/v1.0"), event("workflow_dispatch", ref="refs/heads/topic")]
+        untrusted = [
+            event(fork=True),
+            event(fork=False),
+            event("merge_group", ref="refs/heads/gh-readonly-queue/main/x"),
+            event("push", ref="refs/tags/v1.0"),
+            event("workflow_dispatch", ref="refs/heads/topic"),
+        ]
         assert scope(main) == "main" and scope(event("schedule")) == "main"
         assert all(scope(ctx) != "main" for ctx in untrusted)
         assert len({scope(ctx) for ctx in untrusted[1:]}) == len(untrusted) - 1
         assert step["with"]["path"].startswith("${{ runner.temp }}/")
         for ctx in untrusted:
             written = key(step["with"]["key"], ctx)
-            assert "-main-" not in written, (name, written)       # never writes main's cache
+            assert "-main-" not in written, (name, written)  # never writes main's cache
             for prefix in step["with"].get("restore-keys", "").splitlines():
                 read = key(prefix, ctx)
                 assert read in (f"selgate-sm90-{scope(ctx)}-", "selgate-sm90-main-"), read
@@ -339,13 +378,17 @@ def test_images_run_unprivileged_over_a_tree_no_one_else_can_write(dockerfile):
     users = [line.split(None, 1)[1] for line in stage if line.upper().startswith("USER ")]
     assert users, f"{dockerfile.name}: the image runs as root"
     assert users[-1].split(":")[0] not in ("root", "0"), users[-1]
-    assert not re.search(r"chmod\s[^\n&;|]*(a\+\w*w|o\+\w*w|\b[0-7]?[0-7][0-7][2367]\b)", text), \
+    assert not re.search(r"chmod\s[^\n&;|]*(a\+\w*w|o\+\w*w|\b[0-7]?[0-7][0-7][2367]\b)", text), (
         f"{dockerfile.name}: world-writable files"
+    )
     # the wheels of .whl/ stay in an earlier stage: the image copies nothing from the context but through stages
     assert all("--from=" in line for line in stage if line.upper().startswith(("COPY ", "ADD "))), dockerfile.name
 
 
 def test_the_build_context_leaves_results_evidence_and_environments_out():
-    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {"reports/evidence", "reports/out", "bench/results", ".venv", ".git", "build"} <= ignored

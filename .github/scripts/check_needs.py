@@ -7,6 +7,7 @@ request) are named in --may-skip and may be skipped, never failed or cancelled.
 Usage: NEEDS='${{ toJSON(needs) }}' python check_needs.py [--may-skip job,job]
 Exit status 0 when the gate may go on, 1 with one line per blocking job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,11 @@ def blocking(needs: dict, may_skip=frozenset()) -> list[str]:
         result = info.get("result")
         if result == "success" or (result == "skipped" and job in may_skip):
             continue
-        why = {"skipped": "a skipped lane is not a pass", "cancelled": "a cancelled lane is not a pass",
-               "failure": "it failed"}.get(result, "unknown result")
+        why = {
+            "skipped": "a skipped lane is not a pass",
+            "cancelled": "a cancelled lane is not a pass",
+            "failure": "it failed",
+        }.get(result, "unknown result")
         lines.append(f"{job}: {result} ({why})")
     return lines
 

@@ -20,6 +20,7 @@ same rotating input sets as `check_cuda_decode`, beside the same-size copy, the 
 `cuda pdl`: DecodeLaunch(pdl=Pdl.TRIGGER_AFTER_LOOP), triggered after its loop) and the Triton decode kernel.
 Usage on a GPU machine: python3 bench/probes/decode_floor.py
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,19 @@ from selgate.kernels.triton.tiles import gather_keys
 
 
 @triton.jit
-def _read_slot(k_ptr, v_ptr, r_ptr, out_ptr, n, S_kv, D: tl.constexpr, N_PAD: tl.constexpr, BLK: tl.constexpr,
-               DEP: tl.constexpr, PDL: tl.constexpr):
+def _read_slot(
+    k_ptr,
+    v_ptr,
+    r_ptr,
+    out_ptr,
+    n,
+    S_kv,
+    D: tl.constexpr,
+    N_PAD: tl.constexpr,
+    BLK: tl.constexpr,
+    DEP: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -58,8 +70,21 @@ def _read_slot(k_ptr, v_ptr, r_ptr, out_ptr, n, S_kv, D: tl.constexpr, N_PAD: tl
 
 
 @triton.jit
-def _read_slot_merge(k_ptr, v_ptr, r_ptr, ws_ptr, cnt_ptr, o_ptr, n, S_kv, D: tl.constexpr, H: tl.constexpr,
-                     N_PAD: tl.constexpr, BLK: tl.constexpr, SLOTS: tl.constexpr):
+def _read_slot_merge(
+    k_ptr,
+    v_ptr,
+    r_ptr,
+    ws_ptr,
+    cnt_ptr,
+    o_ptr,
+    n,
+    S_kv,
+    D: tl.constexpr,
+    H: tl.constexpr,
+    N_PAD: tl.constexpr,
+    BLK: tl.constexpr,
+    SLOTS: tl.constexpr,
+):
     """`read dep pdl` plus the merge a split decode kernel needs: each program writes an
     [H, D] fp32 partial, the last of a row's programs to arrive (a release/acquire counter,
     CUTLASS-semaphore style) sums the row's partials in slot order and writes o [H, D]."""
@@ -82,23 +107,38 @@ def _read_slot_merge(k_ptr, v_ptr, r_ptr, ws_ptr, cnt_ptr, o_ptr, n, S_kv, D: tl
     tl.debug_barrier()
     if tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu") == SLOTS - 1:
         sl = tl.arange(0, SLOTS)
-        parts = tl.load(ws_ptr + ((row * SLOTS + sl[:, None, None]) * H + hh[None, :, None]) * D + d[None, None, :],
-                        cache_modifier=".cg")
+        parts = tl.load(
+            ws_ptr + ((row * SLOTS + sl[:, None, None]) * H + hh[None, :, None]) * D + d[None, None, :], cache_modifier=".cg"
+        )
         tl.store(o_ptr + (row * H + hh[:, None]) * D + d[None, :], tl.sum(parts, 0).to(o_ptr.dtype.element_ty))
         tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")
 
 
 def read_only(dep: bool, pdl: bool = False):
     """A call reading the selected K/V bytes of inputs `x` (N rows, G = 1) without attention."""
+
     def call(x):
         N, S_kv, D = x.k.shape[0], x.k.shape[2], x.k.shape[3]
         n = x.ranges.shape[3]
         slots = n  # NSA ranges: n blocks of L_SEL keys
         out = torch.empty(N, slots, device=x.k.device)
-        _read_slot[(N, slots)](x.k, x.v, x.ranges.contiguous(), out, n, S_kv, D=D,
-                               N_PAD=max(16, triton.next_power_of_2(n)), BLK=L_SEL, DEP=dep, PDL=pdl, num_warps=4,
-                               launch_pdl=pdl)
+        _read_slot[(N, slots)](
+            x.k,
+            x.v,
+            x.ranges.contiguous(),
+            out,
+            n,
+            S_kv,
+            D=D,
+            N_PAD=max(16, triton.next_power_of_2(n)),
+            BLK=L_SEL,
+            DEP=dep,
+            PDL=pdl,
+            num_warps=4,
+            launch_pdl=pdl,
+        )
         return out
+
     return call
 
 
@@ -111,14 +151,28 @@ def read_merge(slots: int):
         n, H = x.ranges.shape[3], x.q.shape[3]
         key = (N, H, D, slots, x.k.device)
         if key not in ws:  # the counters start at 0 and every merge puts its row's back
-            ws[key] = (torch.empty(N * slots * H * D, device=x.k.device),
-                       torch.zeros(N, dtype=torch.int32, device=x.k.device))
+            ws[key] = (torch.empty(N * slots * H * D, device=x.k.device), torch.zeros(N, dtype=torch.int32, device=x.k.device))
         part, cnt = ws[key]
         o = torch.empty(N, H, D, dtype=x.v.dtype, device=x.k.device)
-        _read_slot_merge[(N, slots)](x.k, x.v, x.ranges.contiguous(), part, cnt, o, n, S_kv, D=D, H=H,
-                                     N_PAD=max(16, triton.next_power_of_2(n)), BLK=n * L_SEL // slots,
-                                     SLOTS=slots, num_warps=4 if slots >= 4 else 8, launch_pdl=True)
+        _read_slot_merge[(N, slots)](
+            x.k,
+            x.v,
+            x.ranges.contiguous(),
+            part,
+            cnt,
+            o,
+            n,
+            S_kv,
+            D=D,
+            H=H,
+            N_PAD=max(16, triton.next_power_of_2(n)),
+            BLK=n * L_SEL // slots,
+            SLOTS=slots,
+            num_warps=4 if slots >= 4 else 8,
+            launch_pdl=True,
+        )
         return o
+
     return call
 
 
@@ -133,8 +187,9 @@ def main() -> None:
         "merge 4": read_merge(4),
         "merge 2": read_merge(2),
         "cuda": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True),
-        "cuda pdl": lambda x: selection_attention_cuda(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True,
-                                                       launch=DecodeLaunch(pdl=Pdl.TRIGGER_AFTER_LOOP)),
+        "cuda pdl": lambda x: selection_attention_cuda(
+            x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True, launch=DecodeLaunch(pdl=Pdl.TRIGGER_AFTER_LOOP)
+        ),
     }
     tri = triton_method()
     if tri is not None:
@@ -143,8 +198,14 @@ def main() -> None:
     head = ["N", "h", "D", "n", "floor us", "copy"] + list(methods)
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row, sets in grid_sets(dev, torch.bfloat16, copy_gbps):
-        cells = [row["N"], row["h"], row["D"], row["n"], f"{row['floor_us']:.1f}",
-                 f"{copy_us(row['moved'], dev) / row['floor_us']:.2f}"]
+        cells = [
+            row["N"],
+            row["h"],
+            row["D"],
+            row["n"],
+            f"{row['floor_us']:.1f}",
+            f"{copy_us(row['moved'], dev) / row['floor_us']:.2f}",
+        ]
         for name, fn in methods.items():
             try:
                 cells.append(f"{graph_us(fn, sets) / row['floor_us']:.2f}")

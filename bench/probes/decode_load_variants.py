@@ -7,6 +7,7 @@ L2-prefetch qualifiers, checks each copy's output bitwise against the unpatched 
 times them side by side (graph replay over rotating inputs, as check_cuda_decode does), variants
 interleaved and repeated. Usage on a GPU machine: python3 bench/probes/decode_load_variants.py
 """
+
 from __future__ import annotations
 
 import subprocess

@@ -11,6 +11,7 @@ Usage on a GPU machine:
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python3 bench/probes/decode_ncu.py
 """
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ and checks every output equals the separate-tensor one bit for bit:
   - group-interleaved: [G, 2, S_kv, D]; key-interleaved: [G, S_kv, 2, D] (K, V rows adjacent);
   - `repack + run`: copying separate K, V into the group-interleaved layout inside the call.
 Run on a GPU: python3 bench/probes/fwd_kv_layout.py"""
+
 import itertools
 
 import torch
@@ -24,8 +25,7 @@ sets = [make_inputs(p, seed=s, device=dev) for s in range(2)]
 G, S_kv, D = p.G, p.S_kv, 128
 base = launch_config(D, D, 2, "prefill", dtype=torch.bfloat16, S_kv=S_kv, n=sets[0].ranges.shape[3])
 for x in sets:
-    print(f"v - k = {(x.v.data_ptr() - x.k.data_ptr()) / 2**20:.3f} MiB; k % 2 MiB = {x.k.data_ptr() % (2 << 20)}",
-          flush=True)
+    print(f"v - k = {(x.v.data_ptr() - x.k.data_ptr()) / 2**20:.3f} MiB; k % 2 MiB = {x.k.data_ptr() % (2 << 20)}", flush=True)
 MiB = 1 << 20
 per = G * S_kv * D  # elements of one of K, V
 
@@ -33,7 +33,7 @@ per = G * S_kv * D  # elements of one of K, V
 def gap(x, extra):
     buf = torch.empty(2 * per + extra // 2, dtype=x.k.dtype, device=dev)
     k = buf[:per].view(1, G, S_kv, D)
-    v = buf[per + extra // 2:].view(1, G, S_kv, D)
+    v = buf[per + extra // 2 :].view(1, G, S_kv, D)
     k.copy_(x.k)
     v.copy_(x.v)
     return k, v
@@ -43,9 +43,15 @@ def stored(layout):
     return lambda x: (lambda y: (y.k, y.v))(with_kv_layout(x, layout))
 
 
-layouts = {"separate": lambda x: (x.k, x.v), "gap 0": lambda x: gap(x, 0), "gap 4 KiB": lambda x: gap(x, 4096),
-           "gap 1 MiB": lambda x: gap(x, MiB), "gap 8 MiB": lambda x: gap(x, 8 * MiB),
-           "group-interleaved": stored("group"), "key-interleaved": stored("key")}
+layouts = {
+    "separate": lambda x: (x.k, x.v),
+    "gap 0": lambda x: gap(x, 0),
+    "gap 4 KiB": lambda x: gap(x, 4096),
+    "gap 1 MiB": lambda x: gap(x, MiB),
+    "gap 8 MiB": lambda x: gap(x, 8 * MiB),
+    "group-interleaved": stored("group"),
+    "key-interleaved": stored("key"),
+}
 kv = {name: [make(x) for x in sets] for name, make in layouts.items()}
 
 

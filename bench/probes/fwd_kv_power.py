@@ -7,6 +7,7 @@ of each. This probe times each layout two ways, do_bench and 40 back-to-back cal
 rotating input sets (CUDA events, no flush), while nvidia-smi samples SM clock, power and
 throttle reasons every 50 ms; per layout it prints the samples' medians.
 Run on a GPU: python3 bench/probes/fwd_kv_power.py"""
+
 import statistics
 import subprocess
 import time
@@ -25,8 +26,9 @@ QUERY = "clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active"
 
 
 def sampled(fn):
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, text=True)
+    smi = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "50"], stdout=subprocess.PIPE, text=True
+    )
     time.sleep(0.3)
     out = fn()
     time.sleep(0.1)
@@ -53,10 +55,15 @@ rows = []
 for rnd in range(2):
     for layout in KV_LAYOUTS:
         xs = [with_kv_layout(x, layout) for x in sets]
-        it = iter(range(10 ** 6))
-        t_db, sm1, w1, r1 = sampled(lambda: do_bench(
-            lambda: (lambda x: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=base))(xs[next(it) % 2]),
-            warmup=10, rep=300, return_mode="median"))
+        it = iter(range(10**6))
+        t_db, sm1, w1, r1 = sampled(
+            lambda: do_bench(
+                lambda: (lambda x: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=base))(xs[next(it) % 2]),
+                warmup=10,
+                rep=300,
+                return_mode="median",
+            )
+        )
         stream_ms(xs)
         t_st, sm2, w2, r2 = sampled(lambda: stream_ms(xs))
         rows.append((rnd, layout, t_db, sm1, w1, t_st, sm2, w2, r1 + r2))

@@ -12,6 +12,7 @@ address range as persisting in L2 for every kernel launched on it. This probe ti
   - `per group + window r`: the same with the group's K and V in a persisting window, hitRatio r.
 Outputs of the layout and window variants must equal the profile launch's bit for bit.
 Run on a GPU: python3 bench/probes/fwd_l2_window.py"""
+
 import ctypes
 import itertools
 
@@ -26,8 +27,13 @@ cu = ctypes.CDLL("libcuda.so.1")
 
 
 class Window(ctypes.Structure):
-    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hitRatio", ctypes.c_float),
-                ("hitProp", ctypes.c_int), ("missProp", ctypes.c_int)]
+    _fields_ = [
+        ("base_ptr", ctypes.c_void_p),
+        ("num_bytes", ctypes.c_size_t),
+        ("hitRatio", ctypes.c_float),
+        ("hitProp", ctypes.c_int),
+        ("missProp", ctypes.c_int),
+    ]
 
 
 class AttrValue(ctypes.Union):
@@ -79,23 +85,35 @@ def per_group(x, y, ratio=None):
     for g in range(G):
         if ratio is not None:
             set_window(stream, y.k[0, g].data_ptr(), min(group_bytes, max_window), ratio)
-        triton_forward(x.q[:, :, g:g + 1], y.k[:, g:g + 1], y.v[:, g:g + 1], x.ranges[:, :, g:g + 1],
-                       scale=x.scale, config=base, out=(o[:, :, g:g + 1], lse[:, :, g:g + 1]))
+        triton_forward(
+            x.q[:, :, g : g + 1],
+            y.k[:, g : g + 1],
+            y.v[:, g : g + 1],
+            x.ranges[:, :, g : g + 1],
+            scale=x.scale,
+            config=base,
+            out=(o[:, :, g : g + 1], lse[:, :, g : g + 1]),
+        )
     if ratio is not None:
         set_window(stream, 0, 0, 0.0)
     return o
 
 
 ref = whole(sets[0], sets[0].k, sets[0].v)
-variants = {"profile launch": lambda i: whole(sets[i], sets[i].k, sets[i].v),
-            "kv interleaved": lambda i: whole(sets[i], kvs[i].k, kvs[i].v),
-            "per group": lambda i: per_group(sets[i], kvs[i])}
+variants = {
+    "profile launch": lambda i: whole(sets[i], sets[i].k, sets[i].v),
+    "kv interleaved": lambda i: whole(sets[i], kvs[i].k, kvs[i].v),
+    "per group": lambda i: per_group(sets[i], kvs[i]),
+}
 for r in (1.0, 0.75, 0.5):
-    variants[f"per group + window {r}"] = (lambda r: lambda i: per_group(sets[i], kvs[i],
-                                                                         min(r, max_persist / group_bytes)))(r)
+    variants[f"per group + window {r}"] = (lambda r: lambda i: per_group(sets[i], kvs[i], min(r, max_persist / group_bytes)))(r)
 for M in (32768, 16384, 4096):
-    rs = [normalize_ranges(torch.stack([x.ranges[..., 0] % M, x.ranges[..., 0] % M + x.ranges[..., 1] - x.ranges[..., 0]],
-                                       -1), S_kv) for x in sets]  # each range moved below M, same length
+    rs = [
+        normalize_ranges(
+            torch.stack([x.ranges[..., 0] % M, x.ranges[..., 0] % M + x.ranges[..., 1] - x.ranges[..., 0]], -1), S_kv
+        )
+        for x in sets
+    ]  # each range moved below M, same length
     variants[f"mod {M}"] = (lambda rs: lambda i: whole(sets[i], sets[i].k, sets[i].v, rs[i]))(rs)
 rows = []
 it = itertools.count()

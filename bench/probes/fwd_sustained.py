@@ -8,6 +8,7 @@ buffer, while back-to-back calls took 15.8 ms separate and 15.4 ms in the one bu
 a 256 MiB read (leaves L2 clean), a 256 MiB write (leaves it dirty, as do_bench's flush
 does), or an idle 20 ms; for K/V stored separately and per key (`with_kv_layout`).
 Run on a GPU: python3 bench/probes/fwd_sustained.py"""
+
 import statistics
 import time
 
@@ -21,8 +22,12 @@ p = prefill_problem(65536, 64, 4, 128, 128, 64, 16, "bfloat16")
 x0 = make_inputs(p, seed=0, device=dev)
 base = launch_config(128, 128, 2, "prefill", dtype=torch.bfloat16, S_kv=p.S_kv, n=x0.ranges.shape[3])
 buf = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-between = {"nothing": lambda: None, "read 256 MiB": lambda: buf.max(), "write 256 MiB": lambda: buf.zero_(),
-           "idle 20 ms": lambda: (torch.cuda.synchronize(), time.sleep(0.02))}
+between = {
+    "nothing": lambda: None,
+    "read 256 MiB": lambda: buf.max(),
+    "write 256 MiB": lambda: buf.zero_(),
+    "idle 20 ms": lambda: (torch.cuda.synchronize(), time.sleep(0.02)),
+}
 rows = []
 for rnd in range(2):
     for layout in ("separate", "key"):

@@ -4,21 +4,36 @@ The bench's `triton@BxWxS` variants time the gather path only; this probe times 
 descriptor path the H100 profile uses for prefill, against the gather path (first row), so
 the profile's `triton_fwd.prefill` values come from a measurement (docs/design/triton-forward.md).
 Run on a GPU: python3 bench/probes/fwd_tma_sweep.py"""
+
 import itertools
 
 import torch
 from triton.testing import do_bench
 from selgate.bench.inputs import prefill_problem, make_inputs
 from selgate.kernels.triton.fwd import triton_forward
+
 p = prefill_problem(65536, 64, 4, 128, 128, 64, 16, "bfloat16")
 sets = [make_inputs(p, seed=s, device=torch.device("cuda")) for s in range(2)]
 it = itertools.count()
 ref = None
 rows = []
 cfgs = [dict(BLOCK_L=64, num_warps=2, num_stages=3, TMA=False, TAIL_L=64)]
-for bl, w, st, tail in [(64, 2, 3, 32), (64, 1, 2, 32), (64, 2, 2, 32), (64, 1, 3, 32), (32, 1, 2, 32), (32, 2, 2, 32),
-                        (32, 1, 3, 32), (32, 1, 4, 32), (32, 2, 4, 32), (16, 1, 3, 16), (16, 1, 4, 16), (16, 1, 6, 16),
-                        (64, 1, 2, 16), (64, 1, 2, 64)]:
+for bl, w, st, tail in [
+    (64, 2, 3, 32),
+    (64, 1, 2, 32),
+    (64, 2, 2, 32),
+    (64, 1, 3, 32),
+    (32, 1, 2, 32),
+    (32, 2, 2, 32),
+    (32, 1, 3, 32),
+    (32, 1, 4, 32),
+    (32, 2, 4, 32),
+    (16, 1, 3, 16),
+    (16, 1, 4, 16),
+    (16, 1, 6, 16),
+    (64, 1, 2, 16),
+    (64, 1, 2, 64),
+]:
     cfgs.append(dict(BLOCK_L=bl, num_warps=w, num_stages=st, TMA=True, TAIL_L=tail))
 for c in cfgs:
     try:
@@ -27,12 +42,18 @@ for c in cfgs:
         if ref is None:
             ref = o.float()
         diff = float((o.float() - ref).abs().max())
-        t = do_bench(lambda: (lambda x: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=c))(sets[next(it) % 2]),
-                     warmup=10, rep=300, return_mode="median")
+        t = do_bench(
+            lambda: (lambda x: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=c))(sets[next(it) % 2]),
+            warmup=10,
+            rep=300,
+            return_mode="median",
+        )
         rows.append((c, t, diff))
     except Exception as e:
         rows.append((c, None, f"{type(e).__name__}: {str(e)[:80]}"))
     print(rows[-1], flush=True)
 print("| BLOCK_L | warps | stages | TMA | TAIL_L | ms | max diff vs gather |")
 for c, t, d in rows:
-    print(f"| {c['BLOCK_L']} | {c['num_warps']} | {c['num_stages']} | {c['TMA']} | {c['TAIL_L']} | {t if t is None else round(t, 2)} | {d} |")
+    print(
+        f"| {c['BLOCK_L']} | {c['num_warps']} | {c['num_stages']} | {c['TMA']} | {c['TAIL_L']} | {t if t is None else round(t, 2)} | {d} |"
+    )

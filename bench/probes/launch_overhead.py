@@ -2,6 +2,7 @@
 launch, strict wrapper, dispatcher) against the kernel's own device time, whether a whole
 dispatcher call can be captured in a CUDA graph (no host synchronisation), and a profile
 of the dispatcher's host time. A probe for a measured gap, not a benchmark."""
+
 from __future__ import annotations
 
 import cProfile
@@ -64,8 +65,10 @@ def main():
             auto_graph = f"{graph_us(auto):.1f}"
         except Exception as e:  # noqa: BLE001 - the probe reports why a capture failed
             auto_graph = f"capture failed: {type(e).__name__}: {str(e)[:80]}"
-        rows.append(f"| {L} | {host_us(raw[0]):.1f} | {host_us(wrap[0]):.1f} | {host_us(auto[0]):.1f} | "
-                    f"{loop_us(auto):.1f} | {graph_us(raw):.1f} | {auto_graph} | {floor:.1f} |")
+        rows.append(
+            f"| {L} | {host_us(raw[0]):.1f} | {host_us(wrap[0]):.1f} | {host_us(auto[0]):.1f} | "
+            f"{loop_us(auto):.1f} | {graph_us(raw):.1f} | {auto_graph} | {floor:.1f} |"
+        )
         if L == 512:
             pr = cProfile.Profile()
             pr.enable()
@@ -78,8 +81,10 @@ def main():
             prof_text = buf.getvalue()
     print(prof_text)
     print(f"copy bandwidth {copy:.0f} GB/s (read + write); decode bf16 N=1024 h=8 D=Dv=128 'many' ranges")
-    print("| L | raw launch host us | strict wrapper host us | dispatcher host us | dispatcher loop us "
-          "(4 rotating sets) | raw kernel graph us | dispatcher graph us | HBM floor us |")
+    print(
+        "| L | raw launch host us | strict wrapper host us | dispatcher host us | dispatcher loop us "
+        "(4 rotating sets) | raw kernel graph us | dispatcher graph us | HBM floor us |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
 

@@ -12,6 +12,7 @@ Usage on a GPU machine:
         --section MemoryWorkloadAnalysis --section WarpStateStats \\
         python3 bench/probes/prefill_ncu.py [separate|group|key]
 """
+
 from __future__ import annotations
 
 import sys

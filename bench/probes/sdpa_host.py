@@ -2,6 +2,7 @@
 while the same rows cost 2-4 ms in another run: per-call wall time over rotating input sets
 with each SDPA backend allowed in turn, and the top host-time ops of the slowest calls.
 A probe for a measured gap, not a benchmark."""
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,10 @@ def main():
                 print(f"| {N} | {h} | {D} | {Dv} | {L} | {dist} | {name} | error: {str(e).splitlines()[0][:80]} | |")
                 continue
             later = sorted(ms[1:])
-            print(f"| {N} | {h} | {D} | {Dv} | {L} | {dist} | {name} | {ms[0]:.1f} | "
-                  f"{later[0]:.2f} / {later[len(later) // 2]:.2f} / {later[-1]:.2f} |")
+            print(
+                f"| {N} | {h} | {D} | {Dv} | {L} | {dist} | {name} | {ms[0]:.1f} | "
+                f"{later[0]:.2f} / {later[len(later) // 2]:.2f} / {later[-1]:.2f} |"
+            )
             if name == "default" and (worst is None or later[len(later) // 2] > worst[0]):
                 worst = (later[len(later) // 2], p, sets)
     _, p, sets = worst

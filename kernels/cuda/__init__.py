@@ -1,4 +1,5 @@
 """CUDA selection decode kernel (S = 1), compiled on first use (SELGATE_CUDA_BUILD=1: at import)."""
+
 from selgate.kernels import settings as env
 
 from .decode import selection_attention_cuda

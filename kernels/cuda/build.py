@@ -6,6 +6,7 @@ process reuses the first one's build; processes building into one directory take
 (an flock, released even when its holder is killed). A failed build is remembered for the
 process: the wrapper then falls back (reason "build") instead of recompiling on every call.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,8 +79,9 @@ def _build(arch: str):
     out = cache_dir(arch)
     start = time.perf_counter()
     try:
-        ext = _load_in(out, f"selgate_sel_decode_{out.name[:16]}_sm{arch}", SOURCE_DIR, arch,
-                       verbose=env.get("SELGATE_CUDA_VERBOSE"))
+        ext = _load_in(
+            out, f"selgate_sel_decode_{out.name[:16]}_sm{arch}", SOURCE_DIR, arch, verbose=env.get("SELGATE_CUDA_VERBOSE")
+        )
     except Exception as exc:  # lock, compiler, linker or import failure: keep the reason, fall back
         return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
     build_seconds[arch] = time.perf_counter() - start
@@ -101,9 +103,14 @@ def _load_in(out: Path, name: str, source_dir: Path, arch: str, *, verbose: bool
     with open(out.with_name(out.name + ".lock"), "w") as guard:
         _take_turn(guard, out, env.get("SELGATE_CUDA_BUILD_WAIT"))
         (out / "lock").unlink(missing_ok=True)
-        return load(name=name, sources=[str(source_dir / s) for s in SOURCES], extra_cflags=list(CXX_FLAGS),
-                    extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-                    build_directory=str(out), verbose=verbose)
+        return load(
+            name=name,
+            sources=[str(source_dir / s) for s in SOURCES],
+            extra_cflags=list(CXX_FLAGS),
+            extra_cuda_cflags=[*CUDA_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+            build_directory=str(out),
+            verbose=verbose,
+        )
 
 
 def _take_turn(guard, out: Path, wait_s: float) -> None:
@@ -117,8 +124,10 @@ def _take_turn(guard, out: Path, wait_s: float) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"another process has been building into {out} for more than {wait_s:g} s "
-                                   f"({env.source('SELGATE_CUDA_BUILD_WAIT')})") from None
+                raise TimeoutError(
+                    f"another process has been building into {out} for more than {wait_s:g} s "
+                    f"({env.source('SELGATE_CUDA_BUILD_WAIT')})"
+                ) from None
             time.sleep(0.2)
 
 
@@ -163,8 +172,11 @@ def prebuild() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        warnings.warn("SELGATE_CUDA_BUILD=1 but no CUDA device is visible: the CUDA decode kernel is not built",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "SELGATE_CUDA_BUILD=1 but no CUDA device is visible: the CUDA decode kernel is not built",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return
     try:
         load_extension()

@@ -1,5 +1,6 @@
 """The CUDA decode backend's Python entry point: input checks, the reasons it declines a
 call (`BackendUnavailable`), range normalisation, and the call into the extension."""
+
 from __future__ import annotations
 
 import torch
@@ -39,8 +40,7 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
     whose key stride reaches 2^31 elements (the kernel's key offsets are 32-bit) are copied."""
     t = t.flatten(0, 1)  # a view where B and G collapse, else a copy
     item = t.element_size()
-    if (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(1) < 2 ** 31
-            and all(st * item % 16 == 0 for st in t.stride()[:2])):
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(1) < 2**31 and all(st * item % 16 == 0 for st in t.stride()[:2]):
         return t
     return aligned(t)
 
@@ -55,8 +55,9 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
         return BackendUnavailable("dtype", f"expected fp16, bf16 or fp32, got {q.dtype}")
     for name, dim in (("Dk", d.Dk), ("Dv", d.Dv)):
         if dim % HEAD_DIM_MULTIPLE or dim > MAX_HEAD_DIM:
-            return BackendUnavailable("head_dim", f"{name}={dim}: expected a multiple of {HEAD_DIM_MULTIPLE} "
-                                                  f"up to {MAX_HEAD_DIM}")
+            return BackendUnavailable(
+                "head_dim", f"{name}={dim}: expected a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}"
+            )
     if d.n > MAX_RANGES:
         return BackendUnavailable("ranges", f"n={d.n} ranges per row: at most {MAX_RANGES}")
     if d.S_kv > MAX_S_KV:
@@ -67,8 +68,7 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
         return BackendUnavailable("device", f"inputs are on {q.device}, not on a CUDA device")
     cap = device_capability(q.device)
     if cap < MIN_CAPABILITY:
-        return BackendUnavailable("capability", f"compute capability {cap[0]}.{cap[1]} < "
-                                                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}")
+        return BackendUnavailable("capability", f"compute capability {cap[0]}.{cap[1]} < {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}")
     return None
 
 
@@ -78,15 +78,28 @@ def launch_tune(launch) -> list[int]:
     if launch is None:
         launch = _AUTOMATIC
     elif isinstance(launch, (tuple, list)):
-        raise TypeError(f"launch: positional overrides are not accepted, got {type(launch).__name__} {launch!r}; use "
-                        "selgate.kernels.cuda.DecodeLaunch, whose fields are named (e.g. DecodeLaunch(stages=3, pdl=Pdl.OFF))")
+        raise TypeError(
+            f"launch: positional overrides are not accepted, got {type(launch).__name__} {launch!r}; use "
+            "selgate.kernels.cuda.DecodeLaunch, whose fields are named (e.g. DecodeLaunch(stages=3, pdl=Pdl.OFF))"
+        )
     elif not isinstance(launch, DecodeLaunch):
         raise TypeError(f"launch: expected a DecodeLaunch or None, got {type(launch).__name__} {launch!r}")
     return launch.ext_tune()
 
 
-def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
-                             normalized=False, kernel: str = "auto", launch: DecodeLaunch | None = None):
+def selection_attention_cuda(
+    q,
+    k,
+    v,
+    ranges,
+    *,
+    scale=None,
+    positions=None,
+    return_lse=False,
+    normalized=False,
+    kernel: str = "auto",
+    launch: DecodeLaunch | None = None,
+):
     """Selection attention for decode (S == 1) on the CUDA kernel; same contract as the reference.
 
     q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] -> o [B,1,G,h,Dv]
@@ -117,8 +130,9 @@ def selection_attention_cuda(q, k, v, ranges, *, scale=None, positions=None, ret
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
     pos = None if positions is None else positions.contiguous()
     try:
-        o, lse = ext.fwd(aligned(q), rows_view(k), rows_view(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk),
-                         use_mma, tune)
+        o, lse = ext.fwd(
+            aligned(q), rows_view(k), rows_view(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk), use_mma, tune
+        )
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
     return (o, lse) if return_lse else o

@@ -12,6 +12,7 @@ Every field defaults to automatic (0): the host code's measured choice (`run_mma
 sel_decode.cu, docs/design/cuda-decode.md). The overrides change the schedule, never the
 function computed. The SIMT kernel (fp32, `kernel="simt"`) ignores them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -59,7 +60,7 @@ class Prefetch(IntEnum):
 EXT_ORDER = ("stages", "split", "warps", "pdl", "slab", "schedule", "prefetch", "occupancy")
 
 _ENUMS = {"pdl": Pdl, "schedule": Schedule, "prefetch": Prefetch}
-_INT_MAX = 2 ** 31 - 1  # the binding narrows each value to a C++ int
+_INT_MAX = 2**31 - 1  # the binding narrows each value to a C++ int
 
 
 @dataclass(frozen=True, repr=False)
@@ -86,8 +87,11 @@ class DecodeLaunch:
         for f in fields(self):
             value = getattr(self, f.name)
             enum = _ENUMS.get(f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or (
-                    isinstance(value, IntEnum) and not isinstance(value, enum or ())):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or (isinstance(value, IntEnum) and not isinstance(value, enum or ()))
+            ):
                 want = f"a {enum.__name__} or its int code" if enum else "an int"
                 raise TypeError(f"DecodeLaunch.{f.name}: expected {want}, got {value!r} ({type(value).__name__})")
             if enum is not None:
@@ -103,15 +107,21 @@ class DecodeLaunch:
         self._check("occupancy", 1 <= self.occupancy <= _INT_MAX, "0 (automatic) or a cap in [1, 2^31 - 1] blocks per SM")
         # Combinations run_mma refuses whatever the shape and the device.
         if self.split > 1 and self.warps > 4:
-            raise ValueError(f"DecodeLaunch.warps: expected at most 4 warps with a cluster split (split={self.split}; "
-                             f"only those are verified), got {self.warps}")
+            raise ValueError(
+                f"DecodeLaunch.warps: expected at most 4 warps with a cluster split (split={self.split}; "
+                f"only those are verified), got {self.warps}"
+            )
         if self.schedule == Schedule.SHARED_SLABS:
-            for name, ok, want in (("warps", self.warps in (AUTO, 2), "0 (automatic) or 2"),
-                                   ("split", self.split in (AUTO, 1), "0 (automatic) or 1"),
-                                   ("slab", self.slab in (AUTO, 32), "0 (automatic) or 32")):
+            for name, ok, want in (
+                ("warps", self.warps in (AUTO, 2), "0 (automatic) or 2"),
+                ("split", self.split in (AUTO, 1), "0 (automatic) or 1"),
+                ("slab", self.slab in (AUTO, 32), "0 (automatic) or 32"),
+            ):
                 if not ok:
-                    raise ValueError(f"DecodeLaunch.{name}: expected {want} with schedule=SHARED_SLABS (the block's 2 "
-                                     f"warps share each 32-key slab, no split), got {getattr(self, name)}")
+                    raise ValueError(
+                        f"DecodeLaunch.{name}: expected {want} with schedule=SHARED_SLABS (the block's 2 "
+                        f"warps share each 32-key slab, no split), got {getattr(self, name)}"
+                    )
 
     def _check(self, name: str, ok: bool, want: str) -> None:
         value = getattr(self, name)
@@ -137,8 +147,9 @@ class DecodeLaunch:
         return " ".join(f"{k}={getattr(v, 'name', v)}" for k, v in self.overrides().items()) or "auto"
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={type(v).__name__}.{v.name}" if isinstance(v, IntEnum) else f"{k}={v}"
-                         for k, v in self.overrides().items())
+        args = ", ".join(
+            f"{k}={type(v).__name__}.{v.name}" if isinstance(v, IntEnum) else f"{k}={v}" for k, v in self.overrides().items()
+        )
         return f"DecodeLaunch({args})"
 
 

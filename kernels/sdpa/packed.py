@@ -10,6 +10,7 @@ softmax instead, because SDPA's memory-efficient backward is not bitwise determi
 dq differed in every repeat on the H100) and SPEC.md requires it. Autograd flows through the
 gather and that softmax; chunks are checkpointed under a memory budget.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,8 +53,12 @@ class _GatherKV(torch.autograd.Function):
             out[keys] = torch.segment_reduce(g.reshape(-1, shape[2])[order], "sum", lengths=counts)
             return out.view(shape)
 
-        return (summed(gk, ctx.shapes[0], ctx.needs_input_grad[0]), summed(gv, ctx.shapes[1], ctx.needs_input_grad[1]),
-                None, None)
+        return (
+            summed(gk, ctx.shapes[0], ctx.needs_input_grad[0]),
+            summed(gv, ctx.shapes[1], ctx.needs_input_grad[1]),
+            None,
+            None,
+        )
 
 
 def bucket_lengths(L: torch.Tensor) -> torch.Tensor:
@@ -68,14 +73,26 @@ def sdpa_backends() -> list[SDPBackend]:
     attention plans each new shape on the host, and a bucket's row count changes from call to
     call; on the H100 (torch 2.11) such calls took 90-160 ms against at most 4.7 ms without it
     (docs/design/dispatcher.md). The choice is torch's process-wide SDPA state."""
-    enabled = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
-               SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
-               SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled()}
+    enabled = {
+        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
+        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
+        SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
+    }
     return [b for b, on in enabled.items() if on] or [SDPBackend.MATH]
 
 
-def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
-                             budget_bytes: int = DEFAULT_BUDGET_BYTES, normalized: bool = False):
+def selection_attention_sdpa(
+    q,
+    k,
+    v,
+    ranges,
+    *,
+    scale=None,
+    positions=None,
+    return_lse=False,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    normalized: bool = False,
+):
     """Selection attention through bucketed SDPA; same contract as the reference.
 
     `normalized=True` skips normalisation when the caller already did it. With `return_lse` or
@@ -112,9 +129,13 @@ def selection_attention_sdpa(q, k, v, ranges, *, scale=None, positions=None, ret
                 o, lse = gather_rows(q_rows, k_sel, v_sel, valid, sc, acc_dtype)
                 return (o.to(v.dtype), lse) if return_lse else (o.to(v.dtype),)
             with sdpa_kernel(backends):
-                o = F.scaled_dot_product_attention(q_rows[:, None], k_sel.to(k.dtype)[:, None],
-                                                   v_sel.to(v.dtype)[:, None], attn_mask=valid[:, None, None, :],
-                                                   scale=sc)
+                o = F.scaled_dot_product_attention(
+                    q_rows[:, None],
+                    k_sel.to(k.dtype)[:, None],
+                    v_sel.to(v.dtype)[:, None],
+                    attn_mask=valid[:, None, None, :],
+                    scale=sc,
+                )
             return (o[:, 0],)
 
         item = q.element_size()

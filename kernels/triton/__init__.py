@@ -1,5 +1,6 @@
 """Triton selection attention. Importing this package imports triton; the dispatcher
 imports it lazily, only when the Triton rung is tried."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,7 @@ from .fwd import INT32_MAX, launch_config, pair_kernel, tma_unsupported, triton_
 FORWARD_KERNELS = ("gather", "tma", "pairs")
 
 
-def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, return_lse=False,
-                               normalized: bool = False):
+def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, return_lse=False, normalized: bool = False):
     """Selection attention on the Triton kernel; strict: raises `BackendUnavailable` with a
     reason code instead of falling back. `normalized=True` skips range normalisation when
     the caller already did it. Inputs that require grad run the autograd Function of
@@ -29,8 +29,7 @@ def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, r
     if why is not None:
         raise BackendUnavailable(*why)
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
-    o, lse = run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions,
-                        allow_grad=st.allow_grad)
+    o, lse = run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions, allow_grad=st.allow_grad)
     return (o, lse) if return_lse else o
 
 
@@ -77,5 +76,11 @@ def selection_attention_kernel(kernel: str, q, k, v, ranges, *, scale=None, posi
     return (o, lse) if return_lse else o
 
 
-__all__ = ["FORWARD_KERNELS", "forward_kernel_unsupported", "run_triton", "selection_attention_kernel",
-           "selection_attention_triton", "triton_forward"]
+__all__ = [
+    "FORWARD_KERNELS",
+    "forward_kernel_unsupported",
+    "run_triton",
+    "selection_attention_kernel",
+    "selection_attention_triton",
+    "triton_forward",
+]

@@ -1,6 +1,7 @@
 """Autograd for the Triton path: the fused forward saves `o` and `lse`, the backward runs
 the deterministic kernels of `bwd.py`. `lse` is differentiable too (its gradient enters
 through `delta`), as it is in the reference."""
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,7 @@ class SelectionAttentionTriton(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, do, dlse):
         q, k, v, o, lse, norm_ranges, positions = ctx.saved_tensors
-        dq, dk, dv = triton_backward(q, k, v, o, lse, do, norm_ranges, scale=ctx.scale, positions=positions,
-                                     dlse=dlse)
+        dq, dk, dv = triton_backward(q, k, v, o, lse, do, norm_ranges, scale=ctx.scale, positions=positions, dlse=dlse)
         return dq, dk, dv, None, None, None
 
 

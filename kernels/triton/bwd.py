@@ -26,6 +26,7 @@ running them side by side changes no sum's order: results stay bitwise reproduci
 Extra memory: the index, O(B*S*G*(n + L/BLOCK_N)) integers, plus fp32 partials for split
 tiles only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +51,9 @@ DEFAULT_CHUNK = 2048  # pairs per dk/dv work item; bounds the longest program
 
 
 @triton.jit
-def _delta_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, n_rows, Dv,
-                  HAS_DLSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _delta_kernel(
+    o_ptr, do_ptr, dlse_ptr, delta_ptr, n_rows, Dv, HAS_DLSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_DV)
     rm = rows < n_rows
@@ -78,8 +80,31 @@ def _dq_step(acc, q, do, lse, delta, hm, kt, vt, ok, qk_scale_log2, PRECISION: t
 
 
 @triton.jit
-def _dq_gather(acc, q, do, lse, delta, hm, k_grp, v_grp, p0, start, first, stop, L, lim, dks, dkm, dvs, dvm, Dk, Dv,
-               qk_scale_log2, PRECISION: tl.constexpr, TILE: tl.constexpr):
+def _dq_gather(
+    acc,
+    q,
+    do,
+    lse,
+    delta,
+    hm,
+    k_grp,
+    v_grp,
+    p0,
+    start,
+    first,
+    stop,
+    L,
+    lim,
+    dks,
+    dkm,
+    dvs,
+    dvm,
+    Dk,
+    Dv,
+    qk_scale_log2,
+    PRECISION: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """Tile positions [p0, p0 + TILE) of the row's selection, gathered with masked loads."""
     key, ok = gather_keys(p0, start, first, stop, L, lim, TILE)
     kt = tl.load(k_grp + key[:, None] * Dk + dks[None, :], mask=ok[:, None] & dkm[None, :], other=0.0)
@@ -88,8 +113,29 @@ def _dq_gather(acc, q, do, lse, delta, hm, k_grp, v_grp, p0, start, first, stop,
 
 
 @triton.jit
-def _dq_gathers(acc, q, do, lse, delta, hm, k_grp, v_grp, start, length, lim, dks, dkm, dvs, dvm, Dk, Dv,
-                qk_scale_log2, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, TILE: tl.constexpr):
+def _dq_gathers(
+    acc,
+    q,
+    do,
+    lse,
+    delta,
+    hm,
+    k_grp,
+    v_grp,
+    start,
+    length,
+    lim,
+    dks,
+    dkm,
+    dvs,
+    dvm,
+    Dk,
+    Dv,
+    qk_scale_log2,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """Every key of the ranges `[start, start + length)`, in TILE-position gather tiles (tiles.py)."""
     stop = tl.cumsum(length, 0)
     first = stop - length
@@ -97,19 +143,85 @@ def _dq_gathers(acc, q, do, lse, delta, hm, k_grp, v_grp, start, length, lim, dk
     if INTERPRET:  # see _dq_kernel
         p0 = 0
         while p0 < L:
-            acc = _dq_gather(acc, q, do, lse, delta, hm, k_grp, v_grp, p0, start, first, stop, L, lim, dks, dkm,
-                             dvs, dvm, Dk, Dv, qk_scale_log2, PRECISION, TILE)
+            acc = _dq_gather(
+                acc,
+                q,
+                do,
+                lse,
+                delta,
+                hm,
+                k_grp,
+                v_grp,
+                p0,
+                start,
+                first,
+                stop,
+                L,
+                lim,
+                dks,
+                dkm,
+                dvs,
+                dvm,
+                Dk,
+                Dv,
+                qk_scale_log2,
+                PRECISION,
+                TILE,
+            )
             p0 += TILE
     else:
         for p0 in tl.range(0, L, TILE):
-            acc = _dq_gather(acc, q, do, lse, delta, hm, k_grp, v_grp, p0, start, first, stop, L, lim, dks, dkm,
-                             dvs, dvm, Dk, Dv, qk_scale_log2, PRECISION, TILE)
+            acc = _dq_gather(
+                acc,
+                q,
+                do,
+                lse,
+                delta,
+                hm,
+                k_grp,
+                v_grp,
+                p0,
+                start,
+                first,
+                stop,
+                L,
+                lim,
+                dks,
+                dkm,
+                dvs,
+                dvm,
+                Dk,
+                Dv,
+                qk_scale_log2,
+                PRECISION,
+                TILE,
+            )
     return acc
 
 
 @triton.jit
-def _dq_block(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, i, j, start, nfull, cum, qk_scale_log2,
-              PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _dq_block(
+    acc,
+    q,
+    do,
+    lse,
+    delta,
+    hm,
+    k_desc,
+    v_desc,
+    b,
+    g,
+    i,
+    j,
+    start,
+    nfull,
+    cum,
+    qk_scale_log2,
+    PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """Whole tile `i` of the row: BLOCK_N selected keys through the tensor descriptors (columns
     past Dk, Dv read as zeros)."""
     key0 = block_key(i, j, start, nfull, cum, BLOCK_N)
@@ -119,31 +231,115 @@ def _dq_block(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, i, j, start, nfu
 
 
 @triton.jit
-def _dq_blocks(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, j, start, nfull, qk_scale_log2,
-               PRECISION: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
-               BLOCK_DV: tl.constexpr):
+def _dq_blocks(
+    acc,
+    q,
+    do,
+    lse,
+    delta,
+    hm,
+    k_desc,
+    v_desc,
+    b,
+    g,
+    j,
+    start,
+    nfull,
+    qk_scale_log2,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """The `nfull` whole BLOCK_N-key tiles of every range, one tensor-descriptor load each."""
     cum = tl.cumsum(nfull, 0)
     F = tl.sum(nfull, 0)
     if INTERPRET:
         i = 0
         while i < F:
-            acc = _dq_block(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, i, j, start, nfull, cum, qk_scale_log2,
-                            PRECISION, BLOCK_N, BLOCK_DK, BLOCK_DV)
+            acc = _dq_block(
+                acc,
+                q,
+                do,
+                lse,
+                delta,
+                hm,
+                k_desc,
+                v_desc,
+                b,
+                g,
+                i,
+                j,
+                start,
+                nfull,
+                cum,
+                qk_scale_log2,
+                PRECISION,
+                BLOCK_N,
+                BLOCK_DK,
+                BLOCK_DV,
+            )
             i += 1
     else:
         for i in tl.range(0, F):
-            acc = _dq_block(acc, q, do, lse, delta, hm, k_desc, v_desc, b, g, i, j, start, nfull, cum, qk_scale_log2,
-                            PRECISION, BLOCK_N, BLOCK_DK, BLOCK_DV)
+            acc = _dq_block(
+                acc,
+                q,
+                do,
+                lse,
+                delta,
+                hm,
+                k_desc,
+                v_desc,
+                b,
+                g,
+                i,
+                j,
+                start,
+                nfull,
+                cum,
+                qk_scale_log2,
+                PRECISION,
+                BLOCK_N,
+                BLOCK_DK,
+                BLOCK_DV,
+            )
     return acc
 
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, do_ptr, lse_ptr, delta_ptr, r_ptr, lim_ptr, dq_ptr,
-               S, G, S_kv, n_r, h, Dk, Dv, scale, qk_scale_log2,
-               BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
-               BLOCK_DV: tl.constexpr, N_PAD: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-               TMA: tl.constexpr, TAIL_N: tl.constexpr):
+def _dq_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_desc,
+    v_desc,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    r_ptr,
+    lim_ptr,
+    dq_ptr,
+    S,
+    G,
+    S_kv,
+    n_r,
+    h,
+    Dk,
+    Dv,
+    scale,
+    qk_scale_log2,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    N_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    TMA: tl.constexpr,
+    TAIL_N: tl.constexpr,
+):
     s = tl.program_id(0).to(tl.int64)
     bg = tl.program_id(1).to(tl.int64)
     b = bg // G
@@ -174,21 +370,107 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, do_ptr, lse_ptr, delta_ptr, 
     # the loops take a while-loop branch there.
     if TMA:  # whole tiles through the tensor descriptors, remainders gathered (as in fwd.py)
         nfull = length // BLOCK_N
-        acc = _dq_blocks(acc, q, do, lse, delta, hm, k_desc, v_desc, b.to(tl.int32), g.to(tl.int32), j, start, nfull,
-                         qk_scale_log2, PRECISION, INTERPRET, BLOCK_N, BLOCK_DK, BLOCK_DV)
-        acc = _dq_gathers(acc, q, do, lse, delta, hm, k_grp, v_grp, start + nfull * BLOCK_N, length - nfull * BLOCK_N,
-                          lim, dks, dkm, dvs, dvm, Dk, Dv, qk_scale_log2, PRECISION, INTERPRET, TAIL_N)
+        acc = _dq_blocks(
+            acc,
+            q,
+            do,
+            lse,
+            delta,
+            hm,
+            k_desc,
+            v_desc,
+            b.to(tl.int32),
+            g.to(tl.int32),
+            j,
+            start,
+            nfull,
+            qk_scale_log2,
+            PRECISION,
+            INTERPRET,
+            BLOCK_N,
+            BLOCK_DK,
+            BLOCK_DV,
+        )
+        acc = _dq_gathers(
+            acc,
+            q,
+            do,
+            lse,
+            delta,
+            hm,
+            k_grp,
+            v_grp,
+            start + nfull * BLOCK_N,
+            length - nfull * BLOCK_N,
+            lim,
+            dks,
+            dkm,
+            dvs,
+            dvm,
+            Dk,
+            Dv,
+            qk_scale_log2,
+            PRECISION,
+            INTERPRET,
+            TAIL_N,
+        )
     else:
-        acc = _dq_gathers(acc, q, do, lse, delta, hm, k_grp, v_grp, start, length, lim, dks, dkm, dvs, dvm, Dk, Dv,
-                          qk_scale_log2, PRECISION, INTERPRET, BLOCK_N)
-    tl.store(dq_ptr + qrow[:, None] * Dk + dks[None, :], (acc * scale).to(dq_ptr.dtype.element_ty),
-             mask=hm[:, None] & dkm[None, :])
+        acc = _dq_gathers(
+            acc,
+            q,
+            do,
+            lse,
+            delta,
+            hm,
+            k_grp,
+            v_grp,
+            start,
+            length,
+            lim,
+            dks,
+            dkm,
+            dvs,
+            dvm,
+            Dk,
+            Dv,
+            qk_scale_log2,
+            PRECISION,
+            INTERPRET,
+            BLOCK_N,
+        )
+    tl.store(
+        dq_ptr + qrow[:, None] * Dk + dks[None, :], (acc * scale).to(dq_ptr.dtype.element_ty), mask=hm[:, None] & dkm[None, :]
+    )
 
 
 @triton.jit
-def _dkdv_step(acc_dk, acc_dv, i, p1, kt, vt, keys, r_of_c, head, q_ptr, do_ptr, lse_ptr, delta_ptr,
-               pair_row_ptr, pair_lo_ptr, pair_hi_ptr, h, Dk, Dv, dks, dkm, dvs, dvm, qk_scale_log2,
-               PRECISION: tl.constexpr):
+def _dkdv_step(
+    acc_dk,
+    acc_dv,
+    i,
+    p1,
+    kt,
+    vt,
+    keys,
+    r_of_c,
+    head,
+    q_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    pair_row_ptr,
+    pair_lo_ptr,
+    pair_hi_ptr,
+    h,
+    Dk,
+    Dv,
+    dks,
+    dkm,
+    dvs,
+    dvm,
+    qk_scale_log2,
+    PRECISION: tl.constexpr,
+):
     """One MMA step: pairs i .. i+ROWS-1 of the tile's list, all heads of each."""
     pidx = i + r_of_c
     pm = pidx < p1
@@ -212,13 +494,39 @@ def _dkdv_step(acc_dk, acc_dv, i, p1, kt, vt, keys, r_of_c, head, q_ptr, do_ptr,
 
 
 @triton.jit
-def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
-                 pair_row_ptr, pair_lo_ptr, pair_hi_ptr,
-                 item_seg_ptr, item_start_ptr, item_end_ptr, item_slot_ptr,
-                 dk_ptr, dv_ptr, pdk_ptr, pdv_ptr,
-                 n_tiles, S_kv, h, Dk, Dv, scale, qk_scale_log2,
-                 ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _dkdv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    pair_row_ptr,
+    pair_lo_ptr,
+    pair_hi_ptr,
+    item_seg_ptr,
+    item_start_ptr,
+    item_end_ptr,
+    item_slot_ptr,
+    dk_ptr,
+    dv_ptr,
+    pdk_ptr,
+    pdv_ptr,
+    n_tiles,
+    S_kv,
+    h,
+    Dk,
+    Dv,
+    scale,
+    qk_scale_log2,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     w = tl.program_id(0)
     seg = tl.load(item_seg_ptr + w).to(tl.int64)
     p0 = tl.load(item_start_ptr + w).to(tl.int64)
@@ -241,22 +549,72 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
     if INTERPRET:  # see _dq_kernel
         i = p0
         while i < p1:
-            acc_dk, acc_dv = _dkdv_step(acc_dk, acc_dv, i, p1, kt, vt, keys, r_of_c, head, q_ptr, do_ptr, lse_ptr,
-                                        delta_ptr, pair_row_ptr, pair_lo_ptr, pair_hi_ptr, h, Dk, Dv, dks, dkm,
-                                        dvs, dvm, qk_scale_log2, PRECISION)
+            acc_dk, acc_dv = _dkdv_step(
+                acc_dk,
+                acc_dv,
+                i,
+                p1,
+                kt,
+                vt,
+                keys,
+                r_of_c,
+                head,
+                q_ptr,
+                do_ptr,
+                lse_ptr,
+                delta_ptr,
+                pair_row_ptr,
+                pair_lo_ptr,
+                pair_hi_ptr,
+                h,
+                Dk,
+                Dv,
+                dks,
+                dkm,
+                dvs,
+                dvm,
+                qk_scale_log2,
+                PRECISION,
+            )
             i += ROWS
     else:
         for i in range(p0, p1, ROWS):
-            acc_dk, acc_dv = _dkdv_step(acc_dk, acc_dv, i, p1, kt, vt, keys, r_of_c, head, q_ptr, do_ptr, lse_ptr,
-                                        delta_ptr, pair_row_ptr, pair_lo_ptr, pair_hi_ptr, h, Dk, Dv, dks, dkm,
-                                        dvs, dvm, qk_scale_log2, PRECISION)
+            acc_dk, acc_dv = _dkdv_step(
+                acc_dk,
+                acc_dv,
+                i,
+                p1,
+                kt,
+                vt,
+                keys,
+                r_of_c,
+                head,
+                q_ptr,
+                do_ptr,
+                lse_ptr,
+                delta_ptr,
+                pair_row_ptr,
+                pair_lo_ptr,
+                pair_hi_ptr,
+                h,
+                Dk,
+                Dv,
+                dks,
+                dkm,
+                dvs,
+                dvm,
+                qk_scale_log2,
+                PRECISION,
+            )
     acc_dk = acc_dk * scale
     slot = tl.load(item_slot_ptr + w).to(tl.int64)
     if slot < 0:
-        tl.store(dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty),
-                 mask=km[:, None] & dkm[None, :])
-        tl.store(dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty),
-                 mask=km[:, None] & dvm[None, :])
+        tl.store(
+            dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty), mask=km[:, None] & dkm[None, :]
+        )
+        tl.store(
+            dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty), mask=km[:, None] & dvm[None, :]
+        )
     else:
         tiles = tl.arange(0, BLOCK_N)
         tl.store(pdk_ptr + (slot * BLOCK_N + tiles)[:, None] * BLOCK_DK + dks[None, :], acc_dk)
@@ -264,9 +622,22 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
 
 
 @triton.jit
-def _reduce_partials_kernel(pdk_ptr, pdv_ptr, multi_seg_ptr, multi_slot_ptr, multi_count_ptr, dk_ptr, dv_ptr,
-                            n_tiles, S_kv, Dk, Dv,
-                            BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _reduce_partials_kernel(
+    pdk_ptr,
+    pdv_ptr,
+    multi_seg_ptr,
+    multi_slot_ptr,
+    multi_count_ptr,
+    dk_ptr,
+    dv_ptr,
+    n_tiles,
+    S_kv,
+    Dk,
+    Dv,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     u = tl.program_id(0)
     seg = tl.load(multi_seg_ptr + u).to(tl.int64)
     slot0 = tl.load(multi_slot_ptr + u).to(tl.int64)
@@ -284,10 +655,12 @@ def _reduce_partials_kernel(pdk_ptr, pdv_ptr, multi_seg_ptr, multi_slot_ptr, mul
         acc_dv += tl.load(pdv_ptr + ((slot0 + c) * BLOCK_N + tiles)[:, None] * BLOCK_DV + dvs[None, :])
         c += 1
     kv_rows = (seg // n_tiles) * S_kv + keys
-    tl.store(dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty),
-             mask=km[:, None] & (dks[None, :] < Dk))
-    tl.store(dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty),
-             mask=km[:, None] & (dvs[None, :] < Dv))
+    tl.store(
+        dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty), mask=km[:, None] & (dks[None, :] < Dk)
+    )
+    tl.store(
+        dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty), mask=km[:, None] & (dvs[None, :] < Dv)
+    )
 
 
 class InverseIndex:
@@ -321,8 +694,12 @@ class InverseIndex:
         count = seg_off[1:] - seg_off[:-1]
         n_chunks = torch.div(count + chunk - 1, chunk, rounding_mode="floor")
         n_parts = torch.where(n_chunks > 1, n_chunks, 0)
-        n_items, n_slots, n_multi = (int(x) for x in torch.stack(  # host sync 2: grid and partials size
-            [n_chunks.sum(), n_parts.sum(), (n_parts > 0).sum()]).tolist())
+        n_items, n_slots, n_multi = (
+            int(x)
+            for x in torch.stack(  # host sync 2: grid and partials size
+                [n_chunks.sum(), n_parts.sum(), (n_parts > 0).sum()]
+            ).tolist()
+        )
         seg_ids = torch.arange(n_seg, device=dev)
         item_seg = torch.repeat_interleave(seg_ids, n_chunks, output_size=n_items)
         chunk_no = torch.arange(n_items, device=dev) - (torch.cumsum(n_chunks, 0) - n_chunks)[item_seg]
@@ -399,17 +776,38 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
     block_m 32 took the dk/dv kernel from 16.8 to 14.8 ms."""
     small = max(_pow2(Dk), _pow2(Dv)) <= 128
     if dtype == torch.float32:
-        return dict(dq_block_n=32 if small else 16, dq_warps=4, dq_stages=2, dq_tma=True, dq_tail_n=16,
-                    block_n=32 if small else 16, block_m=16, warps=8, stages=2, chunk=DEFAULT_CHUNK, overlap=True)
+        return dict(
+            dq_block_n=32 if small else 16,
+            dq_warps=4,
+            dq_stages=2,
+            dq_tma=True,
+            dq_tail_n=16,
+            block_n=32 if small else 16,
+            block_m=16,
+            warps=8,
+            stages=2,
+            chunk=DEFAULT_CHUNK,
+            overlap=True,
+        )
     prof = load_config()["triton_bwd"]
-    return dict(dq_block_n=64 if small else 32, dq_warps=2 if small else 4, dq_stages=3 if small else 2, dq_tma=True,
-                dq_tail_n=32 if small else 16, block_n=64 if small else 32,
-                block_m=int(prof["block_m"]) if small else 32, warps=4 if small else 8,
-                stages=int(prof["stages"]) if small else 2, chunk=DEFAULT_CHUNK, overlap=True)
+    return dict(
+        dq_block_n=64 if small else 32,
+        dq_warps=2 if small else 4,
+        dq_stages=3 if small else 2,
+        dq_tma=True,
+        dq_tail_n=32 if small else 16,
+        block_n=64 if small else 32,
+        block_m=int(prof["block_m"]) if small else 32,
+        warps=4 if small else 8,
+        stages=int(prof["stages"]) if small else 2,
+        chunk=DEFAULT_CHUNK,
+        overlap=True,
+    )
 
 
-def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None,
-                    config: dict | None = None):
+def triton_backward(
+    q, k, v, o, lse, do, norm_ranges, *, scale: float, positions=None, dlse=None, out=None, config: dict | None = None
+):
     """Gradients `(dq, dk, dv)` of selection attention, in the dtype of `q`, `k`, `v`.
 
     `norm_ranges` must be normalised (`normalize_ranges`); `o` and `lse` come from the
@@ -427,14 +825,29 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
         if dim % 8 or dim > 256:
             raise ValueError(f"{name}={dim}: the Triton backward needs a head dim that is a multiple of 8, at most 256")
     if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("triton_backward: cannot run under CUDA graph capture: building the inverse index "
-                           "reads two sizes on the host")
+        raise RuntimeError(
+            "triton_backward: cannot run under CUDA graph capture: building the inverse index reads two sizes on the host"
+        )
     kind = "interpreter" if q.device.type == "cpu" else "prefill"  # decode backward is tuned as prefill
-    cfg = launch_config(d.Dk, d.Dv, q.dtype, S_kv=d.S_kv, n=d.n, kind=kind, tune=None if config else (
-        lambda default: tuning.tune_bwd(
-            lambda c: triton_backward(q, k, v, o, lse, do, norm_ranges, scale=scale, positions=positions, dlse=dlse,
-                                      config=c),
-            default=default, do_bench=tuning.device_bench(q.device))["config"]))
+    cfg = launch_config(
+        d.Dk,
+        d.Dv,
+        q.dtype,
+        S_kv=d.S_kv,
+        n=d.n,
+        kind=kind,
+        tune=None
+        if config
+        else (
+            lambda default: tuning.tune_bwd(
+                lambda c: triton_backward(
+                    q, k, v, o, lse, do, norm_ranges, scale=scale, positions=positions, dlse=dlse, config=c
+                ),
+                default=default,
+                do_bench=tuning.device_bench(q.device),
+            )["config"]
+        ),
+    )
     unknown = set(config or {}) - set(cfg)
     if unknown:
         raise ValueError(f"config: unknown keys {sorted(unknown)}; expected some of {sorted(cfg)}")
@@ -458,15 +871,22 @@ def triton_backward(q, k, v, o, lse, do, norm_ranges, *, scale: float, positions
     return _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg, scale, precision, BLOCK_H)
 
 
-def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scale: float, precision: str,
-            BLOCK_H: int):
+def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scale: float, precision: str, BLOCK_H: int):
     """delta, dq and the inverse index, then dk/dv (on the side stream with `overlap`)."""
     BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     n_rows = d.B * d.S * d.G * d.h
     delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
     _delta_kernel[(triton.cdiv(n_rows, 32),)](
-        o, do, dlse.float().contiguous() if dlse is not None else delta, delta, n_rows, d.Dv,
-        HAS_DLSE=dlse is not None, BLOCK_R=32, BLOCK_DV=BLOCK_DV)
+        o,
+        do,
+        dlse.float().contiguous() if dlse is not None else delta,
+        delta,
+        n_rows,
+        d.Dv,
+        HAS_DLSE=dlse is not None,
+        BLOCK_R=32,
+        BLOCK_DV=BLOCK_DV,
+    )
     side = _side_stream(q.device)
     if side is not None:  # the index reads norm_ranges and lim, the dk/dv kernel delta
         side.wait_stream(torch.cuda.current_stream(q.device))
@@ -480,10 +900,37 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
     tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
     descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
     _dq_kernel[(d.S, d.B * d.G)](
-        q, k, v, *descs, do, lse, delta, norm_ranges, lim, dq, d.S, d.G, d.S_kv, d.n, d.h, d.Dk, d.Dv,
-        scale, qk_scale_log2, BLOCK_H=BLOCK_H, BLOCK_N=cfg["dq_block_n"], BLOCK_DK=BLOCK_DK,
-        BLOCK_DV=BLOCK_DV, N_PAD=_pow2(d.n), PRECISION=precision, INTERPRET=INTERPRET, TMA=tma, TAIL_N=cfg["dq_tail_n"],
-        num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
+        q,
+        k,
+        v,
+        *descs,
+        do,
+        lse,
+        delta,
+        norm_ranges,
+        lim,
+        dq,
+        d.S,
+        d.G,
+        d.S_kv,
+        d.n,
+        d.h,
+        d.Dk,
+        d.Dv,
+        scale,
+        qk_scale_log2,
+        BLOCK_H=BLOCK_H,
+        BLOCK_N=cfg["dq_block_n"],
+        BLOCK_DK=BLOCK_DK,
+        BLOCK_DV=BLOCK_DV,
+        N_PAD=_pow2(d.n),
+        PRECISION=precision,
+        INTERPRET=INTERPRET,
+        TMA=tma,
+        TAIL_N=cfg["dq_tail_n"],
+        num_warps=cfg["dq_warps"],
+        num_stages=cfg["dq_stages"],
+    )
 
     bn = cfg["block_n"]
     main = torch.cuda.current_stream(q.device) if side is not None else None
@@ -514,13 +961,54 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
     pdv = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DV, dtype=torch.float32, device=q.device)
     if idx.n_items:
         _dkdv_kernel[(idx.n_items,)](
-            q, k, v, do, lse, delta, idx.pair_row, idx.pair_lo, idx.pair_hi,
-            idx.item_seg, idx.item_start, idx.item_end, idx.item_slot, dk, dv, pdk, pdv,
-            idx.n_tiles, d.S_kv, d.h, d.Dk, d.Dv, scale, qk_scale_log2,
-            ROWS=max(1, cfg["block_m"] // heads_kv), BLOCK_H=heads_kv, BLOCK_N=bn, BLOCK_DK=BLOCK_DK,
-            BLOCK_DV=BLOCK_DV, PRECISION=precision, INTERPRET=INTERPRET, num_warps=cfg["warps"],
-            num_stages=cfg["stages"])
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            idx.pair_row,
+            idx.pair_lo,
+            idx.pair_hi,
+            idx.item_seg,
+            idx.item_start,
+            idx.item_end,
+            idx.item_slot,
+            dk,
+            dv,
+            pdk,
+            pdv,
+            idx.n_tiles,
+            d.S_kv,
+            d.h,
+            d.Dk,
+            d.Dv,
+            scale,
+            qk_scale_log2,
+            ROWS=max(1, cfg["block_m"] // heads_kv),
+            BLOCK_H=heads_kv,
+            BLOCK_N=bn,
+            BLOCK_DK=BLOCK_DK,
+            BLOCK_DV=BLOCK_DV,
+            PRECISION=precision,
+            INTERPRET=INTERPRET,
+            num_warps=cfg["warps"],
+            num_stages=cfg["stages"],
+        )
     if idx.n_multi:
         _reduce_partials_kernel[(idx.n_multi,)](
-            pdk, pdv, idx.multi_seg, idx.multi_slot, idx.multi_count, dk, dv, idx.n_tiles, d.S_kv,
-            d.Dk, d.Dv, BLOCK_N=bn, BLOCK_DK=BLOCK_DK, BLOCK_DV=BLOCK_DV)
+            pdk,
+            pdv,
+            idx.multi_seg,
+            idx.multi_slot,
+            idx.multi_count,
+            dk,
+            dv,
+            idx.n_tiles,
+            d.S_kv,
+            d.Dk,
+            d.Dv,
+            BLOCK_N=bn,
+            BLOCK_DK=BLOCK_DK,
+            BLOCK_DV=BLOCK_DV,
+        )

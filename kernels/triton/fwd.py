@@ -22,6 +22,7 @@ gather path (rotating inputs), 16.6 against 21.2 ms with L2 flushed before each 
 With `PAIRS` (the H100 profile's prefill) calls that pairs.py supports go to its Gluon kernel
 instead, which serves two neighbouring rows a program and loads the tiles both select once.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,8 +66,29 @@ def _softmax_step(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MA
 
 
 @triton.jit
-def _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
-                 IEEE: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_L: tl.constexpr):
+def _attend_tile(
+    q,
+    k_grp,
+    v_grp,
+    sk_n,
+    sv_n,
+    p0,
+    start,
+    first,
+    stop,
+    L,
+    lim,
+    Dk,
+    Dv,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    IEEE: tl.constexpr,
+    DK_PAD: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
     """Tile positions [p0, p0 + BLOCK_L) of the row's selection, gathered with masked loads."""
     dk = tl.arange(0, DK_PAD)
     dv = tl.arange(0, DV_PAD)
@@ -77,9 +99,27 @@ def _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk
 
 
 @triton.jit
-def _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
-                   IEEE: tl.constexpr, INTERPRET: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-                   TILE: tl.constexpr):
+def _attend_ranges(
+    q,
+    k_grp,
+    v_grp,
+    sk_n,
+    sv_n,
+    start,
+    length,
+    lim,
+    Dk,
+    Dv,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    IEEE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    DK_PAD: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """Every key of the ranges `[start, start + length)` in TILE-position gather tiles."""
     stop = tl.cumsum(length, 0)
     first = stop - length
@@ -89,19 +129,79 @@ def _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i,
         # turn into a `range` bound; a while loop only needs their truth value.
         p0 = 0
         while p0 < L:
-            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
-                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, TILE)
+            m_i, l_i, acc = _attend_tile(
+                q,
+                k_grp,
+                v_grp,
+                sk_n,
+                sv_n,
+                p0,
+                start,
+                first,
+                stop,
+                L,
+                lim,
+                Dk,
+                Dv,
+                m_i,
+                l_i,
+                acc,
+                qk_scale,
+                IEEE,
+                DK_PAD,
+                DV_PAD,
+                TILE,
+            )
             p0 += TILE
     else:
         for p0 in tl.range(0, L, TILE):
-            m_i, l_i, acc = _attend_tile(q, k_grp, v_grp, sk_n, sv_n, p0, start, first, stop, L, lim, Dk, Dv,
-                                         m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, TILE)
+            m_i, l_i, acc = _attend_tile(
+                q,
+                k_grp,
+                v_grp,
+                sk_n,
+                sv_n,
+                p0,
+                start,
+                first,
+                stop,
+                L,
+                lim,
+                Dk,
+                Dv,
+                m_i,
+                l_i,
+                acc,
+                qk_scale,
+                IEEE,
+                DK_PAD,
+                DV_PAD,
+                TILE,
+            )
     return m_i, l_i, acc
 
 
 @triton.jit
-def _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale,
-                  IEEE: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_L: tl.constexpr):
+def _attend_block(
+    q,
+    k_desc,
+    v_desc,
+    b,
+    g,
+    i,
+    j,
+    start,
+    nfull,
+    cum,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    IEEE: tl.constexpr,
+    DK_PAD: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
     """Whole tile `i` of the row: BLOCK_L selected keys through the tensor descriptors, unmasked."""
     key0 = block_key(i, j, start, nfull, cum, BLOCK_L)
     kt = tl.reshape(k_desc.load([b, g, key0, 0]), (BLOCK_L, DK_PAD))
@@ -110,45 +210,123 @@ def _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, ac
 
 
 @triton.jit
-def _attend_blocks(q, k_desc, v_desc, b, g, j, start, nfull, m_i, l_i, acc, qk_scale,
-                   IEEE: tl.constexpr, INTERPRET: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-                   BLOCK_L: tl.constexpr):
+def _attend_blocks(
+    q,
+    k_desc,
+    v_desc,
+    b,
+    g,
+    j,
+    start,
+    nfull,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    IEEE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    DK_PAD: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
     """The `nfull` whole BLOCK_L-key tiles of every range, one tensor-descriptor load each."""
     cum = tl.cumsum(nfull, 0)
     F = tl.sum(nfull, 0)
     if INTERPRET:
         i = 0
         while i < F:
-            m_i, l_i, acc = _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc,
-                                          qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
+            m_i, l_i, acc = _attend_block(
+                q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L
+            )
             i += 1
     else:
         for i in tl.range(0, F):
-            m_i, l_i, acc = _attend_block(q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc,
-                                          qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L)
+            m_i, l_i, acc = _attend_block(
+                q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L
+            )
     return m_i, l_i, acc
 
 
 # Integer arguments whose values only size loops or address q, o, lse and the ranges once
 # per program: specialising on them (value 1, divisibility by 16) would compile one kernel
 # per shape. K/V strides and head dims stay specialised: they make the K/V loads vector loads.
-_VARYING = ("sq_b", "sq_s", "sq_g", "sq_h", "sr_b", "sr_s", "sr_g", "sr_j", "so_b", "so_s", "so_g", "so_h",
-            "sl_b", "sl_s", "sl_g", "sl_h", "S", "G", "S_kv", "h", "n")
+_VARYING = (
+    "sq_b",
+    "sq_s",
+    "sq_g",
+    "sq_h",
+    "sr_b",
+    "sr_s",
+    "sr_g",
+    "sr_j",
+    "so_b",
+    "so_s",
+    "so_g",
+    "so_h",
+    "sl_b",
+    "sl_s",
+    "sl_g",
+    "sl_h",
+    "S",
+    "G",
+    "S_kv",
+    "h",
+    "n",
+)
 
 
 @triton.jit(do_not_specialize=_VARYING)
 def _sel_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, pos_ptr, o_ptr, lse_ptr,
-    sq_b, sq_s, sq_g, sq_h,
-    sk_b, sk_g, sk_n,
-    sv_b, sv_g, sv_n,
-    sr_b, sr_s, sr_g, sr_j,
-    so_b, so_s, so_g, so_h,
-    sl_b, sl_s, sl_g, sl_h,
-    S, G, S_kv, h, Dk, Dv, n, qk_scale,
-    HAS_POS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
-    H_PAD: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, N_PAD: tl.constexpr,
-    BLOCK_L: tl.constexpr, TMA: tl.constexpr, TAIL_L: tl.constexpr, KEY64: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_desc,
+    v_desc,
+    r_ptr,
+    pos_ptr,
+    o_ptr,
+    lse_ptr,
+    sq_b,
+    sq_s,
+    sq_g,
+    sq_h,
+    sk_b,
+    sk_g,
+    sk_n,
+    sv_b,
+    sv_g,
+    sv_n,
+    sr_b,
+    sr_s,
+    sr_g,
+    sr_j,
+    so_b,
+    so_s,
+    so_g,
+    so_h,
+    sl_b,
+    sl_s,
+    sl_g,
+    sl_h,
+    S,
+    G,
+    S_kv,
+    h,
+    Dk,
+    Dv,
+    n,
+    qk_scale,
+    HAS_POS: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    H_PAD: tl.constexpr,
+    DK_PAD: tl.constexpr,
+    DV_PAD: tl.constexpr,
+    N_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    TMA: tl.constexpr,
+    TAIL_L: tl.constexpr,
+    KEY64: tl.constexpr,
 ):
     # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
     pid = tl.program_id(0).to(tl.int64)
@@ -190,14 +368,68 @@ def _sel_fwd_kernel(
         # no per-key address arithmetic and no masks, and every key they hold is selected.
         # Only each range's remainder (< BLOCK_L keys) takes the masked gather path below.
         nfull = length // BLOCK_L
-        m_i, l_i, acc = _attend_blocks(q, k_desc, v_desc, b.to(tl.int32), g.to(tl.int32), j, start, nfull,
-                                       m_i, l_i, acc, qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
-        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start + nfull * BLOCK_L,
-                                       length - nfull * BLOCK_L, lim, Dk, Dv, m_i, l_i, acc, qk_scale,
-                                       IEEE, INTERPRET, DK_PAD, DV_PAD, TAIL_L)
+        m_i, l_i, acc = _attend_blocks(
+            q,
+            k_desc,
+            v_desc,
+            b.to(tl.int32),
+            g.to(tl.int32),
+            j,
+            start,
+            nfull,
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            IEEE,
+            INTERPRET,
+            DK_PAD,
+            DV_PAD,
+            BLOCK_L,
+        )
+        m_i, l_i, acc = _attend_ranges(
+            q,
+            k_grp,
+            v_grp,
+            sk_n,
+            sv_n,
+            start + nfull * BLOCK_L,
+            length - nfull * BLOCK_L,
+            lim,
+            Dk,
+            Dv,
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            IEEE,
+            INTERPRET,
+            DK_PAD,
+            DV_PAD,
+            TAIL_L,
+        )
     else:
-        m_i, l_i, acc = _attend_ranges(q, k_grp, v_grp, sk_n, sv_n, start, length, lim, Dk, Dv, m_i, l_i, acc,
-                                       qk_scale, IEEE, INTERPRET, DK_PAD, DV_PAD, BLOCK_L)
+        m_i, l_i, acc = _attend_ranges(
+            q,
+            k_grp,
+            v_grp,
+            sk_n,
+            sv_n,
+            start,
+            length,
+            lim,
+            Dk,
+            Dv,
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            IEEE,
+            INTERPRET,
+            DK_PAD,
+            DV_PAD,
+            BLOCK_L,
+        )
 
     nonempty = l_i != 0  # NaN (a NaN or infinite score) is not empty: lse and o stay NaN
     l_safe = tl.where(nonempty, l_i, 1.0)
@@ -271,8 +503,10 @@ def tma_descriptors(k, v, block_l: int):
     (columns past D read as zeros)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()),
-                                  [1, 1, block_l, max(MIN_DOT, triton.next_power_of_2(x.shape[3]))]) for x in (k, v))
+    return tuple(
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block_l, max(MIN_DOT, triton.next_power_of_2(x.shape[3]))])
+        for x in (k, v)
+    )
 
 
 @functools.cache
@@ -311,33 +545,68 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
     key64 = S_kv > INT32_MAX
     if _tuner is None:
         cfg = config or launch_config(
-            Dk, Dv, q.element_size(), kind, dtype=q.dtype, S_kv=S_kv, n=n,
+            Dk,
+            Dv,
+            q.element_size(),
+            kind,
+            dtype=q.dtype,
+            S_kv=S_kv,
+            n=n,
             tune=lambda default: tuning.tune_fwd(
                 lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
-                default=default, do_bench=tuning.device_bench(q.device))["config"])
+                default=default,
+                do_bench=tuning.device_bench(q.device),
+            )["config"],
+        )
         pairs = pair_kernel() if cfg.get("PAIRS") else None
         if pairs is not None and pairs.unsupported(q, k, v, positions) is None:
             record_launch("triton_fwd")
             record_launch("triton_fwd_pairs")
             return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
         tma = bool(cfg.get("TMA")) and not key64 and tma_supported(k, v)  # TMA coordinates are int32
-        meta = {"BLOCK_L": cfg["BLOCK_L"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-                "TMA": tma, "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"])))}
+        meta = {
+            "BLOCK_L": cfg["BLOCK_L"],
+            "num_warps": cfg["num_warps"],
+            "num_stages": cfg["num_stages"],
+            "TMA": tma,
+            "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"]))),
+        }
     else:
         meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
     descs = tma_descriptors(k, v, meta["BLOCK_L"]) if meta["TMA"] else (None, None)
     (_tuner or _sel_fwd_kernel)[(rows,)](
-        q, k, v, *descs, norm_ranges, pos, o, lse,
-        *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *norm_ranges.stride()[:4],
-        *o.stride()[:4], *lse.stride(),
-        S, G, S_kv, h, Dk, Dv, n, float(scale) * LOG2E,
-        HAS_POS=positions is not None, IEEE=q.dtype == torch.float32, INTERPRET=kind == "interpreter",
+        q,
+        k,
+        v,
+        *descs,
+        norm_ranges,
+        pos,
+        o,
+        lse,
+        *q.stride()[:4],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *norm_ranges.stride()[:4],
+        *o.stride()[:4],
+        *lse.stride(),
+        S,
+        G,
+        S_kv,
+        h,
+        Dk,
+        Dv,
+        n,
+        float(scale) * LOG2E,
+        HAS_POS=positions is not None,
+        IEEE=q.dtype == torch.float32,
+        INTERPRET=kind == "interpreter",
         H_PAD=max(MIN_DOT, triton.next_power_of_2(h)),
         DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
         DV_PAD=max(MIN_DOT, triton.next_power_of_2(Dv)),
         N_PAD=max(MIN_DOT, triton.next_power_of_2(n)),  # few compiled variants for n <= 16
-        KEY64=key64, **meta,
+        KEY64=key64,
+        **meta,
     )
     return o, lse

@@ -11,6 +11,7 @@ open, and a second sort lists the openings in order.
 The same launch counts what the dispatcher's `stats()` reports (selected tokens and K/V
 bytes) by adding each row's length to two device counters: integer adds commute, so the
 totals are exact whatever the order, and counting costs no extra launch or host read."""
+
 from __future__ import annotations
 
 import torch
@@ -30,10 +31,30 @@ def _max_combine(a, b):
 
 
 @triton.jit(do_not_specialize=("S", "G", "S_kv", "N", "R", "srb", "srs", "srg", "srn", "src", "spb", "sps", "kv_bytes"))
-def _normalize_kernel(r_ptr, pos_ptr, out_ptr, count_ptr, S, G, S_kv, N, R,
-                      srb, srs, srg, srn, src, spb, sps, kv_bytes,
-                      HAS_POS: tl.constexpr, COUNT: tl.constexpr, N_PAD: tl.constexpr, ROWS: tl.constexpr,
-                      EMPTY_KEY: tl.constexpr):
+def _normalize_kernel(
+    r_ptr,
+    pos_ptr,
+    out_ptr,
+    count_ptr,
+    S,
+    G,
+    S_kv,
+    N,
+    R,
+    srb,
+    srs,
+    srg,
+    srn,
+    src,
+    spb,
+    sps,
+    kv_bytes,
+    HAS_POS: tl.constexpr,
+    COUNT: tl.constexpr,
+    N_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    EMPTY_KEY: tl.constexpr,
+):
     """ROWS rows of R per program; every step works along axis 1 (a row's range slots)."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = row < R
@@ -76,16 +97,18 @@ def _normalize_kernel(r_ptr, pos_ptr, out_ptr, count_ptr, S, G, S_kv, N, R,
         tl.atomic_add(count_ptr + 1, L * kv_bytes)
 
 
-def normalize_ranges_triton(ranges: torch.Tensor, S_kv: int, positions=None, out=None,
-                            counter: torch.Tensor | None = None, kv_bytes_per_key: int = 0) -> torch.Tensor:
+def normalize_ranges_triton(
+    ranges: torch.Tensor, S_kv: int, positions=None, out=None, counter: torch.Tensor | None = None, kv_bytes_per_key: int = 0
+) -> torch.Tensor:
     """Same contract and result as `selgate.reference.normalize_ranges`, in one launch.
 
     `out` (contiguous, same shape and dtype) is written in full (tests poison it).
     `counter` (int64 [2], same device) gets the selected tokens and `kv_bytes_per_key` times
     them added."""
     if S_kv > MAX_S_KV:
-        raise ValueError(f"S_kv: {S_kv} > 2^30, beyond the packed sort key of this kernel; "
-                         "selgate.reference.normalize_ranges takes any S_kv")
+        raise ValueError(
+            f"S_kv: {S_kv} > 2^30, beyond the packed sort key of this kernel; selgate.reference.normalize_ranges takes any S_kv"
+        )
     B, S, G, n, _ = ranges.shape
     out = torch.empty(ranges.shape, dtype=ranges.dtype, device=ranges.device) if out is None else out
     if not out.is_contiguous():
@@ -98,8 +121,22 @@ def normalize_ranges_triton(ranges: torch.Tensor, S_kv: int, positions=None, out
     rows_per = max(1, ROW_SLOTS // n_pad)
     R = B * S * G
     _normalize_kernel[(triton.cdiv(R, rows_per),)](
-        ranges, pos, out, counter if counter is not None else ranges, S, G, S_kv, n, R,
-        *ranges.stride(), *sp, int(kv_bytes_per_key),
-        HAS_POS=positions is not None, COUNT=counter is not None,
-        N_PAD=n_pad, ROWS=rows_per, EMPTY_KEY=EMPTY)
+        ranges,
+        pos,
+        out,
+        counter if counter is not None else ranges,
+        S,
+        G,
+        S_kv,
+        n,
+        R,
+        *ranges.stride(),
+        *sp,
+        int(kv_bytes_per_key),
+        HAS_POS=positions is not None,
+        COUNT=counter is not None,
+        N_PAD=n_pad,
+        ROWS=rows_per,
+        EMPTY_KEY=EMPTY,
+    )
     return out

@@ -16,6 +16,7 @@ Same contract as fwd.py: online softmax in fp32, keys outside the ranges or past
 read, empty rows write zeros and lse = -inf, fixed order (bitwise deterministic). Supported
 inputs are narrower (`unsupported`); fwd.py serves the rest.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from selgate.kernels.policy import device_capability
-from selgate.kernels.triton_limits import (PAIRS_CAPABILITY_MAJOR, PAIRS_DTYPES, PAIRS_HEAD_DIMS,
-                                           PAIRS_MAX_HEADS)
+from selgate.kernels.triton_limits import PAIRS_CAPABILITY_MAJOR, PAIRS_DTYPES, PAIRS_HEAD_DIMS, PAIRS_MAX_HEADS
 
 ROWS = 2  # rows a program (one warp each); 4 and 8 were slower (fewer programs fit an SM)
 BLOCK = 32  # keys a tile
@@ -45,8 +45,29 @@ def _add(a, b):
 
 
 @gluon.jit
-def _issue(i, sf, Fmin, s0, sL, jk, rk, so, nfo, cumo, rowbase, k_desc, v_desc, ksm, vsm, bars,
-           R: gl.constexpr, BL: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ITEM: gl.constexpr):
+def _issue(
+    i,
+    sf,
+    Fmin,
+    s0,
+    sL,
+    jk,
+    rk,
+    so,
+    nfo,
+    cumo,
+    rowbase,
+    k_desc,
+    v_desc,
+    ksm,
+    vsm,
+    bars,
+    R: gl.constexpr,
+    BL: gl.constexpr,
+    D: gl.constexpr,
+    STAGES: gl.constexpr,
+    ITEM: gl.constexpr,
+):
     """Start the TMA loads of step `i` into its stage: steps [0, sf) are the shared tiles of the
     first range, [sf, sf + Fmin) each row's own whole tiles (one slot a row), the rest the shared
     tiles of the last range. `so`, `nfo`, `cumo`: each row's own-tile starts, counts and their
@@ -73,8 +94,22 @@ def _issue(i, sf, Fmin, s0, sL, jk, rk, so, nfo, cumo, rowbase, k_desc, v_desc, 
 
 
 @gluon.jit
-def _softmax_pv(q_op, kt3, vt3, m_i, l_i, acc, qk_scale, MASKED: gl.constexpr, ok3, MMA: gl.constexpr,
-                A_OP: gl.constexpr, R: gl.constexpr, H: gl.constexpr, BL: gl.constexpr):
+def _softmax_pv(
+    q_op,
+    kt3,
+    vt3,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    MASKED: gl.constexpr,
+    ok3,
+    MMA: gl.constexpr,
+    A_OP: gl.constexpr,
+    R: gl.constexpr,
+    H: gl.constexpr,
+    BL: gl.constexpr,
+):
     """One online-softmax step of all R rows: kt3 [R, D, BL], vt3 [R, BL, D] (`ok3` masks keys when MASKED)."""
     sc = mma_v2(q_op, kt3, gl.zeros([R, H, BL], gl.float32, MMA)) * qk_scale
     if MASKED:
@@ -91,11 +126,49 @@ def _softmax_pv(q_op, kt3, vt3, m_i, l_i, acc, qk_scale, MASKED: gl.constexpr, o
 
 
 @gluon.jit
-def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
-                 sq_b, sq_s, sq_g, sq_h, sk_n, sv_n, sr_b, sr_s, sr_g, sr_j, so_b, so_s, so_g, so_h,
-                 sl_b, sl_s, sl_g, sl_h, S, G, S_kv, h, n, qk_scale,
-                 H: gl.constexpr, D: gl.constexpr, N_PAD: gl.constexpr, BL: gl.constexpr, STAGES: gl.constexpr,
-                 TAIL: gl.constexpr, SMEM: gl.constexpr, ITEM: gl.constexpr, R: gl.constexpr):
+def _pair_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_desc,
+    v_desc,
+    r_ptr,
+    o_ptr,
+    lse_ptr,
+    sq_b,
+    sq_s,
+    sq_g,
+    sq_h,
+    sk_n,
+    sv_n,
+    sr_b,
+    sr_s,
+    sr_g,
+    sr_j,
+    so_b,
+    so_s,
+    so_g,
+    so_h,
+    sl_b,
+    sl_s,
+    sl_g,
+    sl_h,
+    S,
+    G,
+    S_kv,
+    h,
+    n,
+    qk_scale,
+    H: gl.constexpr,
+    D: gl.constexpr,
+    N_PAD: gl.constexpr,
+    BL: gl.constexpr,
+    STAGES: gl.constexpr,
+    TAIL: gl.constexpr,
+    SMEM: gl.constexpr,
+    ITEM: gl.constexpr,
+    R: gl.constexpr,
+):
     """Rows c*R .. c*R + R - 1 of one (b, g). The key arithmetic is tiles.py's (block_key,
     gather_keys) written again with explicit layouts: Gluon cannot call triton.jit functions.
     Layouts: MMA puts row r on warp r; RNG holds [R, N_PAD] range tables (a row a warp); RK the
@@ -167,8 +240,7 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
     d3 = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     s3 = c * R + r3
     qm = (s3 < S)[:, None, None] & (h3 < h)[None, :, None] & (d3 < D)[None, None, :]  # full-shape mask
-    qoff = (b * sq_b + s3[:, None, None].to(gl.int64) * sq_s + g * sq_g
-            + h3[None, :, None].to(gl.int64) * sq_h + d3[None, None, :])
+    qoff = b * sq_b + s3[:, None, None].to(gl.int64) * sq_s + g * sq_g + h3[None, :, None].to(gl.int64) * sq_h + d3[None, None, :]
     q = gl.load(q_ptr + qoff, mask=qm, other=0.0)
     q_op = gl.convert_layout(q, A_OP)
 
@@ -186,8 +258,7 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
     T = sf + Fmin + sl
     for p in gl.static_range(STAGES):
         if p < T:
-            _issue(p, sf, Fmin, s0, sL, jk, rk, so, nfo, cumo, rowbase, k_desc, v_desc, ksm, vsm, bars, R, BL, D,
-                   STAGES, ITEM)
+            _issue(p, sf, Fmin, s0, sL, jk, rk, so, nfo, cumo, rowbase, k_desc, v_desc, ksm, vsm, bars, R, BL, D, STAGES, ITEM)
     for i in range(0, T):
         st = i % STAGES
         mbarrier.wait(bars.index(st), (i // STAGES) & 1)
@@ -202,8 +273,29 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
         m_i, l_i, acc = _softmax_pv(q_op, kt3, vt3, m_i, l_i, acc, qk_scale, False, 0, MMA, A_OP, R, H, BL)
         gl.thread_barrier()
         if i + STAGES < T:
-            _issue(i + STAGES, sf, Fmin, s0, sL, jk, rk, so, nfo, cumo, rowbase, k_desc, v_desc, ksm, vsm, bars, R, BL,
-                   D, STAGES, ITEM)
+            _issue(
+                i + STAGES,
+                sf,
+                Fmin,
+                s0,
+                sL,
+                jk,
+                rk,
+                so,
+                nfo,
+                cumo,
+                rowbase,
+                k_desc,
+                v_desc,
+                ksm,
+                vsm,
+                bars,
+                R,
+                BL,
+                D,
+                STAGES,
+                ITEM,
+            )
 
     # The rest of every row (tiles past the shortest row's, and each range's last < BL keys), gathered with masks.
     stop = gl.associative_scan(len_g, 1, _add)
@@ -227,23 +319,39 @@ def _pair_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, r_ptr, o_ptr, lse_ptr,
         ok = (pos[None, :] < Lg3[:, None]) & (key < lim3[:, None])
         keyk = gl.convert_layout(key, gl.SliceLayout(1, KL))
         okk = gl.convert_layout(ok, gl.SliceLayout(1, KL))
-        kt = gl.load(k_ptr + (rowbase + keyk[:, None, :]).to(gl.int64) * sk_n + dk_[None, :, None],
-                     mask=okk[:, None, :], other=0.0)
+        kt = gl.load(
+            k_ptr + (rowbase + keyk[:, None, :]).to(gl.int64) * sk_n + dk_[None, :, None], mask=okk[:, None, :], other=0.0
+        )
         keyv = gl.convert_layout(key, gl.SliceLayout(2, VL))
         okv = gl.convert_layout(ok, gl.SliceLayout(2, VL))
-        vt = gl.load(v_ptr + (rowbase + keyv[:, :, None]).to(gl.int64) * sv_n + dv_[None, None, :],
-                     mask=okv[:, :, None], other=0.0)
+        vt = gl.load(
+            v_ptr + (rowbase + keyv[:, :, None]).to(gl.int64) * sv_n + dv_[None, None, :], mask=okv[:, :, None], other=0.0
+        )
         ok3 = gl.expand_dims(gl.convert_layout(ok, gl.SliceLayout(1, MMA)), 1)
-        m_i, l_i, acc = _softmax_pv(q_op, gl.convert_layout(kt, B_OP), gl.convert_layout(vt, B_OP), m_i, l_i, acc,
-                                    qk_scale, True, ok3, MMA, A_OP, R, H, TAIL)
+        m_i, l_i, acc = _softmax_pv(
+            q_op,
+            gl.convert_layout(kt, B_OP),
+            gl.convert_layout(vt, B_OP),
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            True,
+            ok3,
+            MMA,
+            A_OP,
+            R,
+            H,
+            TAIL,
+        )
 
     nonempty = l_i != 0  # NaN (a NaN or infinite score) is not empty: lse and o stay NaN
     l_safe = gl.where(nonempty, l_i, 1.0)
     o = gl.convert_layout(acc / gl.expand_dims(l_safe, 2), L3)
-    lse = gl.convert_layout(gl.where(nonempty, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf")),
-                            gl.SliceLayout(2, L3))
-    ooff = (b * so_b + s3[:, None, None].to(gl.int64) * so_s + g * so_g
-            + h3[None, :, None].to(gl.int64) * so_h + d3[None, None, :])
+    lse = gl.convert_layout(
+        gl.where(nonempty, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf")), gl.SliceLayout(2, L3)
+    )
+    ooff = b * so_b + s3[:, None, None].to(gl.int64) * so_s + g * so_g + h3[None, :, None].to(gl.int64) * so_h + d3[None, None, :]
     gl.store(o_ptr + ooff, o.to(o_ptr.dtype.element_ty), mask=qm)
     loff = b * sl_b + s3[:, None].to(gl.int64) * sl_s + g * sl_g + h3[None, :] * sl_h
     gl.store(lse_ptr + loff, lse, mask=(s3 < S)[:, None] & (h3 < h)[None, :])
@@ -289,12 +397,39 @@ def pair_forward(q, k, v, norm_ranges, *, scale: float, out):
     o, lse = out
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([1, BLOCK, D], gdt)
-    descs = [TensorDescriptor(x, [1, B * G * S_kv, D], [B * G * S_kv * x.stride(2), x.stride(2), 1], [1, BLOCK, D],
-                              smem) for x in (k, v)]
+    descs = [
+        TensorDescriptor(x, [1, B * G * S_kv, D], [B * G * S_kv * x.stride(2), x.stride(2), 1], [1, BLOCK, D], smem)
+        for x in (k, v)
+    ]
     _pair_kernel[(B * G * triton.cdiv(S, ROWS),)](
-        q, k, v, *descs, norm_ranges, o, lse,
-        *q.stride()[:4], k.stride(2), v.stride(2), *norm_ranges.stride()[:4], *o.stride()[:4], *lse.stride(),
-        S, G, S_kv, h, norm_ranges.shape[3], float(scale) * LOG2E,
-        H=HEADS, D=D, N_PAD=max(16, triton.next_power_of_2(norm_ranges.shape[3])), BL=BLOCK, STAGES=STAGES,
-        TAIL=BLOCK, SMEM=smem, ITEM=q.element_size(), R=ROWS, num_warps=ROWS)
+        q,
+        k,
+        v,
+        *descs,
+        norm_ranges,
+        o,
+        lse,
+        *q.stride()[:4],
+        k.stride(2),
+        v.stride(2),
+        *norm_ranges.stride()[:4],
+        *o.stride()[:4],
+        *lse.stride(),
+        S,
+        G,
+        S_kv,
+        h,
+        norm_ranges.shape[3],
+        float(scale) * LOG2E,
+        H=HEADS,
+        D=D,
+        N_PAD=max(16, triton.next_power_of_2(norm_ranges.shape[3])),
+        BL=BLOCK,
+        STAGES=STAGES,
+        TAIL=BLOCK,
+        SMEM=smem,
+        ITEM=q.element_size(),
+        R=ROWS,
+        num_warps=ROWS,
+    )
     return o, lse

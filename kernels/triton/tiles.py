@@ -5,6 +5,7 @@ A row's ranges, clamped and concatenated, number its selected keys by position: 
 of over ranges stay flat across range boundaries, so the software pipeliner can prefetch the
 next tile (NSA ranges are mostly one 64-key block: a per-range inner loop would run once).
 """
+
 import triton
 import triton.language as tl
 

@@ -34,6 +34,7 @@ selects) on every call before its launches. A benchmark repetition therefore rew
 values; tests/test_triton_tuning.py proves outputs do not depend on what the buffers held or
 on which configs ran before.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -62,15 +63,32 @@ ENV_TMA = "SELGATE_TRITON_TMA"
 ENV_PAIRS = "SELGATE_TRITON_PAIRS"
 DEFAULT_RANGE_LEN = 64
 FWD_KEYS = ("BLOCK_L", "num_warps", "num_stages")
-BWD_KEYS = ("dq_block_n", "dq_warps", "dq_stages", "dq_tma", "dq_tail_n", "block_n", "block_m", "warps", "stages",
-            "chunk", "overlap")
+BWD_KEYS = (
+    "dq_block_n",
+    "dq_warps",
+    "dq_stages",
+    "dq_tma",
+    "dq_tail_n",
+    "block_n",
+    "block_m",
+    "warps",
+    "stages",
+    "chunk",
+    "overlap",
+)
 
 # Forward search space: BLOCK_L x (warps, stages); configs over the smem budget are pruned.
 FWD_SPACE = tuple((b, w, s) for b in (16, 32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 2), (8, 3)))
 # Backward: one factor at a time around the defaults, then the per-axis winners combined.
-BWD_AXES = {"dq_block_n": (16, 32, 64, 128), "dq_warps": (4, 8), "block_n": (16, 32, 64, 128),
-            "block_m": (16, 32, 64, 128), "warps": (4, 8), "stages": (1, 2, 3, 5, 7),
-            "chunk": (512, 2048, 8192)}
+BWD_AXES = {
+    "dq_block_n": (16, 32, 64, 128),
+    "dq_warps": (4, 8),
+    "block_n": (16, 32, 64, 128),
+    "block_m": (16, 32, 64, 128),
+    "warps": (4, 8),
+    "stages": (1, 2, 3, 5, 7),
+    "chunk": (512, 2048, 8192),
+}
 
 
 def l_bucket(L: int) -> int:
@@ -122,6 +140,7 @@ def nearest_bucket(buckets, b: int):
 
 # ---- persisted tuned configs -------------------------------------------------------------
 
+
 def tuned_dir() -> Path:
     return settings.get(ENV_TUNED_DIR) or _config.CONFIG_DIR / "tuned"
 
@@ -152,8 +171,10 @@ def read_tuned(path: Path, *, device_name: str, version: str, rl: int | None = N
     if data.get("format") != FORMAT:
         return {}, f"{path}: format {data.get('format')!r}, expected {FORMAT}"
     if data.get("triton") != version:
-        return {}, (f"{path}: tuned with triton {data.get('triton')}, running triton {version}; "
-                    "ignored (re-run `python -m selgate.bench tune`)")
+        return {}, (
+            f"{path}: tuned with triton {data.get('triton')}, running triton {version}; "
+            "ignored (re-run `python -m selgate.bench tune`)"
+        )
     if device_slug(str(data.get("device", ""))) != device_slug(device_name):
         return {}, f"{path}: tuned on {data.get('device')!r}, running on {device_name!r}; ignored"
     rl = range_len() if rl is None else rl
@@ -165,8 +186,9 @@ def read_tuned(path: Path, *, device_name: str, version: str, rl: int | None = N
     return table, None
 
 
-def write_tuned(path: Path, entries: list[dict], *, device_name: str, version: str | None = None,
-                extra: dict | None = None) -> Path:
+def write_tuned(
+    path: Path, entries: list[dict], *, device_name: str, version: str | None = None, extra: dict | None = None
+) -> Path:
     """Merge `entries` into the tuned file at `path` (same key and bucket: replaced). A file of
     another triton version or device is replaced, not merged. Written atomically."""
     version = version or triton_version()
@@ -179,9 +201,16 @@ def write_tuned(path: Path, entries: list[dict], *, device_name: str, version: s
         except (OSError, ValueError):
             pass
     merged = {(*entry_key(e), int(e["L_bucket"])): e for e in [*old, *entries]}
-    data = {"format": FORMAT, "device": device_name, "triton": version, "torch": torch.__version__,
-            "range_len": range_len(), "written": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            **(extra or {}), "entries": [merged[k] for k in sorted(merged)]}
+    data = {
+        "format": FORMAT,
+        "device": device_name,
+        "triton": version,
+        "torch": torch.__version__,
+        "range_len": range_len(),
+        "written": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **(extra or {}),
+        "entries": [merged[k] for k in sorted(merged)],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -191,6 +220,7 @@ def write_tuned(path: Path, entries: list[dict], *, device_name: str, version: s
 
 
 # ---- per-process state: everything below the first call of a key is a dict lookup ----------
+
 
 class _State:
     def __init__(self, owner):
@@ -247,8 +277,14 @@ def tuning_status() -> dict:
     """Which tuned file is used (or why not), how many keys it holds, the last selections."""
     st = _current()
     table = _tuned(st)
-    return {"path": str(st.path) if st.path else None, "used": st.reason is None, "reason": st.reason,
-            "keys": len(table), "session_keys": len(st.session), "last": dict(st.last)}
+    return {
+        "path": str(st.path) if st.path else None,
+        "used": st.reason is None,
+        "reason": st.reason,
+        "keys": len(table),
+        "session_keys": len(st.session),
+        "last": dict(st.last),
+    }
 
 
 def last_choice(op: str = "fwd") -> tuple | None:
@@ -328,8 +364,9 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
         # Tuned entries time the gather path: a kind the profile runs through tensor
         # descriptors (TMA) keeps the profile's parameters, measured on that path.
         tma = st.tma.get(kind, False)
-        cfg, source = (None if tma else _lookup(st, "fwd", kind, Dk, Dv, dtype, b)) or \
-            profile_fwd_config(st.owner, Dk, Dv, item, kind, b)
+        cfg, source = (None if tma else _lookup(st, "fwd", kind, Dk, Dv, dtype, b)) or profile_fwd_config(
+            st.owner, Dk, Dv, item, kind, b
+        )
         tail = int(st.owner["triton_fwd"][kind].get("tail_l", cfg["BLOCK_L"]))
         return {**cfg, "TMA": tma, "TAIL_L": max(MIN_DOT, tail), "PAIRS": st.pairs.get(kind, False)}, source
 
@@ -358,6 +395,7 @@ def bwd_config(Dk: int, Dv: int, dtype, kind: str, *, S_kv=None, n=None, default
 
 
 # ---- tuning ----------------------------------------------------------------------------------
+
 
 def cpu_bench(fn, quantiles=None, reps: int = 1):
     """A do_bench for CPU tensors (the interpreter): one warm call, then `reps` timed ones."""
@@ -395,12 +433,12 @@ def fwd_autotuner(space, do_bench, smem_budget_kb: int | None = None):
 
     def prune(configs, nargs, **kw):
         item = nargs["q_ptr"].element_size()
-        ok = [c for c in configs
-              if smem_fits(c.kwargs["BLOCK_L"], c.num_stages, kw["DK_PAD"], kw["DV_PAD"], item, budget)]
+        ok = [c for c in configs if smem_fits(c.kwargs["BLOCK_L"], c.num_stages, kw["DK_PAD"], kw["DV_PAD"], item, budget)]
         return ok or configs[:1]
 
-    return triton.autotune(configs=configs, key=[], reset_to_zero=None, prune_configs_by={"early_config_prune": prune},
-                           do_bench=do_bench)(_sel_fwd_kernel)
+    return triton.autotune(
+        configs=configs, key=[], reset_to_zero=None, prune_configs_by={"early_config_prune": prune}, do_bench=do_bench
+    )(_sel_fwd_kernel)
 
 
 def config_of(c) -> dict:
@@ -420,8 +458,12 @@ def tune_fwd(run, *, default: dict, space=None, do_bench=cpu_bench) -> dict:
     best = config_of(tuner.best_config)
     named = {"{BLOCK_L}x{num_warps}x{num_stages}".format(**config_of(c)): ms for c, ms in timings.items()}
     d = "{BLOCK_L}x{num_warps}x{num_stages}".format(**default)
-    return {"config": best, "ms": named.get("{BLOCK_L}x{num_warps}x{num_stages}".format(**best)),
-            "default_ms": named.get(d), "timings": named}
+    return {
+        "config": best,
+        "ms": named.get("{BLOCK_L}x{num_warps}x{num_stages}".format(**best)),
+        "default_ms": named.get(d),
+        "timings": named,
+    }
 
 
 def bwd_candidates(default: dict, axes: dict) -> list[dict]:
@@ -459,14 +501,19 @@ def tune_bwd(run, *, default: dict, axes: dict | None = None, do_bench=cpu_bench
         timings[_bwd_name(cfg)] = (time_it(cfg), cfg)
     combined = dict(default)
     for k in axes:
-        best_k = min((v for v in timings.values() if all(v[1][j] == default[j] for j in default if j != k)),
-                     key=lambda v: v[0][0])
+        best_k = min(
+            (v for v in timings.values() if all(v[1][j] == default[j] for j in default if j != k)), key=lambda v: v[0][0]
+        )
         combined[k] = best_k[1][k]
     if _bwd_name(combined) not in timings:
         timings[_bwd_name(combined)] = (time_it(combined), combined)
     name, ((ms, _), cfg) = min(timings.items(), key=lambda kv: kv[1][0][0])
-    return {"config": cfg, "ms": ms, "default_ms": timings[_bwd_name(default)][0][0],
-            "timings": {n: (t[0] if not t[1] else t[1]) for n, (t, _) in timings.items()}}
+    return {
+        "config": cfg,
+        "ms": ms,
+        "default_ms": timings[_bwd_name(default)][0][0],
+        "timings": {n: (t[0] if not t[1] else t[1]) for n, (t, _) in timings.items()},
+    }
 
 
 def _bwd_name(cfg: dict) -> str:

@@ -1,6 +1,7 @@
 """Small pure-torch NSA kernels in the block-index forms found in the wild, written for the
 tests: as an outside kernel author would hand them to selgate, correct and deliberately
 broken. Nothing here imports selgate except through its public adapters."""
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,7 @@ def _attend(q, k, v, mask, scale):
     """Masked attention per row, reading no key outside `mask` (unselected keys may hold NaN):
     q [B, T, H, g, D], k/v [B, Tk, H, D], mask [B, T, H, Tk]."""
     m = mask[..., None]
-    k_rows = torch.where(m, k.permute(0, 2, 1, 3)[:, None], 0).float()   # [B, T, H, Tk, D]
+    k_rows = torch.where(m, k.permute(0, 2, 1, 3)[:, None], 0).float()  # [B, T, H, Tk, D]
     v_rows = torch.where(m, v.permute(0, 2, 1, 3)[:, None], 0).float()
     s = torch.einsum("bthgd,bthkd->bthgk", q.float(), k_rows) * scale
     sel = mask[:, :, :, None, :]
@@ -33,10 +34,22 @@ def padded_nsa(q, k, v, *, block_indices, block_counts, block_size, scale, cu_se
     if cu_seqlens is not None:
         cu_q, cu_k = cu_seqlens if isinstance(cu_seqlens, tuple) else (cu_seqlens, cu_seqlens)
         cq, ck = cu_q.tolist(), cu_k.tolist()
-        return torch.cat([padded_nsa(q[:, a:b], k[:, c:d], v[:, c:d], block_indices=block_indices[:, a:b],
-                                     block_counts=block_counts[:, a:b], block_size=block_size, scale=scale,
-                                     whole_last_block=whole_last_block)
-                          for a, b, c, d in zip(cq[:-1], cq[1:], ck[:-1], ck[1:])], 1)
+        return torch.cat(
+            [
+                padded_nsa(
+                    q[:, a:b],
+                    k[:, c:d],
+                    v[:, c:d],
+                    block_indices=block_indices[:, a:b],
+                    block_counts=block_counts[:, a:b],
+                    block_size=block_size,
+                    scale=scale,
+                    whole_last_block=whole_last_block,
+                )
+                for a, b, c, d in zip(cq[:-1], cq[1:], ck[:-1], ck[1:])
+            ],
+            1,
+        )
     B, T, HQ, D = q.shape
     Tk, H = k.shape[1:3]
     t = torch.arange(T, device=q.device) + Tk - T
@@ -60,8 +73,16 @@ def topk_nsa(q, k, v, topk_idx, block_size, cu_seqlens, scale):
     topk_idx [H, total, S] (-1 padded), one cu_seqlens for queries and keys."""
     ids = topk_idx.permute(1, 0, 2)[None]
     counts = torch.full(ids.shape[:3], ids.shape[-1], dtype=torch.int32, device=q.device)
-    return padded_nsa(q[None], k[None], v[None], block_indices=ids, block_counts=counts, block_size=block_size,
-                      scale=scale, cu_seqlens=cu_seqlens.long())[0]
+    return padded_nsa(
+        q[None],
+        k[None],
+        v[None],
+        block_indices=ids,
+        block_counts=counts,
+        block_size=block_size,
+        scale=scale,
+        cu_seqlens=cu_seqlens.long(),
+    )[0]
 
 
 def _declare(fn):

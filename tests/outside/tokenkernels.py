@@ -2,6 +2,7 @@
 tests as an outside author would: correct, subtly wrong, and one that kills its process
 on one case and hangs on another. They validate their inputs with selgate's public
 `check_inputs`, as a careful author's kernel would, so bad input gets a clear error."""
+
 from __future__ import annotations
 
 import os
@@ -17,14 +18,14 @@ def gather(q, k, v, ranges, *, scale=None):
     check_inputs(q, k, v, ranges, scale=scale)
     B, S, G, h, Dk = q.shape
     S_kv = k.shape[2]
-    scale = Dk ** -0.5 if scale is None else scale
+    scale = Dk**-0.5 if scale is None else scale
     t = torch.arange(S, device=q.device) + S_kv - S
     key = torch.arange(S_kv, device=q.device)
-    r = ranges.long()[..., None]                                   # [B, S, G, n, 2, 1]
-    mask = ((key >= r[..., 0, :]) & (key < r[..., 1, :])).any(3)   # [B, S, G, S_kv]
+    r = ranges.long()[..., None]  # [B, S, G, n, 2, 1]
+    mask = ((key >= r[..., 0, :]) & (key < r[..., 1, :])).any(3)  # [B, S, G, S_kv]
     mask &= (key <= t[:, None])[None, :, None]
     m = mask[..., None]
-    k_rows = torch.where(m, k[:, None].double(), 0)                # [B, S, G, S_kv, Dk]; unselected keys unread
+    k_rows = torch.where(m, k[:, None].double(), 0)  # [B, S, G, S_kv, Dk]; unselected keys unread
     v_rows = torch.where(m, v[:, None].double(), 0)
     s = torch.einsum("bsghd,bsgkd->bsghk", q.double(), k_rows) * scale
     sel = mask[:, :, :, None]
