@@ -41,7 +41,8 @@ def pytest_addoption(parser):
         default=None,
         metavar="NAMES|pkg.mod:fn",
         help="implementations to run the matrix on: comma-separated registered names "
-        "(reference, sdpa, triton, cuda) or package.module:callable; default: all registered",
+        "(reference, sdpa, triton, triton-gather, triton-tma, triton-pairs, cuda) or package.module:callable; "
+        "default: all registered",
     )
     group.addoption(
         "--size",
