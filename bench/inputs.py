@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from selgate.conformance.cases import Inputs
+from selgate.conformance.inputs import Inputs, random_qkv
 from selgate.reference import build_ranges, selected_lengths
 
 DISTS = ("few", "many", "mixed")
@@ -128,13 +128,7 @@ def make_inputs(p: Problem, *, seed: int, device) -> Inputs:
     """Fresh random q, k, v and normalised ranges (what a kernel receives) for `p`: one rotating input set."""
     dtype = getattr(torch, p.dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-
-    q = randn(p.B, p.S, p.G, p.h, p.D)
-    k = randn(p.B, p.G, p.S_kv, p.D)
-    v = randn(p.B, p.G, p.S_kv, p.Dv)
+    q, k, v = random_qkv(p.B, p.S, p.G, p.h, p.D, p.Dv, p.S_kv, dtype=dtype, generator=gen, sample_dtype=torch.float32)
     return with_kv_layout(Inputs(q, k, v, make_ranges(p, gen, device), scale=p.D**-0.5), p.kv_layout)
 
 

@@ -16,6 +16,8 @@ import torch
 
 from selgate.reference import build_ranges, pack_sequences
 
+from .inputs import Inputs, random_qkv
+
 SIZES = ("tiny", "small", "large")
 PATTERNS = (
     "empty",
@@ -98,24 +100,6 @@ class Case:
     @property
     def mode(self) -> str:
         return self.shape.mode
-
-
-@dataclass
-class Inputs:
-    """Tensors of one case or benchmark input set (the benchmarks import it from here, so both
-    describe inputs one way). Varlen: packed q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], local ranges."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    ranges: torch.Tensor
-    scale: Optional[float]
-    cu_seqlens_q: Optional[torch.Tensor] = None
-    cu_seqlens_k: Optional[torch.Tensor] = None
-
-    def nbytes(self) -> int:
-        """Bytes of q, k, v and ranges: what an input set adds to the working set of a timing loop."""
-        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.ranges))
 
 
 def _randint(gen, lo, hi, shape):
@@ -212,15 +196,16 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
     s = case.shape
     gen = torch.Generator().manual_seed(case.seed)
 
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(case.dtype)
+    def qkv(B, S, S_kv):
+        return random_qkv(B, S, s.G, s.h, s.Dk, s.Dv, S_kv, dtype=case.dtype, generator=gen, sample_dtype=torch.float64)
 
     if s.mode == "varlen":
         qs, ks, vs, rs = [], [], [], []
         for len_q, len_k in s.seqlens:
-            qs.append(randn(len_q, s.G, s.h, s.Dk))
-            ks.append(randn(s.G, len_k, s.Dk))
-            vs.append(randn(s.G, len_k, s.Dv))
+            q, k, v = qkv(1, len_q, len_k)
+            qs.append(q[0])
+            ks.append(k[0])
+            vs.append(v[0])
             rs.append(raw_ranges(case.pattern, 1, len_q, len_k, s.G, s.h, s.n, gen, case.block_size)[0])
         q, cu_q = pack_sequences(qs, 0)
         k, cu_k = pack_sequences(ks, 1)
@@ -228,13 +213,8 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
         ranges, _ = pack_sequences(rs, 0)
         out = Inputs(q[None], k[None], v[None], ranges[None], case.scale, cu_q, cu_k)
     else:
-        out = Inputs(
-            randn(s.B, s.S, s.G, s.h, s.Dk),
-            randn(s.B, s.G, s.S_kv, s.Dk),
-            randn(s.B, s.G, s.S_kv, s.Dv),
-            raw_ranges(case.pattern, s.B, s.S, s.S_kv, s.G, s.h, s.n, gen, case.block_size),
-            case.scale,
-        )
+        q, k, v = qkv(s.B, s.S, s.S_kv)
+        out = Inputs(q, k, v, raw_ranges(case.pattern, s.B, s.S, s.S_kv, s.G, s.h, s.n, gen, case.block_size), case.scale)
     for name in ("q", "k", "v", "ranges", "cu_seqlens_q", "cu_seqlens_k"):
         t = getattr(out, name)
         if t is not None:

@@ -20,8 +20,9 @@ from selgate.reference import normalize_ranges, query_positions, selected_keys, 
 from selgate.reference.golden import gather_attention
 from selgate.reference.validation import resolve_scale
 
-from .cases import Case, Inputs, make_inputs
+from .cases import Case, make_inputs
 from .compare import ConformanceFailure, assert_close, assert_equal, fail
+from .inputs import Inputs
 from .poison import poison_cuda_cache
 from .registry import Impl, skip_reason
 

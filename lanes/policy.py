@@ -25,16 +25,14 @@ def probe() -> dict:
     """One tiny forward call through `auto`; returns the counters it produced."""
     import torch
 
+    from selgate.conformance.inputs import random_qkv
     from selgate.kernels import selection_attention
     from selgate.kernels.stats import reset_stats, stats
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if device == "cuda" else torch.float32
-    g = torch.Generator(device="cpu").manual_seed(0)
     B, S, G, h, D = 1, 1, 1, 2, 16
-    q = torch.randn(B, S, G, h, D, generator=g).to(device, dtype)
-    k = torch.randn(B, G, PROBE_L, D, generator=g).to(device, dtype)
-    v = torch.randn(B, G, PROBE_L, D, generator=g).to(device, dtype)
+    q, k, v = random_qkv(B, S, G, h, D, D, PROBE_L, dtype=dtype, generator=0, sample_dtype=torch.float32, device=device)
     ranges = torch.tensor([0, PROBE_L], device=device).expand(B, S, G, 1, 2).contiguous()
     reset_stats()
     with torch.no_grad():

@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from selgate.conformance.inputs import random_qkv
+
 B, G, H, D, S_KV, N = 1, 2, 4, 64, 300, 4
 SEED = 0
 
@@ -19,10 +21,7 @@ SEED = 0
 def inputs(S: int, dtype, *, grad: bool = False):
     """q, k, v and normalised-looking ranges (sorted, disjoint, one padding entry) on the GPU,
     made on the CPU so that the sanitizer sees few torch kernels."""
-    g = torch.Generator().manual_seed(SEED)
-    q = torch.randn(B, S, G, H, D, generator=g).to(dtype)
-    k = torch.randn(B, G, S_KV, D, generator=g).to(dtype)
-    v = torch.randn(B, G, S_KV, D, generator=g).to(dtype)
+    q, k, v = random_qkv(B, S, G, H, D, D, S_KV, dtype=dtype, generator=SEED, sample_dtype=torch.float32)
     ranges = torch.tensor([[0, 40], [64, 130], [200, 300], [0, 0]], dtype=torch.int64)
     ranges = ranges.expand(B, S, G, N, 2).contiguous()
     q, k, v, ranges = (t.cuda() for t in (q, k, v, ranges))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from selgate.conformance.inputs import random_qkv
 from selgate.kernels import reset_stats
 from selgate.kernels.policy import ENV_FLAGS
 from selgate.reference import resolve_scale, selection_attention_ref
@@ -27,9 +28,7 @@ def random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.floa
     """q, k, v and raw ranges with overlaps, padding and out-of-bounds ends."""
     g = torch.Generator().manual_seed(seed)
     hi = S_kv + 4 if hi is None else hi
-    q = torch.randn(B, S, G, h, Dk, generator=g, dtype=torch.float64).to(dtype)
-    k = torch.randn(B, G, S_kv, Dk, generator=g, dtype=torch.float64).to(dtype)
-    v = torch.randn(B, G, S_kv, Dv, generator=g, dtype=torch.float64).to(dtype)
+    q, k, v = random_qkv(B, S, G, h, Dk, Dv, S_kv, dtype=dtype, generator=g, sample_dtype=torch.float64)
     ranges = torch.randint(lo, hi, (B, S, G, n, 2), generator=g)
     for t in (q, k, v):
         t.requires_grad_(requires_grad)

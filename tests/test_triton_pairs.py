@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from selgate.bench.inputs import with_kv_layout
-from selgate.conformance.cases import Inputs
+from selgate.conformance.inputs import Inputs
 from selgate.reference import build_ranges, normalize_ranges, resolve_scale
 from tests.helpers import assert_matches_reference, poison_unselected, random_inputs
 
