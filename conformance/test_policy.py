@@ -1,6 +1,6 @@
 """Family policy: the dispatcher's ADR and fallback rules, proven by its counters.
 
-ADR-2025-08-M4-02: on SM 8.9 the Triton selection kernel never launches unless
+ADR-0001: on SM 8.9 the Triton selection kernel never launches unless
 SELGATE_TRITON_FORCE=1. Every rung that leaves Triton records its reason, and whatever
 backend serves the call gives the golden result (a fallback has the fast path's semantics).
 Capabilities are simulated with `capability_override`; on CPU Triton runs in its interpreter.

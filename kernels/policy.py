@@ -1,7 +1,7 @@
 """The dispatcher's policy: flags, compute capability and what the Triton kernel supports.
 
 Precedence for every setting: `configs/base.yaml` < `configs/profiles/<device>.yaml` <
-environment variable. The SM 8.9 rule of ADR-2025-08-M4-02 is data
+environment variable. The SM 8.9 rule of ADR-0001 is data
 (`policy.triton_sel_disabled_capabilities`), so a later measurement changes config, not code.
 """
 
@@ -132,6 +132,6 @@ def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
         if cap in st.disabled_caps and not st.force_triton:
             return "adr_policy", (
                 f"SM {cap} is in policy.triton_sel_disabled_capabilities "
-                "(ADR-2025-08-M4-02); set SELGATE_TRITON_FORCE=1 to run it"
+                "(ADR-0001); set SELGATE_TRITON_FORCE=1 to run it"
             )
     return None
