@@ -131,7 +131,6 @@ def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
             return "capability", f"SM {cap} is below policy.triton_sel_min_capability={st.min_cap}"
         if cap in st.disabled_caps and not st.force_triton:
             return "adr_policy", (
-                f"SM {cap} is in policy.triton_sel_disabled_capabilities "
-                "(ADR-0001); set SELGATE_TRITON_FORCE=1 to run it"
+                f"SM {cap} is in policy.triton_sel_disabled_capabilities (ADR-0001); set SELGATE_TRITON_FORCE=1 to run it"
             )
     return None
