@@ -4,7 +4,7 @@
 # needs without any image registry: a debootstrapped Debian base image (`docker import`) and
 # the wheels of selgate's dependencies in .whl/ (torch's CPU build from the local disk).
 # Writes build/docker-engine.env: DOCKER_HOST and the base image, or, when anything fails,
-# SELGATE_DOCKER_UNAVAILABLE=<reason> (the test skips with it) and exits non-zero.
+# DOCKER_UNAVAILABLE=<reason> (the test skips with it) and exits non-zero.
 # Usage: bash .ci/docker_engine.sh [stop]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -20,7 +20,7 @@ export DOCKER_HOST=unix://$SOCK
 say() { echo "docker engine [${SECONDS}s]: $*"; }
 unavailable() {
   say "unavailable: $*" >&2
-  printf 'SELGATE_DOCKER_UNAVAILABLE=%s\n' "$*" > "$ENV_FILE"
+  printf 'DOCKER_UNAVAILABLE=%s\n' "$*" > "$ENV_FILE"
   exit 1
 }
 engine_up() { docker info >/dev/null 2>&1; }

@@ -432,6 +432,55 @@ VARS: dict[str, Var] = {
             "detected",
         ),
         Var("SELGATE_WORKERS", "str", "auto", "pytest-xdist workers of bin/test: a number or `auto`.", ("bin/test",), "setup"),
+        Var(
+            "SELGATE_FIND_LINKS",
+            "path",
+            None,
+            "A folder of wheels bin/setup's pip installs from (`--find-links`), for machines without a package index.",
+            ("bin/setup",),
+            "setup",
+            "`.whl/` when that folder exists",
+        ),
+        Var(
+            "SELGATE_EVIDENCE_WHEELS",
+            "path",
+            Path(".gpuwhl"),
+            "The wheels (junitparser, docker-py) bin/sm90-evidence installs into the GPU host's Python.",
+            ("bin/sm90-evidence",),
+            "setup",
+        ),
+        Var(
+            "SELGATE_EVIDENCE_LANE_S",
+            "int",
+            600,
+            "bin/sm90-evidence: seconds before the sm90 lane is cut (SIGINT; its JUnit is kept and the gate names the cut).",
+            ("bin/sm90-evidence",),
+            "setup",
+        ),
+        Var(
+            "SELGATE_EVIDENCE_SANITIZE_S",
+            "int",
+            420,
+            "bin/sm90-evidence: seconds for the compute-sanitizer pass.",
+            ("bin/sm90-evidence",),
+            "setup",
+        ),
+        Var(
+            "SELGATE_EVIDENCE_BENCH_S",
+            "int",
+            170,
+            "bin/sm90-evidence: seconds for the acceptance benchmark.",
+            ("bin/sm90-evidence",),
+            "setup",
+        ),
+        Var(
+            "SELGATE_EVIDENCE_BWD_S",
+            "int",
+            70,
+            "bin/sm90-evidence: seconds for the Triton backward's bf16 parity check.",
+            ("bin/sm90-evidence",),
+            "setup",
+        ),
     )
 }
 
@@ -555,6 +604,9 @@ def markdown() -> str:
         "`CUDA_`, `BENCH_`, `DOCKER_`), then what it sets. A former name (last column) is still read when",
         "the current name is unset, with one warning per process on the `selgate` logger; the two set to",
         "different values are an error naming both. Former names will be removed in a later release.",
+        "",
+        "One variable outside the scheme: `bin/setup` reuses the torch of the interpreter named by",
+        "`PYTHON` (default `python3`), the usual name for it.",
     ]
     for group, title in GROUPS.items():
         lines += [

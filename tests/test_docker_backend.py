@@ -230,8 +230,8 @@ def engine_settings() -> dict:
             "(`bash .ci/docker_engine.sh`, as root, starts one and writes it)"
         )
     settings = dict(line.split("=", 1) for line in ENGINE_ENV.read_text().splitlines() if "=" in line)
-    if "SELGATE_DOCKER_UNAVAILABLE" in settings:
-        pytest.skip(f"no Docker engine: {settings['SELGATE_DOCKER_UNAVAILABLE']} (from .ci/docker_engine.sh)")
+    if "DOCKER_UNAVAILABLE" in settings:
+        pytest.skip(f"no Docker engine: {settings['DOCKER_UNAVAILABLE']} (from .ci/docker_engine.sh)")
     return settings
 
 

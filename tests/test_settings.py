@@ -1,5 +1,5 @@
 """The environment-variable registry: one parser per type, malformed values named, and every
-variable the package mentions declared and documented in docs/configuration.md."""
+variable the package and its scripts mention declared and documented in docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -30,10 +30,11 @@ def test_docs_are_the_generated_text():
 
 def test_every_variable_the_package_names_is_declared():
     found = {}
-    for folder in package_dirs():
-        for path in [*folder.rglob("*.py"), *folder.rglob("*.yaml")]:
-            for name in NAME.findall(path.read_text()):
-                found.setdefault(name, str(path.relative_to(ROOT)))
+    sources = [path for folder in package_dirs() for path in (*folder.rglob("*.py"), *folder.rglob("*.yaml"))]
+    scripts = [path for folder in ("bin", ".ci") for path in (ROOT / folder).iterdir() if path.is_file()]
+    for path in [*sources, *scripts]:
+        for name in NAME.findall(path.read_text()):
+            found.setdefault(name, str(path.relative_to(ROOT)))
     assert found
     # former names are the registry's own (tests/test_settings_names.py keeps them out of the rest)
     assert {n: p for n, p in found.items() if n not in settings.VARS and n not in settings.DEPRECATED} == {}
