@@ -11,6 +11,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton runs on CPU only under TRITON_INTERPRET=1 (bin/test sets it)", allow_module_level=True)
 
+from selgate.conformance.inputs import random_qkv  # noqa: E402
 from selgate.kernels.triton.normalize import normalize_ranges_triton  # noqa: E402
 from selgate.reference import normalize_ranges  # noqa: E402
 
@@ -58,8 +59,7 @@ def test_dispatcher_on_cuda_uses_it(monkeypatch):
     from selgate.reference import selection_attention_ref
 
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(2, 3, 2, 4, 64, generator=g)
-    k, v = torch.randn(2, 2, 50, 64, generator=g), torch.randn(2, 2, 50, 64, generator=g)
+    q, k, v = random_qkv(2, 3, 2, 4, 64, 64, 50, dtype=torch.float32, generator=g, sample_dtype=torch.float32)
     r = torch.randint(-3, 55, (2, 3, 2, 6, 2), generator=g)
     o = selection_attention(q.cuda(), k.cuda(), v.cuda(), r.cuda(), backend="sdpa", strict=True)
     assert calls == [1], "the dispatcher did not normalise with the Triton kernel"

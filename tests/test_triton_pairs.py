@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from selgate.bench.inputs import with_kv_layout
-from selgate.conformance.inputs import Inputs
+from selgate.conformance.inputs import Inputs, random_qkv
 from selgate.reference import build_ranges, normalize_ranges, resolve_scale
 from tests.helpers import assert_matches_reference, poison_unselected, random_inputs
 
@@ -26,10 +26,7 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="the pair kernel runs on SM 
 
 def _qkv(B=1, S=6, G=2, h=4, D=64, S_kv=40, dtype=torch.bfloat16, device="cpu"):
     g = torch.Generator().manual_seed(S * 131 + D)
-    q, k, v = (
-        torch.randn(*shape, generator=g).to(dtype).to(device) for shape in ((B, S, G, h, D), (B, G, S_kv, D), (B, G, S_kv, D))
-    )
-    return q, k, v
+    return random_qkv(B, S, G, h, D, D, S_kv, dtype=dtype, generator=g, sample_dtype=torch.float32, device=device)
 
 
 def test_accepts_separate_and_per_key_k_v():
