@@ -3,6 +3,9 @@ SPEC.md's acceptance against the fp64 reference."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -73,3 +76,17 @@ def assert_matches_reference(q, k, v, norm, o, lse, *, positions=None):
         low_err = (low.double() - ref).abs().max()
         bound = 2 * low_err + 2 * eps * ref.abs().max()
         assert err.max() <= bound and err.mean() <= 1e-3, f"{name}: max {err.max():.3g} > {bound:.3g} or mean {err.mean():.3g}"
+
+
+def run_pytest(rootdir, *args, env, timeout=120):
+    """`python -m pytest *args` in `rootdir` as its own rootdir, the way a lane starts a nested
+    run: output captured, the exit status left to the caller."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "--rootdir", str(rootdir)],
+        cwd=rootdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -20,7 +20,6 @@ from selgate.lanes import __main__ as lanes_main
 from selgate.lanes import runner
 from selgate.lanes.config import load_lane
 from selgate.reports import tree as tree_mod
-from selgate.reports.__main__ import main
 
 from .test_reports_gate import (
     TODAY,
@@ -28,6 +27,7 @@ from .test_reports_gate import (
     full_selection,
     gated_tree,  # noqa: F401 (fixture)
     passing_cases,  # noqa: F401 (fixture)
+    run_gate,
     write_lane,
     write_policy,
 )
@@ -37,18 +37,7 @@ TRITON = [(f"conformance/test_parity.py::test_parity[triton-case{i}]", "pass", "
 
 def gate_lines(tmp_path, capsys, *extra, policy=None):
     """(exit status, headline, every blocking line of the report)."""
-    rc = main(
-        [
-            "gate",
-            "--results",
-            str(tmp_path / "res"),
-            "--out",
-            str(tmp_path / "out"),
-            "--policy",
-            str(policy or write_policy(tmp_path)),
-            *extra,
-        ]
-    )
+    rc = run_gate(tmp_path, *extra, policy=policy)
     out = capsys.readouterr()
     report = (tmp_path / "out" / "report.md").read_text() if (tmp_path / "out" / "report.md").exists() else ""
     blocking = report.split("## Blocking", 1)[-1].split("##", 1)[0] if report else ""
@@ -286,19 +275,7 @@ def test_evidence_of_an_older_commit_blocks_a_release_of_head(repo, tmp_path, ca
         write_lane(tmp_path / "res", lane, cases, tree=old)
     (repo / "pkg" / "mod.py").write_text("def f():\n    return 2\n")
     git(repo, "commit", "-q", "-am", "two")
-    rc = main(
-        [
-            "release",
-            "--results",
-            str(tmp_path / "res"),
-            "--out",
-            str(tmp_path / "out"),
-            "--policy",
-            str(write_policy(tmp_path)),
-            "--tree",
-            str(repo),
-        ]
-    )
+    rc = run_gate(tmp_path, "--tree", str(repo), command="release")
     line = capsys.readouterr().out.splitlines()[0]
     assert rc == 1 and line.startswith(f"GATE BLOCKED: required lane cpu ran commit {old['commit']}, this tree is commit "), line
     text = (tmp_path / "out" / "release.md").read_text()

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from selgate.lanes.progress import Progress, clock_text, interval_from_env
+from tests.helpers import run_pytest
 
 
 class Clock:
@@ -58,30 +57,10 @@ def test_clock_text_and_a_bad_interval_is_named():
 def test_an_xdist_run_prints_progress_against_what_its_workers_collected(tmp_path):
     (tmp_path / "test_mod.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(8))\ndef test_x(i):\n    pass\n")
     env = {**os.environ, "SELGATE_PROGRESS_S": "0", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "xdist.plugin",
-            "-p",
-            "selgate.lanes.progress",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "2",
-            "--rootdir",
-            str(tmp_path),
-            "test_mod.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-    )
+    out = run_pytest(
+        tmp_path, "-p", "xdist.plugin", "-p", "selgate.lanes.progress", "-p", "no:cacheprovider", "-n", "2", "test_mod.py",
+        env=env, timeout=170,
+    )  # fmt: skip
     lines = re.findall(r"^progress: (\d+)/(\d+) tests \((\d+) %\)", out.stdout, re.MULTILINE)  # on lines of their own
     assert [(int(d), int(t)) for d, t, _ in lines] == [(i, 8) for i in range(1, 9)], out.stdout + out.stderr
     assert "8 passed" in out.stdout

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +13,7 @@ from selgate.lanes import __main__ as lanes_main
 from selgate.lanes import ordering, runner
 from selgate.lanes.config import load_lane
 from selgate.lanes.runner import plan_lane, workers_per_gpu
+from tests.helpers import run_pytest
 
 H100 = 85_045_526_528  # total_memory torch reports for an 80 GB H100 (HBM3)
 H200 = 150_117_466_112
@@ -96,27 +95,8 @@ def test_the_plugin_orders_a_real_collection_the_same_way(tmp_path):
     durations = tmp_path / "durations.json"
     durations.write_text(json.dumps({"tests": {"test_mod.py::test_x[4]": 12.0, "test_mod.py::test_x[2]": 40.0}}))
     env = {**os.environ, ordering.DURATIONS_ENV: durations.name, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # from rootdir
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "selgate.lanes.ordering",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            "test_mod.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    out = run_pytest(
+        tmp_path, "--collect-only", "-q", "-p", "selgate.lanes.ordering", "-p", "no:cacheprovider", "test_mod.py", env=env
     )
     ids = [line.split("::")[1] for line in out.stdout.splitlines() if "::" in line]
     assert ids == ["test_x[2]", "test_x[4]", "test_x[0]", "test_x[1]", "test_x[3]", "test_x[5]"], out.stdout + out.stderr
@@ -125,27 +105,8 @@ def test_the_plugin_orders_a_real_collection_the_same_way(tmp_path):
 def test_a_missing_durations_file_is_a_usage_error_naming_it(tmp_path):
     (tmp_path / "test_mod.py").write_text("def test_x():\n    pass\n")
     env = {**os.environ, ordering.DURATIONS_ENV: "lanes/durations/cpu.json", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "selgate.lanes.ordering",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            "test_mod.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    out = run_pytest(
+        tmp_path, "--collect-only", "-q", "-p", "selgate.lanes.ordering", "-p", "no:cacheprovider", "test_mod.py", env=env
     )
     assert out.returncode == 4 and "SELGATE_DURATIONS: no durations file" in out.stderr, out.stdout + out.stderr
 

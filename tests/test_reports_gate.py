@@ -134,19 +134,17 @@ def write_policy(tmp_path, quarantine=(), required_lanes=("cpu",)):
     return path
 
 
+def run_gate(tmp_path, *extra, policy=None, command="gate") -> int:
+    """`command` (the gate, or the release report) over tmp_path/res, writing tmp_path/out,
+    under `policy` (default: the usual one)."""
+    return main(
+        [command, "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
+         "--policy", str(policy or write_policy(tmp_path)), *extra]
+    )  # fmt: skip
+
+
 def gate(tmp_path, capsys, *extra, policy=None):
-    rc = main(
-        [
-            "gate",
-            "--results",
-            str(tmp_path / "res"),
-            "--out",
-            str(tmp_path / "out"),
-            "--policy",
-            str(policy or write_policy(tmp_path)),
-            *extra,
-        ]
-    )
+    rc = run_gate(tmp_path, *extra, policy=policy)
     return rc, capsys.readouterr().out.splitlines()[0]
 
 
@@ -277,17 +275,7 @@ def test_a_quarantine_entry_without_owner_is_a_policy_error(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     entry = _quarantine(TODAY)
     del entry["owner"]
-    rc = main(
-        [
-            "gate",
-            "--results",
-            str(tmp_path / "res"),
-            "--out",
-            str(tmp_path / "out"),
-            "--policy",
-            str(write_policy(tmp_path, [entry])),
-        ]
-    )
+    rc = run_gate(tmp_path, policy=write_policy(tmp_path, [entry]))
     assert rc == 2
     assert "quarantine[0] ('conformance/test_parity.py::test_parity[fp16-*]'): missing ['owner']" in capsys.readouterr().err
 
@@ -354,9 +342,7 @@ def test_a_release_gates_one_committed_tree(tmp_path, capsys, monkeypatch, tree,
     write_lane(tmp_path / "res", "cpu", passing_cases() + passing_cases(["dtype"]))
     write_lane(tmp_path / "res", "sm90", passing_cases() + passing_cases(["dtype"]), tree=tree)
     monkeypatch.setattr("selgate.reports.__main__.tree_stamp", lambda root: {**TREE, "dirty": dirty})
-    rc = main(
-        ["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--policy", str(write_policy(tmp_path))]
-    )
+    rc = run_gate(tmp_path, command="release")
     line = capsys.readouterr().out.splitlines()[0]
     if blocked:
         assert rc == 1 and line.startswith(f"GATE BLOCKED: {blocked}"), line
@@ -410,8 +396,6 @@ def test_the_stamp_records_what_the_run_selected(tmp_path):
 def test_a_results_file_that_does_not_parse_is_named(tmp_path, capsys, name, text):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     (tmp_path / "res" / "cpu" / name).write_text(text)
-    rc = main(
-        ["gate", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--policy", str(write_policy(tmp_path))]
-    )
+    rc = run_gate(tmp_path)
     err = capsys.readouterr().err
     assert rc == 2 and f"{tmp_path / 'res' / 'cpu' / name}: not " in err, err

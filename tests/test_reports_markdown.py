@@ -2,12 +2,11 @@
 
 from junitparser import JUnitXml
 
-from selgate.reports.__main__ import main
 from selgate.reports.gate import Verdict
 from selgate.reports.markdown import render, repro_command, write_report
 from selgate.reports.results import load_results, merge
 
-from .test_reports_gate import gated_tree, passing_cases, write_lane, write_policy  # noqa: F401 (fixture)
+from .test_reports_gate import gated_tree, passing_cases, run_gate, write_lane  # noqa: F401 (fixture)
 
 FAIL = ("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity", 3)
 
@@ -89,9 +88,7 @@ def test_release_report_includes_benchmarks_and_their_blocking(tmp_path, capsys,
     (tmp_path / "res" / "sm90" / "environment.json").write_text(
         (tmp_path / "res" / "sm90" / "environment.json").read_text().replace('"gpu": "none"', '"gpu": "Fake GPU"')
     )
-    rc = main(
-        ["release", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--policy", str(write_policy(tmp_path))]
-    )
+    rc = run_gate(tmp_path, command="release")
     assert seen == ["Fake GPU"]
     assert rc == 1
     assert capsys.readouterr().out.startswith("GATE BLOCKED: benchmark Fake GPU: sel decode B=8 / triton")
@@ -101,18 +98,6 @@ def test_release_report_includes_benchmarks_and_their_blocking(tmp_path, capsys,
 
 def test_release_without_gpu_lanes_says_no_benchmark_results(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
-    rc = main(
-        [
-            "release",
-            "--results",
-            str(tmp_path / "res"),
-            "--out",
-            str(tmp_path / "out"),
-            "--policy",
-            str(write_policy(tmp_path)),
-            "--lanes",
-            "cpu",
-        ]
-    )
+    rc = run_gate(tmp_path, "--lanes", "cpu", command="release")
     assert rc == 0, capsys.readouterr().out
     assert "no benchmark results: no GPU lane in these results" in (tmp_path / "out" / "release.md").read_text()
