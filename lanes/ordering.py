@@ -1,15 +1,19 @@
-"""pytest plugin (`-p selgate.lanes.ordering`): a lane's costly tests start first, so that none
-of them is left to run alone at the end of a parallel run (a 280 s test started last makes the
-lane 280 s longer than its workers need).
+"""pytest plugin (`-p selgate.lanes.ordering`): a lane's costly tests start first, spread over
+the workers, so that none of them is left to run alone at the end of a parallel run (a 280 s test
+started last makes the lane 280 s longer than its workers need).
 
 The costs are a lane's measured durations, committed as `lanes/durations/<lane>.json`
 (`python -m selgate.lanes durations <lane>` writes it from the lane's last JUnit) and named to
-pytest by the runner through SELGATE_DURATIONS. Tests of at least COSTLY_S move to the front,
-slowest first; every other test keeps its place, so a module's tests stay together and its
-fixtures and compiled kernels are reused. The order is the same on every xdist worker (each one
-collects and sorts the same way), which xdist requires; only the order changes, never the
-selection. A relative SELGATE_DURATIONS is taken from pytest's rootdir (the checkout, in a lane's
-image too)."""
+pytest by the runner through SELGATE_DURATIONS. Tests of at least COSTLY_S are costly; every other
+test keeps its place, so a module's tests stay together and its fixtures and compiled kernels are
+reused. Under xdist's `worksteal` the workers first take the collection in contiguous chunks, one
+each, and an idle worker later steals from the end of the longest queue; so the costly tests are
+dealt to the chunks longest first onto the least loaded one (each chunk's costly tests run first,
+slowest first, on its own worker) instead of all landing in the first worker's chunk, where they
+ran one after another (the sm90 lane's last 130 s with warm caches). The order is the same on
+every xdist worker (each one collects and sorts the same way, from the same worker count), which
+xdist requires; only the order changes, never the selection. A relative SELGATE_DURATIONS is taken
+from pytest's rootdir (the checkout, in a lane's image too)."""
 
 from __future__ import annotations
 
@@ -33,12 +37,33 @@ def load_durations(path) -> dict:
     return tests
 
 
-def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S) -> list:
-    """`items` with those measured at >= costly_s first, slowest first (ties in collection
-    order), then the rest in collection order."""
+def first_chunks(n: int, workers: int) -> list[int]:
+    """The sizes of xdist worksteal's first split of `n` tests over `workers` idle workers: each
+    in turn takes the pending tests // the workers still without a chunk."""
+    sizes, left = [], n
+    for k in range(workers):
+        sizes.append(left // (workers - k))
+        left -= sizes[-1]
+    return sizes
+
+
+def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S, workers: int = 1) -> list:
+    """`items` arranged as `workers` chunks (first_chunks): the tests measured at >= costly_s are
+    dealt slowest first to the chunk with the least costly time so far and lead it, slowest
+    first; the rest fill the chunks in collection order. One worker: all costly tests first."""
     costly = sorted((i for i in items if durations.get(i.nodeid, 0.0) >= costly_s), key=lambda i: -durations[i.nodeid])
     chosen = {id(i) for i in costly}
-    return costly + [i for i in items if id(i) not in chosen]
+    rest = [i for i in items if id(i) not in chosen]
+    sizes = first_chunks(len(items), max(1, workers))
+    chunks, load = [[] for _ in sizes], [0.0] * len(sizes)
+    for item in costly:
+        k = min((k for k, size in enumerate(sizes) if len(chunks[k]) < size), key=lambda k: (load[k], k))
+        chunks[k].append(item)
+        load[k] += durations[item.nodeid]
+    out, fill = [], iter(rest)
+    for chunk, size in zip(chunks, sizes):
+        out += chunk + [next(fill) for _ in range(size - len(chunk))]
+    return out
 
 
 @pytest.hookimpl(trylast=True)
@@ -50,7 +75,8 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(
                 f"{DURATIONS_ENV}: no durations file {full} (relative paths are taken from the rootdir {config.rootpath})"
             )
-        items[:] = costly_first(items, load_durations(full))
+        workers = getattr(config, "workerinput", {}).get("workercount", 1)  # 1 outside xdist
+        items[:] = costly_first(items, load_durations(full), workers=workers)
 
 
 def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S) -> dict:

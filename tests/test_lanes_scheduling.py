@@ -83,6 +83,42 @@ def test_costly_tests_go_first_slowest_first_and_the_rest_keep_their_place():
     assert sorted(map(id, ordered)) == sorted(map(id, items))
 
 
+def test_costly_tests_are_dealt_to_the_workers_first_chunks_slowest_onto_the_least_loaded():
+    items = [SimpleNamespace(nodeid=n) for n in "abcdefghij"]
+    assert ordering.first_chunks(10, 3) == [3, 3, 4]  # xdist worksteal: 10 // 3, then 7 // 2, then 4
+    ordered = ordering.costly_first(items, {"j": 50.0, "b": 30.0, "h": 25.0, "c": 6.0}, workers=3)
+    chunks = ["".join(i.nodeid for i in ordered[a:b]) for a, b in ((0, 3), (3, 6), (6, 10))]
+    assert chunks == ["jad", "bef", "hcgi"]  # c joins h's chunk, the least loaded (25 s) when c is dealt
+    assert sorted(map(id, ordered)) == sorted(map(id, items))
+
+
+def test_under_xdist_the_costly_tests_start_on_different_workers(tmp_path):
+    (tmp_path / "test_mod.py").write_text(
+        "import os, pytest\n\n@pytest.mark.parametrize('i', range(8))\ndef test_x(i):\n"
+        "    open(f'{i}.worker', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n"
+    )
+    durations = tmp_path / "durations.json"
+    durations.write_text(json.dumps({"tests": {"test_mod.py::test_x[0]": 40.0, "test_mod.py::test_x[1]": 30.0}}))
+    env = {**os.environ, ordering.DURATIONS_ENV: durations.name, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    out = run_pytest(
+        tmp_path,
+        "-p",
+        "xdist.plugin",
+        "-p",
+        "selgate.lanes.ordering",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "2",
+        "--dist",
+        "worksteal",
+        "test_mod.py",
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "0.worker").read_text() != (tmp_path / "1.worker").read_text()
+
+
 def test_a_malformed_durations_file_is_named(tmp_path):
     path = tmp_path / "sm90.json"
     path.write_text('{"tests": {"a": "slow"}}')
