@@ -3,6 +3,7 @@ SPEC.md's acceptance against the fp64 reference."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,9 +13,16 @@ import torch
 from selgate.conformance.inputs import random_qkv
 from selgate.kernels import reset_stats
 from selgate.kernels.policy import ENV_FLAGS
+from selgate.lanes.config import LANE_DIR, load_lane
 from selgate.reference import resolve_scale, selection_attention_ref
 from selgate.reference.golden import gather_attention
 from selgate.reference.ranges import expand_ranges, selected_lengths
+
+
+def running_lane_device() -> str | None:
+    """The device of the lane this run belongs to (SELGATE_LANE), None outside a lane run."""
+    lane = os.environ.get("SELGATE_LANE", "").removesuffix("-emulated")
+    return load_lane(lane)["device"] if lane and (LANE_DIR / f"{lane}.yaml").exists() else None
 
 
 @pytest.fixture

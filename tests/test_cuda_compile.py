@@ -16,7 +16,6 @@ device's own architecture (tests/test_cuda_decode.py). A GPU lane lists it as a 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -25,17 +24,11 @@ import pytest
 from torch.utils import cpp_extension
 
 from selgate.kernels.cuda.build import CUDA_FLAGS, SOURCE_DIR
-from selgate.lanes.config import LANE_DIR, load_lane
+from tests.helpers import running_lane_device
 
 # (virtual architecture, real architectures built from it)
 BUILDS = {"sm80-sm89": ("80", ("80", "89")), "sm90": ("90", ("90",))}
 NVCC = shutil.which("nvcc")
-
-
-def running_lane_device() -> str | None:
-    """The device of the lane this run belongs to (SELGATE_LANE), None outside a lane run."""
-    lane = os.environ.get("SELGATE_LANE", "").removesuffix("-emulated")
-    return load_lane(lane)["device"] if lane and (LANE_DIR / f"{lane}.yaml").exists() else None
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")

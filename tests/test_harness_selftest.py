@@ -13,6 +13,7 @@ from selgate.conformance.compare import ConformanceFailure, assert_close
 from selgate.conformance.families import BAD_INPUTS, FAMILIES, check_bad_input
 from selgate.conformance.registry import REGISTRY, Xfail, known_bug, load_user_impl, skip_reason
 from selgate.conformance.tolerances import ENV, tolerance
+from tests.helpers import running_lane_device
 
 SEEDS = (11, 12, 13)
 DEVICE = "cpu"
@@ -32,6 +33,14 @@ ORDER = (
     "padding",
 )
 GOOD_PATTERNS = ("mixed", "full", "overlapping")
+# These checks run on the CPU in every lane, so in a GPU lane they are the CPU lane's work again
+# on the GPU host's CPU (530 of the sm90 lane's 1609 worker-seconds with warm caches): a GPU lane
+# skips them, but for the known-bad kernels that only the CUDA allocator's poisoning catches.
+IN_A_GPU_LANE = running_lane_device() == "cuda"
+CPU_LANE_ONLY = (
+    "a CPU check the CPU lane runs; a GPU lane skips it (its good implementations on the GPU are the "
+    "conformance matrix's reference and sdpa entries)"
+)
 
 
 def _cases(impl, family, seed, shapes=None):
@@ -57,6 +66,8 @@ def _flagged_bad_input(impl, seed) -> bool:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("bad", BAD_IMPLS, ids=lambda b: b.impl.name)
 def test_known_bad_implementation_is_flagged(bad, seed):
+    if bad.device != "cuda" and IN_A_GPU_LANE:
+        pytest.skip(CPU_LANE_ONLY)
     if bad.device == "cuda" and not torch.cuda.is_available():
         pytest.skip(f"{bad.impl.name} is caught by output poisoning, which needs the CUDA caching allocator")
     if bad.caught_by == "bad_input":
@@ -71,6 +82,7 @@ def test_known_bad_implementation_is_flagged(bad, seed):
     pytest.fail(f"{bad.impl.name} ({bad.bug}) passed every {family.name} case with seed {seed}")
 
 
+@pytest.mark.skipif(IN_A_GPU_LANE, reason=CPU_LANE_ONLY)
 @pytest.mark.parametrize("family", list(FAMILIES) + ["bad_input"])
 @pytest.mark.parametrize("name", ["reference", "sdpa"])
 def test_good_implementation_passes(name, family):

@@ -180,7 +180,7 @@ def test_durations_are_recorded_from_a_lanes_junit(tmp_path, monkeypatch, capsys
 
 @pytest.mark.parametrize("lane, device", [("sm90", "cuda"), ("sm89-emulated", "cuda"), ("cpu", "cpu"), ("", None)])
 def test_the_cross_architecture_compile_is_a_skip_in_gpu_lanes_only(monkeypatch, lane, device):
-    from tests.test_cuda_compile import running_lane_device
+    from tests.helpers import running_lane_device
 
     monkeypatch.setenv("SELGATE_LANE", lane)
     assert running_lane_device() == device
