@@ -121,9 +121,10 @@ def _plotted(r: dict) -> bool:
 
 
 def _stamp(rows: list[dict]) -> str:
-    """'<device> · <software>[ | <software>...]' of the rows drawn."""
+    """'<device> · <software>[ | <software>...]' of the rows drawn, commits cut to 12 digits (the
+    line fits the figure; the CSV keeps the full id)."""
     software = " | ".join(sorted({r["software"] or "software not stamped" for r in rows}))
-    return f"{rows[0]['device']} · {software}"
+    return re.sub(r"\b([0-9a-f]{12})[0-9a-f]{28}\b", r"\1", f"{rows[0]['device']} · {software}")
 
 
 def _blocks(r: dict) -> str:
