@@ -46,6 +46,11 @@ CONFIG_ARGS = ("-c", "pyproject.toml", "--rootdir", ".")
 CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 CACHE_ENV = ("TRITON_CACHE_DIR", *settings.names("SELGATE_CUDA_CACHE"))
 GPU_GB_PER_WORKER = 10  # GPU memory (GB) one worker of a GPU lane may take
+# The size of each worker's CPU thread pool (torch's intra-op threads, OpenMP): torch sizes it to
+# the machine's cores, so n workers would run n x cores threads, whose spinning takes the cores the
+# other workers need (the sm90 lane's CPU-side harness checks took 600 worker-seconds with 8
+# workers of 16 threads on 16 cores, 47 s in the 2-core CPU lane). A caller's own setting wins.
+THREADS_ENV = "OMP_NUM_THREADS"
 # An idle worker takes tests queued behind another's long one (with `load` they wait for it:
 # 2 of the CPU lane's 8 minutes were its second worker idle behind a 330 s compile).
 DIST = "worksteal"
@@ -213,6 +218,8 @@ def plan_lane(
         # builders take turns (kernels/cuda/build.py). The caller's own setting wins.
         env.setdefault("SELGATE_CUDA_BUILD", "1")
     env["SELGATE_LANE"] = out_name
+    if THREADS_ENV not in os.environ:
+        env[THREADS_ENV] = str(max(1, (cpus or os.cpu_count() or 1) // workers))
     if emulate:
         env["SELGATE_CAPABILITY"] = target
     cache_dir = cache_root() / "triton" / f"{out_name}-{arch}"
@@ -259,7 +266,8 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
     print(
-        f"lane {plan.out_name}: {plan.workers} worker(s), JUnit -> {out_dir / 'junit.xml'}, "
+        f"lane {plan.out_name}: {plan.workers} worker(s) of {plan.env.get(THREADS_ENV, 'default')} CPU thread(s), "
+        f"JUnit -> {out_dir / 'junit.xml'}, "
         f"TRITON_CACHE_DIR={plan.cache_dir}, SELGATE_CUDA_CACHE={plan.extension_cache_dir}",
         flush=True,
     )
