@@ -605,8 +605,10 @@ def markdown() -> str:
         "the current name is unset, with one warning per process on the `selgate` logger; the two set to",
         "different values are an error naming both. Former names will be removed in a later release.",
         "",
-        "One variable outside the scheme: `bin/setup` reuses the torch of the interpreter named by",
-        "`PYTHON` (default `python3`), the usual name for it.",
+        "Two variables outside the scheme, under their usual names: `bin/setup` reuses the torch of the",
+        "interpreter named by `PYTHON` (default `python3`); a lane gives each worker",
+        "`OMP_NUM_THREADS` = the machine's cores // its workers (CPU threads for torch and OpenMP) unless",
+        "it is already set (`lanes/runner.py`).",
     ]
     for group, title in GROUPS.items():
         lines += [
