@@ -25,7 +25,7 @@ from selgate.conformance.tolerances import ENV as TOL_ENV
 from selgate.kernels import settings
 
 from .config import LANE_DIR, tolerance_env
-from .cut import Cut, mark_signal, raise_interrupt
+from .cut import Cut, default_sigint, mark_signal, raise_interrupt
 from .detect import device_capability, lane_for
 from .ordering import DURATIONS_DIR, DURATIONS_ENV
 
@@ -288,7 +288,7 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     else:
         cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
         print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env(plan.env), start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env(plan.env), start_new_session=True, preexec_fn=default_sigint)
         with Cut(lambda: proc.send_signal(signal.SIGINT)) as cut:
             status = proc.wait()
     mark_signal(out_dir, cut.signal)

@@ -69,6 +69,9 @@ def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # the runner started as a background job is (SIGINT ignored, inherited by its children):
+        # the SIGINT it forwards must still cut pytest
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         wait_for(lambda: len(list(marks.iterdir())) >= 6 or proc.poll() is not None, 180, "six tests to pass")
