@@ -51,17 +51,20 @@ def test_the_sm90_lane_runs_eight_workers_on_one_h100_and_sixteen_on_two():
         plan_lane(lane, capability="9.0", gpus=0)
 
 
-@pytest.mark.parametrize("lane, cpus, threads", [("sm90", 16, "2"), ("cpu", 2, "1"), ("cpu", 4, "2")])
-def test_each_worker_gets_its_share_of_the_cores_as_cpu_threads(monkeypatch, lane, cpus, threads):
+def test_each_worker_gets_its_share_of_the_cores_as_cpu_threads(monkeypatch):
     monkeypatch.delenv(runner.THREADS_ENV, raising=False)
-    plan = plan_lane(load_lane(lane), capability="9.0" if lane == "sm90" else None, gpus=1, gpu_memory=H100, cpus=cpus)
-    assert plan.env[runner.THREADS_ENV] == threads
+
+    def threads(lane, cpus):
+        plan = plan_lane(load_lane(lane), capability="9.0" if lane == "sm90" else None, gpus=1, gpu_memory=H100, cpus=cpus)
+        return plan.env.get(runner.THREADS_ENV), runner.run_env(plan.env)
+
+    assert [threads(*case)[0] for case in (("sm90", 16), ("cpu", 2), ("cpu", 4))] == ["2", "1", "2"]
     probe = "import torch; print(torch.get_num_threads())"  # torch's intra-op pool follows it
-    out = subprocess.run([sys.executable, "-c", probe], env=runner.run_env(plan.env), capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == threads
+    out = subprocess.run([sys.executable, "-c", probe], env=threads("cpu", 2)[1], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
     monkeypatch.setenv(runner.THREADS_ENV, "3")  # the caller's own choice wins: the plan leaves it alone
-    again = plan_lane(load_lane(lane), capability="9.0" if lane == "sm90" else None, gpus=1, gpu_memory=H100, cpus=cpus)
-    assert runner.THREADS_ENV not in again.env and runner.run_env(again.env)[runner.THREADS_ENV] == "3"
+    kept, env = threads("sm90", 16)
+    assert kept is None and env[runner.THREADS_ENV] == "3"
 
 
 def test_per_gpu_workers_on_a_cpu_lane_are_rejected(tmp_path):
