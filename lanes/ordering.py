@@ -10,7 +10,7 @@ reused. Under xdist's `worksteal` the workers first take the collection in conti
 each, and an idle worker later steals from the end of the longest queue; so the costly tests are
 dealt to the chunks longest first onto the least loaded one (each chunk's costly tests run first,
 slowest first, on its own worker) instead of all landing in the first worker's chunk, where they
-ran one after another (the sm90 lane's last 130 s with warm caches). The order is the same on
+ran one after another (docs/lanes.md). The order is the same on
 every xdist worker (each one collects and sorts the same way, from the same worker count), which
 xdist requires; only the order changes, never the selection. A relative SELGATE_DURATIONS is taken
 from pytest's rootdir (the checkout, in a lane's image too)."""

@@ -48,8 +48,7 @@ CACHE_ENV = ("TRITON_CACHE_DIR", *settings.names("SELGATE_CUDA_CACHE"))
 GPU_GB_PER_WORKER = 10  # GPU memory (GB) one worker of a GPU lane may take
 # The size of each worker's CPU thread pool (torch's intra-op threads, OpenMP): torch sizes it to
 # the machine's cores, so n workers would run n x cores threads, whose spinning takes the cores the
-# other workers need (the sm90 lane's CPU-side harness checks took 600 worker-seconds with 8
-# workers of 16 threads on 16 cores, 47 s in the 2-core CPU lane). A caller's own setting wins.
+# other workers need (measurements in docs/lanes.md). A caller's own setting wins.
 THREADS_ENV = "OMP_NUM_THREADS"
 # An idle worker takes tests queued behind another's long one (with `load` they wait for it:
 # 2 of the CPU lane's 8 minutes were its second worker idle behind a 330 s compile).
@@ -265,8 +264,9 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     SIGINT or SIGTERM cuts the run: pytest still writes the results it has (`selgate.lanes.cut`)."""
     out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
+    threads = plan.env.get(THREADS_ENV, os.environ.get(THREADS_ENV, "torch's default"))  # the caller's, where it set it
     print(
-        f"lane {plan.out_name}: {plan.workers} worker(s) of {plan.env.get(THREADS_ENV, 'default')} CPU thread(s), "
+        f"lane {plan.out_name}: {plan.workers} worker(s) of {threads} CPU thread(s), "
         f"JUnit -> {out_dir / 'junit.xml'}, "
         f"TRITON_CACHE_DIR={plan.cache_dir}, SELGATE_CUDA_CACHE={plan.extension_cache_dir}",
         flush=True,

@@ -34,8 +34,8 @@ ORDER = (
 )
 GOOD_PATTERNS = ("mixed", "full", "overlapping")
 # These checks run on the CPU in every lane, so in a GPU lane they are the CPU lane's work again
-# on the GPU host's CPU (530 of the sm90 lane's 1609 worker-seconds with warm caches): a GPU lane
-# skips them, but for the known-bad kernels that only the CUDA allocator's poisoning catches.
+# on the GPU host's CPU (what they cost there: docs/lanes.md): a GPU lane skips them, but for the
+# known-bad kernels that only the CUDA allocator's poisoning catches.
 IN_A_GPU_LANE = running_lane_device() == "cuda"
 CPU_LANE_ONLY = (
     "a CPU check the CPU lane runs; a GPU lane skips it (its good implementations on the GPU are the "
