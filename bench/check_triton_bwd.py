@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
 from selgate.kernels import selection_attention
 from selgate.kernels.sdpa import selection_attention_sdpa
@@ -39,6 +38,7 @@ from selgate.kernels.triton.bwd import InverseIndex, launch_config, triton_backw
 from selgate.kernels.triton.fwd import triton_forward
 
 from .check_triton_fwd import pattern_ranges, run_sections, stamp
+from .timing import time_calls
 from .train_check import run as train_run
 from .train_check import verdict as train_verdict
 
@@ -240,10 +240,9 @@ def bench(out: dict, deadline: float) -> list:
         do = torch.randn(1, T, G, h, D, device=DEV, generator=g).to(dt)
         o, lse = triton_forward(q, k, v, norm, scale=sc)
         sets.append(dict(q=q, k=k, v=v, do=do, o=o, lse=lse, leaves=[t.clone().requires_grad_() for t in (q, k, v)]))
-    it = itertools.count()
 
-    def ms(fn, rep=1000):  # ~20 calls of a 50 ms forward+backward: a median of 4 moved by 3 ms between runs
-        return do_bench(lambda: fn(sets[next(it) % 2]), warmup=25, rep=rep, return_mode="median")
+    def ms(fn, iters=20, warmup=3):  # 20 calls of a 50 ms forward+backward: a median of 4 moved by 3 ms between runs
+        return time_calls([lambda s=s: fn(s) for s in sets], torch.device(DEV), warmup=warmup, iters=iters).median_ms
 
     def bwd(s, config=None):
         return triton_backward(s["q"], s["k"], s["v"], s["o"], s["lse"], s["do"], norm, scale=sc, config=config)
@@ -298,7 +297,7 @@ def bench(out: dict, deadline: float) -> list:
         try:
             got = bwd(s0, cfg)
             same = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, grads))
-            sweep.append((cfg, ms(lambda s: bwd(s, cfg), rep=400), f"max |diff| vs default {same:.2e}"))
+            sweep.append((cfg, ms(lambda s: bwd(s, cfg), iters=10), f"max |diff| vs default {same:.2e}"))
         except Exception as e:  # e.g. out of resources: record and go on
             sweep.append((cfg, None, f"{type(e).__name__}: {str(e)[:80]}"))
         print(f"  sweep {sweep[-1]}", flush=True)
@@ -306,18 +305,12 @@ def bench(out: dict, deadline: float) -> list:
     kernels = kernel_times(lambda: (triton_forward(s0["q"], s0["k"], s0["v"], norm, scale=sc), bwd(s0)))
     t_sdpa = None
     if time.time() < deadline:
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
 
         def sdpa_fb(s):
             o = selection_attention_sdpa(*s["leaves"], norm, scale=sc, normalized=True)
             return torch.autograd.grad(o, s["leaves"], s["do"])
 
-        sdpa_fb(sets[1])  # warm-up
-        ev[0].record()
-        sdpa_fb(sets[0])
-        ev[1].record()
-        torch.cuda.synchronize()
-        t_sdpa = ev[0].elapsed_time(ev[1])
+        t_sdpa = ms(sdpa_fb, iters=1, warmup=1)  # seconds a call: one warm-up, one timed call
     L = selected_lengths(norm)
     out["bench"] = dict(
         res,
@@ -335,7 +328,7 @@ def bench(out: dict, deadline: float) -> list:
     speedup = f"{t_sdpa / res['fwd_bwd_autograd']:.1f}x" if t_sdpa else "-"
     lines = [
         f"prefill: B=1 T=65536 G=4 h=16 (64 heads) D=Dv=128 bf16, 16 builder blocks of 64 per row "
-        f"(L {int(L.min())}..{int(L.max())}, mean {float(L.float().mean()):.0f}), do_bench median, 2 rotating input sets",
+        f"(L {int(L.min())}..{int(L.max())}, mean {float(L.float().mean()):.0f}), median of event-timed calls over 2 rotating input sets",
         "",
         "| measurement | value |",
         "| --- | --- |",

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 from selgate.kernels import settings
 from selgate.kernels.sdpa import selection_attention_sdpa
@@ -30,6 +29,8 @@ from selgate.reference.golden import gather_attention
 from selgate.reference.ranges import expand_ranges
 
 from selgate.kernels.triton.fwd import launch_config, triton_forward
+
+from .timing import measure_limits, time_calls
 
 DEV = "cuda"
 PATTERNS = ("few", "many", "mixed", "heavy_reuse")
@@ -219,14 +220,13 @@ def gather_sdpa(q, k, v, norm, L: int, chunk_rows: int):
 
 
 def copy_bandwidth() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    return 2 * src.numel() / (ms * 1e-3)
+    """Bytes per second of a 1 GiB device-to-device copy (read + write), timed like the kernels."""
+    return measure_limits(torch.device(DEV), torch.bfloat16).copy_gbps * 1e9
 
 
-def time_ms(fn, rep=200) -> float:
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+def time_ms(fn, iters=100) -> float:
+    """Median ms per call (bench.timing: event-timed batches of back-to-back calls)."""
+    return time_calls([fn], torch.device(DEV), warmup=3, iters=iters).median_ms
 
 
 def sweep(q, k, v, norm, sc, ref_rows, kind: str) -> list:
@@ -278,8 +278,8 @@ def bench(out: dict) -> list:
         cfgs = sweep(q, k, v, norm, sc, ref_rows, f"decode L={L}")
         default = launch_config(D, D, 2, "decode")
         t_def = time_ms(lambda: triton_forward(q, k, v, norm, scale=sc))
-        t_gs = time_ms(lambda: gather_sdpa(q, k, v, norm, L, B * G), rep=50)
-        t_pk = time_ms(lambda: selection_attention_sdpa(q, k, v, norm, scale=sc, normalized=True), rep=50)
+        t_gs = time_ms(lambda: gather_sdpa(q, k, v, norm, L, B * G), iters=10)
+        t_pk = time_ms(lambda: selection_attention_sdpa(q, k, v, norm, scale=sc, normalized=True), iters=10)
         best = min((c for c in cfgs if c[1] is not None and c[2] == "ok"), key=lambda c: c[1], default=None)
         rows.append((f"decode L={L}", t_def, default, best, floor_ms, t_gs, t_pk))
     del k, v, q
@@ -300,9 +300,9 @@ def bench(out: dict) -> list:
 
     cfgs = sweep(q, k, v, norm, sc, ref_rows_p, "prefill")
     default = launch_config(D, D, 2, "prefill")
-    t_def = time_ms(lambda: triton_forward(q, k, v, norm, scale=sc), rep=100)
-    t_gs = time_ms(lambda: gather_sdpa(q, k, v, norm, 1024, 16384), rep=1)
-    t_pk = time_ms(lambda: selection_attention_sdpa(q, k, v, norm, scale=sc, normalized=True), rep=1)
+    t_def = time_ms(lambda: triton_forward(q, k, v, norm, scale=sc), iters=30)
+    t_gs = time_ms(lambda: gather_sdpa(q, k, v, norm, 1024, 16384), iters=3)
+    t_pk = time_ms(lambda: selection_attention_sdpa(q, k, v, norm, scale=sc, normalized=True), iters=3)
     best = min((c for c in cfgs if c[1] is not None and c[2] == "ok"), key=lambda c: c[1], default=None)
     rows.append(("prefill T=65536", t_def, default, best, None, t_gs, t_pk))
     out["bench"] = [(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
@@ -401,7 +401,10 @@ def main():
         + "\n"
     )
     (args.out / "bench.md").write_text(
-        "\n".join(["# Triton forward benchmark (bf16, do_bench median)", *stamp_md, "", *sections.get("bench", [])]) + "\n"
+        "\n".join(
+            ["# Triton forward benchmark (bf16, median of event-timed call batches)", *stamp_md, "", *sections.get("bench", [])]
+        )
+        + "\n"
     )
     print("\n".join(sections.get("parity", []) + sections.get("extra", []) + [""] + sections.get("bench", [])))
 

@@ -2,7 +2,7 @@
 
 Why: fwd_l2_window.py found the 64k prefill forward 4.6 % faster when a group's K and V
 were stored in one [G, 2, S_kv, D] buffer than as two separate tensors, with the same bytes
-selected. This probe times the profile launch (`do_bench` median, two rotating input sets)
+selected. This probe times the profile launch (`bench.timing.time_calls` median, two rotating input sets)
 on the same values in several storage layouts, all passed as k/v views of the SPEC shapes,
 and checks every output equals the separate-tensor one bit for bit:
   - separate: q, k, v as `make_inputs` allocates them (their distance is printed);
@@ -11,12 +11,10 @@ and checks every output equals the separate-tensor one bit for bit:
   - `repack + run`: copying separate K, V into the group-interleaved layout inside the call.
 Run on a GPU: python3 bench/probes/fwd_kv_layout.py"""
 
-import itertools
-
 import torch
-from triton.testing import do_bench
 
 from selgate.bench.inputs import make_inputs, prefill_problem, with_kv_layout
+from selgate.bench.timing import time_calls
 from selgate.kernels.triton.fwd import launch_config, triton_forward
 
 dev = torch.device("cuda")
@@ -67,11 +65,10 @@ ref = run(sets[0], sets[0].k, sets[0].v)
 variants = {name: (lambda name: lambda i: run(sets[i], *kv[name][i]))(name) for name in layouts}
 variants["repack + run"] = lambda i: repack_run(sets[i])
 rows = []
-it = itertools.count()
 for rnd in range(2):
     for name, fn in variants.items():
         same = bool(torch.equal(fn(0), ref))
-        t = do_bench(lambda: fn(next(it) % 2), warmup=10, rep=300, return_mode="median")
+        t = time_calls([lambda: fn(0), lambda: fn(1)], dev, warmup=5, iters=20).median_ms
         rows.append((rnd, name, t, same))
         print(rows[-1], flush=True)
 print("| round | layout | ms | output equal |")

@@ -1,11 +1,11 @@
-"""Why does the prefill forward's sustained speed depend on the K/V layout?
+"""Does the K/V layout change the prefill forward's sustained clock or power?
 
-fwd_kv_layout.py timed the 64k prefill forward (do_bench, L2 flushed before each call)
-4.6 % faster with K and V in one [G, 2, S_kv, D] buffer than as separate tensors, while
-Nsight Compute saw the same 15.37 ms and the same L2 and DRAM traffic for one isolated call
-of each. This probe times each layout two ways, do_bench and 40 back-to-back calls over two
-rotating input sets (CUDA events, no flush), while nvidia-smi samples SM clock, power and
-throttle reasons every 50 ms; per layout it prints the samples' medians.
+Back-to-back 64k prefill forward calls ran 3-4 % faster with K and V in one buffer than as
+separate tensors, while Nsight Compute saw the same 15.37 ms and the same L2 and DRAM traffic
+for one isolated call of each (docs/design/triton-forward.md). This probe times each layout
+with the bench timer (`bench.timing.time_calls`: back-to-back calls over two rotating input
+sets, CUDA events) while nvidia-smi samples SM clock, power and throttle reasons every 50 ms;
+per layout it prints the samples' medians.
 Run on a GPU: python3 bench/probes/fwd_kv_power.py"""
 
 import statistics
@@ -13,9 +13,9 @@ import subprocess
 import time
 
 import torch
-from triton.testing import do_bench
 
 from selgate.bench.inputs import KV_LAYOUTS, make_inputs, prefill_problem, with_kv_layout
+from selgate.bench.timing import time_calls
 from selgate.kernels.triton.fwd import launch_config, triton_forward
 
 dev = torch.device("cuda")
@@ -40,35 +40,16 @@ def sampled(fn):
     return out, sm, power, reasons
 
 
-def stream_ms(xs):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for i in range(40):
-        x = xs[i % 2]
-        triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=base)
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / 40
-
-
 rows = []
 for rnd in range(2):
     for layout in KV_LAYOUTS:
-        xs = [with_kv_layout(x, layout) for x in sets]
-        it = iter(range(10**6))
-        t_db, sm1, w1, r1 = sampled(
-            lambda: do_bench(
-                lambda: (lambda x: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=base))(xs[next(it) % 2]),
-                warmup=10,
-                rep=300,
-                return_mode="median",
-            )
-        )
-        stream_ms(xs)
-        t_st, sm2, w2, r2 = sampled(lambda: stream_ms(xs))
-        rows.append((rnd, layout, t_db, sm1, w1, t_st, sm2, w2, r1 + r2))
+        calls = [
+            lambda x=with_kv_layout(x, layout): triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=base) for x in sets
+        ]
+        t, sm, w, reasons = sampled(lambda: time_calls(calls, dev, warmup=5, iters=40, max_seconds=4.0).median_ms)
+        rows.append((rnd, layout, t, sm, w, reasons))
         print(rows[-1], flush=True)
-print("| round | layout | do_bench ms | SM MHz | W | stream ms | SM MHz | W | event reasons |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| round | layout | ms | SM MHz | W | event reasons |")
+print("| --- | --- | --- | --- | --- | --- |")
 for r in rows:
-    print(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.0f} | {r[4]:.0f} | {r[5]:.2f} | {r[6]:.0f} | {r[7]:.0f} | {' '.join(r[8])} |")
+    print(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.0f} | {r[4]:.0f} | {' '.join(r[5])} |")

@@ -5,7 +5,7 @@ Compute: L2 at 91.5 % of peak), yet the same kernel with every key taken modulo 
 working set per group) ran 10 % faster (docs/design/triton-forward.md). Triton 3.6 drops cache hints on tensor-
 descriptor loads, but a stream's access-policy window (driver API, SM >= 8.0) marks an
 address range as persisting in L2 for every kernel launched on it. This probe times, at the
-64k prefill shape (`do_bench` median, two rotating input sets, the profile launch):
+64k prefill shape (`bench.timing.time_calls` median, two rotating input sets, the profile launch):
   - `mod M`: keys taken modulo M (ranges remapped, then normalised): time against working set;
   - `kv interleaved`: K and V of a group in one 32 MiB block ([G, 2, S_kv, D] storage);
   - `per group`: one launch per KV group on that layout;
@@ -14,12 +14,11 @@ Outputs of the layout and window variants must equal the profile launch's bit fo
 Run on a GPU: python3 bench/probes/fwd_l2_window.py"""
 
 import ctypes
-import itertools
 
 import torch
-from triton.testing import do_bench
 
 from selgate.bench.inputs import make_inputs, prefill_problem, with_kv_layout
+from selgate.bench.timing import time_calls
 from selgate.kernels.triton.fwd import launch_config, triton_forward
 from selgate.reference import normalize_ranges
 
@@ -116,11 +115,10 @@ for M in (32768, 16384, 4096):
     ]  # each range moved below M, same length
     variants[f"mod {M}"] = (lambda rs: lambda i: whole(sets[i], sets[i].k, sets[i].v, rs[i]))(rs)
 rows = []
-it = itertools.count()
 for rnd in range(2):
     for name, fn in variants.items():
         same = bool(torch.equal(fn(0), ref)) if not name.startswith("mod") else "n/a"
-        t = do_bench(lambda: fn(next(it) % 2), warmup=10, rep=300, return_mode="median")
+        t = time_calls([lambda: fn(0), lambda: fn(1)], dev, warmup=5, iters=20).median_ms
         rows.append((rnd, name, t, same))
         print(rows[-1], flush=True)
 check(cu.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")

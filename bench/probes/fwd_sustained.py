@@ -4,9 +4,10 @@ Nsight Compute timed one isolated 64k prefill forward call (caches flushed befor
 15.37 ms with K and V as separate tensors, the same as with K and V in one [G, 2, S_kv, D]
 buffer, while back-to-back calls took 15.8 ms separate and 15.4 ms in the one buffer
 (fwd_kv_power.py: same SM clock and power in both). This probe times each call alone
-(CUDA events around the call only) after different things happen between calls: nothing,
-a 256 MiB read (leaves L2 clean), a 256 MiB write (leaves it dirty, as do_bench's flush
-does), or an idle 20 ms; for K/V stored separately and per key (`with_kv_layout`).
+(CUDA events around the call only, where the bench timer times calls back to back) after
+different things happen between calls: nothing, a 256 MiB read (leaves L2 clean), a 256 MiB
+write (leaves it dirty), or an idle 20 ms; for K/V stored separately and per key
+(`with_kv_layout`).
 Run on a GPU: python3 bench/probes/fwd_sustained.py"""
 
 import statistics

@@ -5,16 +5,15 @@ descriptor path the H100 profile uses for prefill, against the gather path (firs
 the profile's `triton_fwd.prefill` values come from a measurement (docs/design/triton-forward.md).
 Run on a GPU: python3 bench/probes/fwd_tma_sweep.py"""
 
-import itertools
-
 import torch
-from triton.testing import do_bench
-from selgate.bench.inputs import prefill_problem, make_inputs
+
+from selgate.bench.inputs import make_inputs, prefill_problem
+from selgate.bench.timing import time_calls
 from selgate.kernels.triton.fwd import triton_forward
 
 p = prefill_problem(65536, 64, 4, 128, 128, 64, 16, "bfloat16")
-sets = [make_inputs(p, seed=s, device=torch.device("cuda")) for s in range(2)]
-it = itertools.count()
+dev = torch.device("cuda")
+sets = [make_inputs(p, seed=s, device=dev) for s in range(2)]
 ref = None
 rows = []
 cfgs = [dict(BLOCK_L=64, num_warps=2, num_stages=3, TMA=False, TAIL_L=64)]
@@ -42,12 +41,8 @@ for c in cfgs:
         if ref is None:
             ref = o.float()
         diff = float((o.float() - ref).abs().max())
-        t = do_bench(
-            lambda: (lambda x: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=c))(sets[next(it) % 2]),
-            warmup=10,
-            rep=300,
-            return_mode="median",
-        )
+        calls = [lambda x=x: triton_forward(x.q, x.k, x.v, x.ranges, scale=x.scale, config=c) for x in sets]
+        t = time_calls(calls, dev, warmup=5, iters=20).median_ms
         rows.append((c, t, diff))
     except Exception as e:
         rows.append((c, None, f"{type(e).__name__}: {str(e)[:80]}"))
