@@ -276,7 +276,7 @@ def bench(out: dict) -> list:
             return float((o[sub].double() - ref_o).abs().max()) <= bound
 
         cfgs = sweep(q, k, v, norm, sc, ref_rows, f"decode L={L}")
-        default = launch_config(D, D, 2, "decode")
+        default = launch_config(D, D, 2, "decode", dtype=dt, S_kv=S_kv, n=norm.shape[3])  # what triton_forward chooses
         t_def = time_ms(lambda: triton_forward(q, k, v, norm, scale=sc))
         t_gs = time_ms(lambda: gather_sdpa(q, k, v, norm, L, B * G), iters=10)
         t_pk = time_ms(lambda: selection_attention_sdpa(q, k, v, norm, scale=sc, normalized=True), iters=10)
@@ -299,7 +299,7 @@ def bench(out: dict) -> list:
         return float((o[:, tail].double() - ref_o).abs().max()) <= bound
 
     cfgs = sweep(q, k, v, norm, sc, ref_rows_p, "prefill")
-    default = launch_config(D, D, 2, "prefill")
+    default = launch_config(D, D, 2, "prefill", dtype=dt, S_kv=T, n=norm.shape[3])
     t_def = time_ms(lambda: triton_forward(q, k, v, norm, scale=sc), iters=30)
     t_gs = time_ms(lambda: gather_sdpa(q, k, v, norm, 1024, 16384), iters=3)
     t_pk = time_ms(lambda: selection_attention_sdpa(q, k, v, norm, scale=sc, normalized=True), iters=3)
@@ -313,10 +313,11 @@ def bench(out: dict) -> list:
 
 def bench_table(rows) -> list:
     def cfg_s(c):
-        return f"{c['BLOCK_L']}/{c['num_warps']}/{c['num_stages']}"
+        paths = "".join(f" {name}" for name in ("TMA", "PAIRS") if c.get(name))
+        return f"{c['BLOCK_L']}/{c['num_warps']}/{c['num_stages']}{paths}"
 
     t = [
-        "| setting | triton (default cfg) ms | default BLOCK_L/warps/stages | best swept cfg, ms | HBM floor ms | "
+        "| setting | triton (default cfg) ms | default BLOCK_L/warps/stages (path) | best swept cfg, ms | HBM floor ms | "
         "triton / floor | gather-then-SDPA ms | packed SDPA ms | speed-up vs gather-SDPA |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
