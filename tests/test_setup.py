@@ -157,3 +157,16 @@ def test_a_machine_without_torch_gets_the_pinned_torch_and_triton(tmp_path):
     if sys.platform.startswith("linux"):
         assert any(line.endswith(" triton==3.6.0") for line in plan), plan
     assert "reusing" not in proc.stdout and not any("-c " in line for line in plan)
+
+
+def test_selgate_is_installed_even_where_the_host_holds_every_other_requirement(tmp_path, host):
+    """From the checkout `import selgate` finds ./selgate uninstalled; with junitparser, yaml
+    and the rest in the host's environment, a check on imports alone skipped the install and
+    the lane then failed on `No module named selgate.lanes`."""
+    python, _ = host
+    for name in ("junitparser", "yaml", "xdist", "hypothesis", "pytest_timeout", "numpy", "docker"):
+        fake_package(site_packages(python), name, "1.0")
+    proc = run_setup(python, tmp_path / "selgate-venv")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = planned_installs(proc.stdout)
+    assert any(" -e " in line for line in plan), plan
