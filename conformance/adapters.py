@@ -14,7 +14,8 @@ A block id `b` selects keys `[b * block_size, (b + 1) * block_size)`, cut at the
 position `t` by the kernel's causal mask: exactly a block-aligned range clamped to `t + 1`.
 Queries are the last T of T_kv keys (SPEC.md); a kernel that needs as many queries as keys
 (`full_queries=True`, and every varlen-layout kernel) gets the earlier positions as extra
-zero queries that select nothing, whose outputs are dropped.
+zero queries whose outputs are dropped. They select keys a real row selects (`_filler`), so
+that they cannot fail a case the kernel would pass on the real queries alone.
 """
 
 from __future__ import annotations
@@ -103,34 +104,53 @@ def _scale(scale, Dk):
     return float(Dk) ** -0.5 if scale is None else scale
 
 
-def _full_rows(q, ranges, S_kv):
-    """q and ranges with S_kv - S leading zero queries that select nothing (a block they
-    selected could hold keys nothing else selects, NaN in the bounds family)."""
+def _filler(ranges, S_kv: int, pad: int, block_size: int) -> torch.Tensor:
+    """Ranges [B, pad, G, 1, 2] of the `pad` queries a kernel needs ahead of the real ones
+    (positions 0 .. pad - 1). An empty row is where kernels in the wild divide 0 by 0, and
+    such a NaN reaches other rows' gradients through the backward's shared terms (0 * NaN), so
+    each filler row selects keys instead: the first block a real row of its (batch, group)
+    selects, cut at the filler's own position. Those keys are finite in every family (a real
+    row reads them) and the filler's output gradient is zero, so its terms in dk and dv are
+    exactly zero. A filler before every selected block selects nothing: any key it could read
+    is one no real row selects."""
+    norm = normalize_ranges(ranges, S_kv).to(torch.int64)
+    start, end = norm[..., 0], norm[..., 1]
+    first = torch.where(end > start, start, S_kv).amin(dim=(1, 3))  # [B, G]
+    p = torch.arange(pad, device=ranges.device)[None, :, None]
+    lo = first[:, None, :].expand(-1, pad, -1)
+    hi = torch.minimum(lo + block_size, p + 1)
+    keep = hi > lo
+    return torch.stack([torch.where(keep, lo, 0), torch.where(keep, hi, 0)], -1)[..., None, :].to(ranges.dtype)
+
+
+def _full_rows(q, ranges, S_kv, block_size):
+    """q and ranges with S_kv - S leading zero queries (`_filler` says what they select)."""
     B, S = q.shape[:2]
     pad = S_kv - S
     if pad == 0:
         return q, ranges
     q = torch.cat([q.new_zeros((B, pad, *q.shape[2:])), q], 1)
+    fill = _filler(ranges, S_kv, pad, block_size)
     first = torch.zeros((B, pad, *ranges.shape[2:]), dtype=ranges.dtype, device=ranges.device)
+    first[..., :1, :] = fill
     return q, torch.cat([first, ranges], 1)
 
 
-def _unpad_varlen(q, ranges, cu_q, cu_k):
+def _unpad_varlen(q, ranges, cu_q, cu_k, block_size):
     """Per-sequence padding of packed queries to their key count: (q, ranges, rows) where
-    `rows` holds the padded positions of the original queries."""
+    `rows` holds the padded positions of the original queries (fillers as `_full_rows`)."""
     starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
-    rows = torch.cat(
-        [
-            torch.arange(cb + (ce - cb) - (qe - qb), ce)
-            for qb, qe, cb, ce in zip(starts_q[:-1], starts_q[1:], starts_k[:-1], starts_k[1:])
-        ]
-    )
     total = starts_k[-1]
-    rows = rows.to(q.device)
-    q_full = q.new_zeros((q.shape[0], total, *q.shape[2:])).index_copy(1, rows, q)
+    q_full = q.new_zeros((q.shape[0], total, *q.shape[2:]))
     r_full = torch.zeros((1, total, *ranges.shape[2:]), dtype=ranges.dtype, device=ranges.device)
-    r_full = r_full.index_copy(1, rows, ranges)
-    return q_full, r_full, rows
+    rows = []
+    for qb, qe, kb, ke in zip(starts_q[:-1], starts_q[1:], starts_k[:-1], starts_k[1:]):
+        pad = (ke - kb) - (qe - qb)
+        rows.append(torch.arange(kb + pad, ke))
+        if pad:
+            r_full[:, kb : kb + pad, :, :1] = _filler(ranges[:, qb:qe], ke - kb, pad, block_size)
+    rows = torch.cat(rows).to(q.device)
+    return q_full.index_copy(1, rows, q), r_full.index_copy(1, rows, ranges), rows
 
 
 def _check_varlen(q, k, v, ranges, cu_q, cu_k, scale):
@@ -164,7 +184,7 @@ def padded_block_kernel(fn, block_size: int, *, full_queries: bool = False):
         B, S, G, h, Dk = q.shape
         S_kv = k.shape[2]
         if full_queries:
-            q, ranges = _full_rows(q, ranges, S_kv)
+            q, ranges = _full_rows(q, ranges, S_kv, block_size)
         ids, counts = ranges_to_block_indices(ranges, block_size, S_kv)
         o = fn(
             *_dense(q.flatten(2, 3), k.transpose(1, 2), v.transpose(1, 2)),
@@ -180,7 +200,7 @@ def padded_block_kernel(fn, block_size: int, *, full_queries: bool = False):
         G, h = q.shape[2:4]
         rows = None
         if full_queries:
-            q, ranges, rows = _unpad_varlen(q, ranges, cu_seqlens_q, cu_seqlens_k)
+            q, ranges, rows = _unpad_varlen(q, ranges, cu_seqlens_q, cu_seqlens_k, block_size)
             cu_seqlens_q = cu_seqlens_k
         ids, counts = _varlen_blocks(ranges, cu_seqlens_q, cu_seqlens_k, block_size)
         same = torch.equal(cu_seqlens_q, cu_seqlens_k)
@@ -223,7 +243,7 @@ def varlen_block_kernel(fn, block_size: int):
         check_inputs(q, k, v, ranges, scale=scale)
         B, S, G, h, Dk = q.shape
         S_kv = k.shape[2]
-        qf, rf = _full_rows(q, ranges, S_kv)
+        qf, rf = _full_rows(q, ranges, S_kv, block_size)
         cu = torch.arange(0, (B + 1) * S_kv, S_kv, device=q.device)
         rows = (torch.arange(B, device=q.device)[:, None] * S_kv + torch.arange(S_kv - S, S_kv, device=q.device)).flatten()
         q1 = qf.reshape(1, B * S_kv, G, h, Dk)
@@ -235,7 +255,7 @@ def varlen_block_kernel(fn, block_size: int):
 
     def varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None):
         _check_varlen(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, scale)
-        qf, rf, rows = _unpad_varlen(q, ranges, cu_seqlens_q, cu_seqlens_k)
+        qf, rf, rows = _unpad_varlen(q, ranges, cu_seqlens_q, cu_seqlens_k, block_size)
         return run(qf, k, v, rf, cu_seqlens_k, rows, scale)
 
     call.block_size = block_size

@@ -132,6 +132,67 @@ def _wobbling(grad: bool):
     return call
 
 
+def _reused_buffer():
+    """One output buffer handed back on every call (as a CUDA-graph kernel has), its values one
+    ulp off on every other call: comparing two calls' outputs without a copy compares the
+    buffer with itself."""
+    calls = itertools.count()
+    buffers = {}
+
+    def call(q, k, v, ranges, *, scale=None, positions=None):
+        o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+        if next(calls) % 2:
+            o = torch.nextafter(o, torch.full_like(o, math.inf))
+        out = buffers.setdefault((o.shape, o.dtype, o.device), torch.empty_like(o))
+        with torch.no_grad():
+            out.copy_(o)
+        return out, lse
+
+    return call
+
+
+class _AtomicGather(torch.autograd.Function):
+    """Rows `idx` of `x` [N, D]; the backward sums each row's gradient terms with index_add_ in
+    fp32, which on CUDA adds with atomics in an order that changes from run to run."""
+
+    @staticmethod
+    def forward(ctx, x, idx):
+        ctx.save_for_backward(idx)
+        ctx.shape, ctx.dtype = x.shape, x.dtype
+        return x.index_select(0, idx)
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        acc = torch.zeros(ctx.shape, dtype=torch.float32, device=g.device).index_add_(0, idx, g.float())
+        return acc.to(ctx.dtype), None
+
+
+def _atomic_dk_dv(q, k, v, ranges, *, scale=None, positions=None):
+    """Correct values; dk and dv accumulated with atomics (SPEC.md: determinism)."""
+    check_inputs(q, k, v, ranges, scale=scale, positions=positions)
+    B, S, G, h, Dk = q.shape
+    S_kv = k.shape[2]
+    nr = normalize_ranges(ranges.to(torch.int64), S_kv, positions)
+    idx, valid = expand_ranges(nr, max(int(selected_lengths(nr).max()), 1))
+    row = torch.arange(B, device=q.device)[:, None, None, None] * G + torch.arange(G, device=q.device)[None, None, :, None]
+    flat = (row * S_kv + idx).reshape(-1)
+    ks = _AtomicGather.apply(k.reshape(B * G * S_kv, Dk), flat).reshape(*idx.shape, Dk)
+    vs = _AtomicGather.apply(v.reshape(B * G * S_kv, v.shape[3]), flat).reshape(*idx.shape, v.shape[3])
+    o, lse = gather_rows(q, ks, vs, valid, resolve_scale(scale, Dk), torch.float64)
+    return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
+
+
+def atomic_dk_dv(q, k, v, ranges, *, scale=None):
+    """The atomic-backward known-bad as an outside kernel, for `selgate check
+    selgate.conformance.badimpls:atomic_dk_dv` (its declarations are its attributes)."""
+    return _atomic_dk_dv(q, k, v, ranges, scale=scale)
+
+
+atomic_dk_dv.lse = True
+atomic_dk_dv.backward = True
+
+
 def _rolled_heads(q, k, v, ranges, *, scale=None, positions=None):
     """Odd heads read the next group's ranges (a head-to-group index bug)."""
     o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
@@ -262,6 +323,16 @@ BAD_IMPLS = (
     ),
     _bad("one-ulp-wobble", _wobbling(grad=False), "determinism", "o differs by one ulp on every other run"),
     _bad("dk-wobble", _wobbling(grad=True), "determinism_backward", "dk accumulated in a run-dependent order (atomics)"),
+    _bad(
+        "reused-output-buffer", _reused_buffer(), "determinism", "one output buffer for every call, values differing run to run"
+    ),
+    _bad(
+        "atomic-dk-dv",
+        _atomic_dk_dv,
+        "determinism_backward",
+        "dk and dv accumulated with atomics (index_add_ on CUDA): the order of the sum changes run to run",
+        device="cuda",
+    ),
     _bad("dense-dk", _dense_dk, "backward", "dk written for keys no row selected"),
     _bad("dq-missing-scale", _dq_unscaled, "gradcheck", "dq not multiplied by the softmax scale"),
     _bad(

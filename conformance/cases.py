@@ -90,6 +90,7 @@ class Case:
     scale: Optional[float] = None
     smoke: bool = False
     block_size: Optional[int] = None  # selections of whole blocks (a block-index kernel's granularity)
+    gpu_only: bool = False  # a contention case: many rows reduce into the same keys (determinism)
 
     @property
     def id(self) -> str:
@@ -253,6 +254,10 @@ LARGE = (
     Shape(mode="decode", B=4, S=1, S_kv=4099, G=1, h=8, Dk=64, Dv=64, n=32),
 )
 LARGE_VARLEN = varlen_shape(((100, 1000), (1, 2051), (255, 300)), 2, 8, 128, 128, 16)
+# Every row of a group selects the same keys, thousands of (row, head) terms per key: a backward
+# that accumulates dk, dv with atomics sums them in a run-dependent order, which the tiny shapes
+# (tens of terms per key) do not show. In the default (tiny) size class, on a GPU only.
+CONTENTION = Shape(mode="prefill", B=1, S=256, S_kv=512, G=2, h=8, Dk=64, Dv=64, n=8)
 GRADCHECK = (
     Shape(mode="decode", B=1, S=1, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3),
     Shape(mode="prefill", B=1, S=3, S_kv=9, G=2, h=2, Dk=4, Dv=3, n=3),
@@ -281,6 +286,7 @@ def _declare():
     add(TINY_VARLEN, ("mixed", "builder", "beyond_t", "full"), _FP, "tiny")
     add(TINY_VARLEN, ("mixed",), _LOW, "tiny")
     add(TINY_VARLEN, ("mixed",), _FP, "tiny", seeds=(7,), smoke=True)
+    add(CONTENTION, ("heavy_reuse", "full"), (torch.float32, torch.bfloat16), "tiny", gpu_only=True)
     for shape in GRADCHECK:
         add(shape, ("mixed", "overlapping"), (torch.float64,), "tiny")
     for shape in SMALL:

@@ -1,85 +1,82 @@
 """`selgate check pkg.mod:fn`: the conformance matrix alone on one outside implementation,
 on isolated workers, with its own JUnit, Markdown report and verdict.
 
-The matrix runs in a child pytest over the installed `selgate.conformance` package (never
-selgate's own unit tests, never the caller's pytest configuration or plugins), on xdist
-workers with a per-case timeout: a case that aborts, segfaults, leaves a sticky CUDA error
-or hangs takes its worker down and becomes that case's error, and the rest runs on. The
-families required for a pass follow the declarations: a forward-only kernel is judged on
-what it claims, and the report says what it did not claim. Exit 0 passed, 1 blocked, 2
-usage.
+This process decides the verdict and never imports or calls the kernel:
+- the implementation is imported first in a probe process of its own (`probe.py`), under a
+  timeout, which hands back its declarations; an import that raises, exits (with any code),
+  dies of a signal or hangs is an error naming that, and the verdict is BLOCKED;
+- the matrix runs in a child pytest over the installed `selgate.conformance` package (never
+  the caller's pytest configuration or plugins), on xdist workers sized as the lanes size
+  them, with a per-case timeout: a case that aborts, segfaults, leaves a sticky CUDA error
+  or hangs takes its worker down and becomes that case's error;
+- every process the run starts lives in one process group, killed when the run ends;
+- the first SIGINT or SIGTERM cuts the run: pytest writes the results it has, and the report
+  names the cut and the cases that never ran (exit 1);
+- a setting that would change tolerances or the selection (`VERDICT_ENV`) is refused (exit 2).
+
+The families required for a pass follow the declarations. Exit 0 passed, 1 blocked, 2 usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from selgate.kernels import settings
+from selgate.lanes.cut import Cut, default_sigint, mark_signal
+from selgate.reports.environment import ENV_FILE
 
 from .cases import SIZES
-from .check_report import Verdict, judge, render
-from .registry import resolve
+from .check_plugin import COLLECTED_FILE, verdict_environ
+from .check_report import Verdict, judge, render, write_stub_junit
+from .registry import described_impl
 
 DEFAULT_OUT = "selgate-check"
 MARKERS = "conformance and not policy"  # policy is selgate's own dispatcher, not the kernel's
-PLUGINS = ("xdist.plugin", "pytest_timeout", "selgate.conformance.plugin", "selgate.lanes.xdist_gpu", "selgate.reports.stamp")
+PLUGINS = (
+    "xdist.plugin",
+    "pytest_timeout",
+    "selgate.conformance.plugin",
+    "selgate.conformance.check_plugin",
+    "selgate.lanes.xdist_gpu",
+    "selgate.reports.stamp",
+)
+MANIFEST = ".selgate-check.json"  # what an earlier check wrote into --out, and may remove
+RESULT_FILES = ("junit.xml", ENV_FILE, "report.md", COLLECTED_FILE)
+CUT_GRACE_S = 120  # after the first signal, how long pytest may take to write its results
+
+
+class UsageError(Exception):
+    """Exit 2: the command line or its environment, not the kernel."""
 
 
 def default_workers() -> int:
-    """Two per visible GPU (cases are small; a second worker hides a crashed one's restart),
-    at least 2 and at most the CPU count; 2 on a CPU machine."""
-    cpus = os.cpu_count() or 2
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return max(2, min(cpus, 2 * gpus)) if gpus else 2
+    """The lanes' sizing: on GPUs, one worker per 10 GB of the smallest GPU's memory, at most
+    one per CPU core (8 on an 80 GB H100); on a CPU machine one per core."""
+    from selgate.lanes.runner import smallest_gpu_memory, visible_gpu_count, workers_per_gpu
+
+    cpus = os.cpu_count() or 1
+    import torch
+
+    gpus = visible_gpu_count() if torch.cuda.is_available() else 0
+    return gpus * workers_per_gpu(smallest_gpu_memory(), cpus, gpus) if gpus else cpus
 
 
 def pytest_command(args, out: Path, inifile: Path) -> list:
     """The child pytest: the matrix of one implementation, isolated from the caller's
     pytest configuration (an empty ini file) and plugins (autoload off, named with -p)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "selgate.conformance",
-        "-c",
-        str(inifile),
-        "--rootdir",
-        str(inifile.parent),
-        "-m",
-        MARKERS,
-        "--impl",
-        args.impl,
-        "--size",
-        args.size,
-        "-n",
-        str(args.workers),
-        "--dist",
-        "load",
-        "--max-worker-restart",
-        "100000",
-        "--timeout",
-        str(args.timeout),
-        "--timeout-method",
-        "thread",
-        "--junitxml",
-        str(out / "junit.xml"),
-        "-o",
-        "junit_family=xunit2",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-rfE",
-    ]
-    for plugin in PLUGINS:
-        cmd[3:3] = ["-p", plugin]
+    cmd = [sys.executable, "-m", "pytest", *[a for p in PLUGINS for a in ("-p", p)]]
+    cmd += ["--pyargs", "selgate.conformance", "-c", str(inifile), "--rootdir", str(inifile.parent)]
+    cmd += ["-m", MARKERS, "--impl", args.impl, "--size", args.size]
+    cmd += ["-n", str(args.workers), "--dist", "worksteal", "--max-worker-restart", "100000"]
+    cmd += ["--timeout", str(args.timeout), "--timeout-method", "thread"]
+    cmd += ["--junitxml", str(out / "junit.xml"), "-o", "junit_family=xunit2", "-p", "no:cacheprovider", "-q", "-rN", "--tb=no"]
     if args.declare:
         cmd += ["--declare", str(Path(args.declare).resolve())]
     if args.k:
@@ -87,28 +84,142 @@ def pytest_command(args, out: Path, inifile: Path) -> list:
     return cmd
 
 
+def child_env(workers: int) -> dict:
+    """The caller's environment (refused settings are absent by then), plugin autoloading
+    off, the caller's directory importable, each worker's CPU thread pool its share of the cores."""
+    env = settings.current_environ()
+    env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", SELGATE_LANE="check")
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    return env
+
+
+def prepare_out(out: Path) -> None:
+    """Removes what an earlier check wrote into `out` (its manifest lists it) and nothing else;
+    refuses a folder holding result files the check did not write."""
+    manifest = out / MANIFEST
+    if manifest.exists():
+        for name in json.loads(manifest.read_text()):
+            path = (out / name).resolve()
+            if path.is_relative_to(out.resolve()) and path.is_file():
+                path.unlink()
+        manifest.unlink()
+        for folder in sorted({p.parent for p in out.rglob("*")} - {out}, reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+    foreign = [n for n in RESULT_FILES if (out / n).exists()]
+    if foreign:
+        raise UsageError(
+            f"--out {out}: holds {', '.join(foreign)} that selgate check did not write; "
+            "choose another folder or remove them (the check never deletes files it did not write)"
+        )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Every process the child started (workers, the kernel's own) dies with the run."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Run:
+    """The child process in flight, so that a signal reaches the right one the right way."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.graceful = False  # pytest: SIGINT, and it writes its results; the probe: killed
+
+    def start(self, cmd, env, graceful, **kw) -> subprocess.Popen:
+        self.graceful = graceful
+        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=default_sigint, **kw)
+        return self.proc
+
+    def cut(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if self.graceful:
+            self.proc.send_signal(signal.SIGINT)
+        else:
+            _kill_group(self.proc)
+
+    def wait(self, timeout=None) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            _kill_group(self.proc)
+
+
+def load(args, run: Run, tmp: Path, env: dict):
+    """(Impl, None) of the implementation, described by the probe process, or (None, reason)
+    when importing it failed; UsageError when the spec or the declarations are the mistake."""
+    result, log = tmp / "probe.json", tmp / "probe.log"
+    cmd = [sys.executable, "-m", "selgate.conformance.probe", args.impl, str(result)]
+    if args.declare:
+        cmd += ["--declare", str(Path(args.declare).resolve())]
+    module = args.impl.partition(":")[0]
+    with open(log, "w") as sink:
+        run.start(cmd, env, graceful=False, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            rc = run.wait(timeout=args.import_timeout)
+        except subprocess.TimeoutExpired:
+            return None, f"importing {module} did not finish within {args.import_timeout} s (--import-timeout)"
+    tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+    if not result.exists():
+        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"ended the process with exit status {rc}"
+        return None, f"importing {module} {how} before it returned" + (f" (last output: {tail})" if tail else "")
+    data = json.loads(result.read_text())
+    if data["ok"]:
+        return described_impl(args.impl, data["declared"]), None
+    if data["usage"]:
+        raise UsageError(data["error"])
+    return None, data["error"]
+
+
 def run(args) -> Verdict:
     out = Path(args.out).resolve()
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("junit.xml", "environment.json", "report.md"):  # never judge an earlier run
-        (out / stale).unlink(missing_ok=True)
-    impl = resolve(args.impl, declare=args.declare)[0]  # a usage error surfaces here, in-process
-    env = {
-        **settings.current_environ(),
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        "SELGATE_LANE": "check",
-        # the caller's directory, where `pkg.mod` usually lives, for the workers too
-        "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    }
-    with tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
-        inifile = Path(tmp) / "pytest.ini"
-        inifile.write_text("[pytest]\n")
-        cmd = pytest_command(args, out, inifile)
-        print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
-        status = subprocess.call(cmd, env=env)
-    verdict = judge(impl, out, status, narrowed=bool(args.k))
+    try:
+        return _run(args, out)
+    except UsageError:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # a usage error leaves nothing behind
+        raise
+
+
+def _run(args, out: Path) -> Verdict:
+    prepare_out(out)
+    before = {p for p in out.rglob("*") if p.is_file()}
+    runner = Run()
+    env = child_env(args.workers)
+    status = None
+    with Cut(runner.cut) as cut, tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
+        impl, load_error = load(args, runner, Path(tmp), env)
+        if impl is not None and cut.signal is None:
+            inifile = Path(tmp) / "pytest.ini"
+            inifile.write_text("[pytest]\n")
+            print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
+            runner.start(pytest_command(args, out, inifile), env, graceful=True)
+            status = _wait_for_results(runner, cut)
+    if status is None:  # nothing ran: the import failed or was cut
+        write_stub_junit(out, args.impl, load_error or f"cut by {cut.signal} while importing the implementation")
+    mark_signal(out, cut.signal)
+    verdict = judge(impl, out, status, narrowed=bool(args.k), load_error=load_error, cut=cut.signal)
+    verdict.write_repros(out, args)
     (out / "report.md").write_text(render(impl, verdict, args))
+    written = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p not in before and p.name != MANIFEST]
+    (out / MANIFEST).write_text(json.dumps(sorted(written), indent=0) + "\n")
     return verdict
+
+
+def _wait_for_results(runner: Run, cut: Cut) -> int:
+    """pytest's exit status; after a cut it has CUT_GRACE_S to write its results, then dies."""
+    while True:
+        try:
+            return runner.wait(timeout=None if cut.signal is None else CUT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return -signal.SIGKILL
 
 
 def main(argv=None) -> int:
@@ -117,28 +228,29 @@ def main(argv=None) -> int:
     p.add_argument("--declare", help="YAML file of declarations and expected failures (see `declarations.py`)")
     p.add_argument("--size", default="tiny", choices=SIZES, help="largest case size class (default tiny)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default ./{DEFAULT_OUT})")
-    p.add_argument("--workers", type=int, default=None, help="isolated worker processes (default: 2 per GPU, 2 without one)")
+    p.add_argument("--workers", type=int, default=None, help="isolated worker processes (default: the lanes' sizing)")
     p.add_argument("--timeout", type=int, default=300, help="seconds one case may take before it is an error")
+    p.add_argument("--import-timeout", type=int, default=300, help="seconds importing the implementation may take")
     p.add_argument("-k", help="pytest -k expression (debugging: the verdict is then BLOCKED as narrowed)")
     args = p.parse_args(argv)
+    if ":" not in args.impl:
+        p.error(f"impl: expected package.module:callable, got {args.impl!r}")
+    if (args.workers is not None and args.workers < 1) or args.timeout < 1 or args.import_timeout < 1:
+        p.error("--workers, --timeout and --import-timeout must be >= 1 (a crashing case needs a worker to die in)")
+    refused = verdict_environ()
+    if refused:
+        names = ", ".join(refused)
+        p.error(f"{names}: set in the environment; it changes tolerances or what runs, so the check refuses it: unset it")
     if args.workers is None:
         args.workers = default_workers()
-    if args.workers < 1 or args.timeout < 1:
-        p.error("--workers and --timeout must be >= 1 (a crashing case needs a worker to die in)")
-    if ":" not in args.impl:
-        p.error(
-            f"impl: expected package.module:callable, got {args.impl!r} "
-            "(selgate's own kernels run through `python -m selgate.lanes run`)"
-        )
-    sys.path.insert(0, os.getcwd())
     try:
         verdict = run(args)
-    except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(verdict.headline)
-    for line in verdict.blocking[1:20]:
-        print(f"  also blocking: {line}", file=sys.stderr)
+    for line in verdict.summary():
+        print(f"  {line}", file=sys.stderr)
     print(f"report: {Path(args.out) / 'report.md'}")
     return 0 if verdict.passed else 1
 

@@ -4,21 +4,29 @@ failure with a line that reruns it alone."""
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import torch
+from junitparser import Error, JUnitXml, TestCase, TestSuite
 
 from selgate import __version__
+from selgate.reports.environment import ENV_FILE, collect_environment
 from selgate.reports.results import OUTCOMES, load_lane
 
+from . import triage
 from .cases import DTYPE_NAMES
+from .check_plugin import COLLECTED_FILE
 from .plugin import FAMILY_MARKERS
 from .registry import Impl
 
-ABORTED = {2: "interrupted", 3: "pytest internal error", 4: "pytest usage error"}
+SHOWN_SKIPS = 12  # reasons listed under "Not covered"; the rest are counted
+SHOWN_NEVER_RAN = 8
 
 
 def claimed_families(impl: Impl) -> dict:
@@ -45,6 +53,10 @@ class Verdict:
     failures: list = field(default_factory=list)  # CaseResult
     skips: dict = field(default_factory=dict)  # family -> Counter of skip reasons
     environment: dict | None = None
+    causes: list = field(default_factory=list)  # triage.RootCause, most failures first
+    repros: dict = field(default_factory=dict)  # signature -> reproducer file
+    never_ran: list = field(default_factory=list)  # collected ids without a result (a cut run)
+    cut: str | None = None  # the signal that cut the run
 
     @property
     def passed(self) -> bool:
@@ -58,15 +70,75 @@ class Verdict:
         more = f" (and {len(self.blocking) - 1} more)" if len(self.blocking) > 1 else ""
         return f"CHECK BLOCKED: {self.blocking[0]}{more}"
 
+    def summary(self) -> list:
+        """What the terminal shows under the headline: the other blocking reasons, then the
+        root causes (the report has them in full)."""
+        lines = [f"also blocking: {b}" for b in self.blocking[1:6]]
+        return lines + [f"cause {i}: {c.count} x {c.signature}" for i, c in enumerate(self.causes[:6], 1)]
 
-def judge(impl: Impl, out: Path, status: int, *, narrowed: bool = False) -> Verdict:
-    """The verdict on the run whose JUnit is in `out` and whose pytest exited `status`."""
+    def write_repros(self, out: Path, args) -> None:
+        if self.causes:
+            kw = dict(impl=args.impl, declare=_declare_path(args), size=args.size, device=_device(self.environment))
+            paths = triage.write_reproducers(self.causes, out, **kw)
+            # as the report shows them: from the folder the check ran in, where the kernel imports
+            self.repros = {sig: Path(os.path.relpath(p)) for sig, p in paths.items()}
+
+
+def _device(env) -> str:
+    return "cuda" if env and env.get("gpu", "none") != "none" else "cpu"
+
+
+def _declare_path(args):
+    return str(Path(args.declare).resolve()) if args.declare else None
+
+
+def write_stub_junit(out: Path, name: str, message: str) -> None:
+    """JUnit and environment of a run in which no case could start (the import failed or was
+    cut): one error, so that CI shows the reason where it shows test results."""
+    case = TestCase("import", classname="selgate.check")
+    case.result = [Error(message)]
+    suite = TestSuite(f"selgate check {name}")
+    suite.add_testcase(case)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    xml.write(str(out / "junit.xml"))
+    env = {**collect_environment(), "lane": "check", "load_error": message}
+    (out / ENV_FILE).write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
+
+
+def _status_problem(status) -> str | None:
+    """Why pytest's exit status alone blocks (0 and 1 are the verdict's to read)."""
+    if status is None or status in (0, 1):
+        return None
+    if status < 0:
+        return f"pytest was killed ({-status}) before it finished writing results"
+    try:
+        name = pytest.ExitCode(status).name.lower().replace("_", " ")
+    except ValueError:
+        name = "unknown"
+    return f"run aborted: pytest exit {status} ({name})"
+
+
+def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None) -> Verdict:
+    """The verdict on the run whose results are in `out` and whose pytest exited `status`
+    (None: it never started). `impl` None when the implementation could not be loaded."""
+    if load_error:
+        v = Verdict({}, {}, cut=cut)
+        v.blocking.append(f"cut by {cut} while importing the implementation" if cut else f"not loaded: {load_error}")
+        return v
     result = load_lane("check", out)
-    cases = result.cases if result else []
-    claims = claimed_families(impl)
-    v = Verdict({}, claims, environment=result.environment if result else None)
-    if status in ABORTED:
-        v.blocking.append(f"run aborted: pytest exit {status} ({ABORTED[status]})")
+    cases = [c for c in (result.cases if result else []) if c.nodeid != "import"]
+    v = Verdict({}, claimed_families(impl), environment=result.environment if result else None, cut=cut)
+    collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
+    ran = {c.nodeid for c in cases}
+    v.never_ran = [i for i in collected if i not in ran]
+    if cut or status == pytest.ExitCode.INTERRUPTED:
+        done = len(collected) - len(v.never_ran) if collected else len(cases)
+        v.blocking.append(
+            f"run cut by {cut or 'an interruption'} after {done} of {len(collected) or '?'} cases; {len(v.never_ran)} never ran"
+        )
+    elif _status_problem(status):
+        v.blocking.append(_status_problem(status))
     if narrowed:
         v.blocking.append("run narrowed with -k: a verdict needs the whole matrix")
     if not cases:
@@ -77,11 +149,13 @@ def judge(impl: Impl, out: Path, status: int, *, narrowed: bool = False) -> Verd
             v.failures.append(c)
         elif c.outcome == "skip":
             v.skips.setdefault(c.family, Counter())[c.message] += 1
-    for c in v.failures:
-        v.blocking.append(f"{c.outcome.upper()} {c.nodeid}: {c.message}")
-    for family, why in claims.items():
-        ran = family in v.counts
-        if why is None and cases and (ran or not narrowed) and v.counts.get(family, {}).get("pass", 0) == 0:
+    v.causes = triage.group(v.failures)
+    if v.failures:
+        v.blocking.append(
+            f"{len(v.failures)} failing case(s) from {len(v.causes)} root cause(s); the first: {v.causes[0].signature}"
+        )
+    for family, why in v.claims.items():
+        if why is None and cases and not narrowed and not cut and v.counts.get(family, {}).get("pass", 0) == 0:
             v.blocking.append(f"claimed family {family} has no passing test")
     return v
 
@@ -100,6 +174,8 @@ def _declared(impl: Impl) -> list:
             f"multiples of {impl.head_dim_multiple} from {impl.min_head_dim}"
             + (f" up to {impl.max_head_dim}" if impl.max_head_dim else ""),
         ),
+        ("same head dims (Dv == Dk)", impl.same_head_dims),
+        ("fp32 matmuls", "TF32 (fp32 judged by SPEC.md's TF32 rule)" if impl.fp32_matmul == "tf32" else "IEEE fp32"),
         (
             "heads per group",
             f"multiple of {impl.heads_multiple_of}, >= {impl.min_heads}"
@@ -119,33 +195,19 @@ def repro(args, nodeid: str) -> str:
     """A pytest line rerunning one case alone, in-process (no workers)."""
     test, _, param = nodeid.partition("::")[2].partition("[")
     expr = f"{test} and {param.rstrip(']').split('-', 1)[-1]}" if param else test
-    declare = ["--declare", str(Path(args.declare).resolve())] if args.declare else []
+    declare = ["--declare", _declare_path(args)] if args.declare else []
     return shlex.join(
-        [
-            "python",
-            "-m",
-            "pytest",
-            "--pyargs",
-            "selgate.conformance",
-            "-m",
-            "conformance",
-            "--impl",
-            args.impl,
-            *declare,
-            "--size",
-            args.size,
-            "-k",
-            expr,
-            "-p",
-            "no:xdist",
-        ]
+        ["python", "-m", "pytest", "--pyargs", "selgate.conformance", "-m", "conformance", "--impl", args.impl, *declare]
+        + ["--size", args.size, "-k", expr, "-p", "no:xdist"]
     )
 
 
-def render(impl: Impl, v: Verdict, args) -> str:
+def render(impl, v: Verdict, args) -> str:
+    """report.md: the verdict, then root causes first; bounded in length whatever the
+    number of failures (the full list is junit.xml)."""
     env = v.environment or {}
     lines = [
-        f"# selgate check: `{impl.name}`",
+        f"# selgate check: `{args.impl}`",
         "",
         f"**{v.headline}**",
         "",
@@ -155,14 +217,31 @@ def render(impl: Impl, v: Verdict, args) -> str:
         f"Environment: GPU {env.get('gpu', '?')} (capability {env.get('capability', '?')}), driver "
         f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
         f"selgate {__version__} (commit {env.get('commit', '?')}).",
-        "",
-        "## Declared",
-        "",
-        "| declaration | value |",
-        "| --- | --- |",
     ]
-    lines += [f"| {k} | {str(val).replace('|', '/')} |" for k, val in _declared(impl)]
-    lines += [
+    if len(v.blocking) > 1:
+        lines += ["", "Blocking:", ""] + [f"- {b}" for b in v.blocking]
+    if v.never_ran:
+        lines += _never_ran(v)
+    if v.causes:
+        lines += ["", *triage.render(v.causes, v.repros)]
+        lines += ["", f"Rerun the smallest case of the first cause alone: `{repro(args, v.causes[0].smallest.nodeid)}`"]
+    if impl is not None:
+        lines += _families(v)
+        lines += ["", "## Declared", "", "| declaration | value |", "| --- | --- |"]
+        lines += [f"| {k} | {str(val).replace('|', '/')} |" for k, val in _declared(impl)]
+    if v.skips:
+        rows = [(family, n, why) for family, reasons in sorted(v.skips.items()) for why, n in reasons.most_common()]
+        lines += ["", "## Not covered (declared skips)", "", "| family | cases | reason |", "| --- | --- | --- |"]
+        lines += [f"| {f} | {n} | {why.replace('|', '/')[:200]} |" for f, n, why in rows[:SHOWN_SKIPS]]
+        if len(rows) > SHOWN_SKIPS:
+            lines.append(
+                f"| ... | {sum(n for _, n, _ in rows[SHOWN_SKIPS:])} | {len(rows) - SHOWN_SKIPS} more reasons: junit.xml |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _families(v: Verdict) -> list:
+    lines = [
         "",
         "## Families",
         "",
@@ -178,14 +257,17 @@ def render(impl: Impl, v: Verdict, args) -> str:
             f"| {family} | {'yes' if why is None else 'no: ' + why} | "
             f"{'**' + cell + '**' if counts['fail'] or counts['error'] else cell} |"
         )
-    if v.blocking:
-        lines += ["", "## Blocking", ""] + [f"- {b}" for b in v.blocking[:200]]
-    if v.failures:
-        lines += ["", "## Failures, each with a line that reruns it", ""]
-        for c in v.failures[:200]:
-            lines += [f"- `{c.nodeid}` ({c.outcome}): {c.message}", f"  `{repro(args, c.nodeid)}`"]
-    if v.skips:
-        lines += ["", "## Not covered (declared skips)", "", "| family | cases | reason |", "| --- | --- | --- |"]
-        for family, reasons in sorted(v.skips.items()):
-            lines += [f"| {family} | {n} | {why.replace('|', '/')} |" for why, n in reasons.most_common()]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _never_ran(v: Verdict) -> list:
+    """The cases a cut run never reached, counted by family, a few named."""
+    from selgate.reports.families import family_of
+
+    by_family = Counter(family_of(i) for i in v.never_ran)
+    lines = ["", f"## Cut short by {v.cut or 'an interruption'}: {len(v.never_ran)} cases never ran", ""]
+    lines += [", ".join(f"{f} {n}" for f, n in by_family.most_common()), ""]
+    lines += [f"- `{i}`" for i in v.never_ran[:SHOWN_NEVER_RAN]]
+    if len(v.never_ran) > SHOWN_NEVER_RAN:
+        lines.append(f"- and {len(v.never_ran) - SHOWN_NEVER_RAN} more (collected.json lists every collected case)")
+    return lines

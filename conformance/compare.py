@@ -3,11 +3,11 @@ on: case id, tensor, max and mean error, the bound and where it came from, the w
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
-from .tolerances import bound, mean_bound, tolerance
+from .tolerances import Precision, as_precision, bound, mean_bound, tolerance
 
 
 class ConformanceFailure(AssertionError):
@@ -23,12 +23,19 @@ def fail(case_id: str, msg: str):
 
 
 def assert_close(
-    name: str, actual: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype, case_id: str, plain: Optional[torch.Tensor] = None
+    name: str,
+    actual: torch.Tensor,
+    ref: torch.Tensor,
+    *,
+    precision: Union[Precision, torch.dtype],
+    case_id: str,
+    plain: Optional[torch.Tensor] = None,
 ) -> None:
-    """`actual` matches the fp64 `ref` within the SPEC.md bound for an implementation run in
-    `dtype`. `plain` is the plain low-precision PyTorch result the fp16/bf16 bound scales
-    with. Non-finite reference entries (lse = -inf of empty rows) must be matched exactly;
-    NaN or inf where the reference is finite always fails."""
+    """`actual` matches the fp64 `ref` within the SPEC.md bound for an implementation judged in
+    `precision` (a dtype: its IEEE arithmetic). `plain` is the plain PyTorch result in that
+    precision the fp16/bf16/tf32 bound scales with. Non-finite reference entries (lse = -inf
+    of empty rows) must be matched exactly; NaN or inf where the reference is finite always fails."""
+    precision = as_precision(precision)
     if tuple(actual.shape) != tuple(ref.shape):
         fail(case_id, f"{name}: shape {tuple(actual.shape)}, expected {tuple(ref.shape)}")
     a, r = actual.detach().to(torch.float64), ref.detach().to(torch.float64)
@@ -48,18 +55,18 @@ def assert_close(
     err = torch.where(finite, (a - r).abs(), 0.0)
     mx, i = err.flatten().max(0)
     mean = err.sum() / finite.sum()
-    tol = tolerance(dtype, name)
+    tol = tolerance(precision, name)
     plain_err = None
     if tol.relative:
         p = plain.detach().to(torch.float64)
         plain_err = float(torch.where(finite, (p - r).abs(), 0.0).max())
     ref_abs = torch.where(finite, r.abs(), 0.0)
-    lim = bound(tol, dtype, float(ref_abs.max()), plain_err)
-    mean_lim = mean_bound(tol, dtype, float(ref_abs.sum() / finite.sum()))
+    lim = bound(tol, precision, float(ref_abs.max()), plain_err)
+    mean_lim = mean_bound(tol, precision, float(ref_abs.sum() / finite.sum()))
     if mx > lim or mean > mean_lim:
         idx = _where(a, int(i))
         how = (
-            f"{tol.factor:g} x plain-{dtype} error {plain_err:.3e} + {tol.floor_eps:g} eps max|ref|"
+            f"{tol.factor:g} x plain-{precision.name} error {plain_err:.3e} + {tol.floor_eps:g} eps max|ref|"
             if tol.relative
             else "absolute"
         )

@@ -8,7 +8,10 @@ capability silently ignored. The keys (defaults in brackets):
   YAML, `(q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None)`, adding mode varlen.
 - `lse` [false]: the callable returns `(o, lse)`; `backward` [false]: gradients through
   autograd; `deterministic` [true]: repeated runs are bitwise identical.
-- `head_dim_multiple` [1], `min_head_dim` [1], `max_head_dim` [none].
+- `head_dim_multiple` [1], `min_head_dim` [1], `max_head_dim` [none]; `same_head_dims`
+  [false]: Dv must equal Dk (a case with Dv != Dk is a declared skip).
+- `fp32_matmul` [ieee]: `tf32` when the kernel computes fp32 inputs with TF32 matmuls; its
+  fp32 results are then judged as TF32 (SPEC.md: the fp16 rule with eps 2^-10), never assumed.
 - heads per group: `heads_multiple_of` [1], `heads_power_of_two` [false], `min_heads` [1],
   `max_heads` [none]. The matrix fits each case's heads per group to the smallest count
   the kernel takes, so a constrained kernel still meets every shape's other dimensions.
@@ -46,6 +49,7 @@ DTYPES = {
 MODES = ("decode", "prefill")
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("contiguous", "strided", "kv_shared")
+FP32_MATMULS = ("ieee", "tf32")
 ALIASES = {"supports_lse": "lse", "supports_backward": "backward"}
 XFAIL_KEYS = ("family", "cases", "reason")
 
@@ -140,6 +144,12 @@ def _xfails(value, where):
     return tuple(out)
 
 
+def _fp32_matmul(value, where):
+    if value not in FP32_MATMULS:
+        raise ValueError(f"{where}: expected one of {list(FP32_MATMULS)}, got {value!r}")
+    return value
+
+
 def _sizes(value, where):
     from .cases import SIZES
 
@@ -160,6 +170,8 @@ PARSERS = {
     "head_dim_multiple": _int,
     "min_head_dim": _int,
     "max_head_dim": _int,
+    "same_head_dims": _bool,
+    "fp32_matmul": _fp32_matmul,
     "min_capability": _capability,
     "heads_multiple_of": _int,
     "heads_power_of_two": _bool,
@@ -212,6 +224,36 @@ def from_yaml(path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"--declare {path}: expected a mapping of declarations, got {type(data).__name__}")
     return parse(data, f"--declare {path}")
+
+
+def to_json(declared: dict) -> dict:
+    """Validated declarations as JSON values, for the process that judges a kernel without
+    importing it: dtypes by name, a varlen callable by its presence, tuples as lists."""
+    names = {dt: name for name, dt in DTYPES.items() if name.startswith(("fp", "bf"))}
+    out = {}
+    for key, value in declared.items():
+        if key == "dtypes":
+            value = [names[d] for d in value]
+        elif key == "varlen":
+            value = True
+        elif isinstance(value, tuple):
+            value = [list(x) if isinstance(x, tuple) else x for x in value]
+        out[key] = value
+    return out
+
+
+def from_json(data: dict, varlen) -> dict:
+    """The declarations `to_json` wrote, with `varlen` standing for the callable."""
+    out = {}
+    for key, value in data.items():
+        if key == "varlen":
+            value = varlen
+        elif key == "dtypes":
+            value = tuple(DTYPES[d] for d in value)
+        elif isinstance(value, list):
+            value = tuple(tuple(x) if isinstance(x, list) else x for x in value)
+        out[key] = value
+    return out
 
 
 def allowed_heads(

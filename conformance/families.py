@@ -3,8 +3,10 @@ that raise `ConformanceFailure`. The test modules parametrize them over the matr
 harness self-test calls them directly on known-bad implementations.
 
 Every comparison is against the fp64 golden result (`selection_attention_ref`, gather
-formulation) on fresh inputs made from the case; fp16/bf16 bounds scale with a plain
-PyTorch run in that precision (`gather_attention(..., dtype=...)`, grads by autograd).
+formulation) on fresh inputs made from the case, in the precision the implementation is
+judged in (`Impl.judged_as`: the case's dtype, or tf32 for a kernel declaring TF32 matmuls);
+fp16/bf16/tf32 bounds scale with a plain PyTorch run in that precision
+(`gather_attention(..., dtype=...)`, grads by autograd).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from .compare import ConformanceFailure, assert_close, assert_equal, fail
 from .inputs import Inputs
 from .poison import poison_cuda_cache
 from .registry import Impl, skip_reason
+from .tolerances import Precision
 
-LOW = (torch.float16, torch.bfloat16)
 POISON_TAIL = 3  # keys appended beyond every query's position, all NaN (bounds family)
 
 
@@ -61,8 +63,9 @@ def _leaves(tensors):
 
 def evaluate(fn, q, k, v, upstream=None) -> Result:
     """`fn(q, k, v) -> (o, lse)`, with `upstream = (do, dlse)` on fresh leaves (`_leaves`) and
-    also the gradients of `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf).
-    On CUDA, the memory the outputs will take is poisoned first (`poison_cuda_cache`)."""
+    also the gradients of `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf),
+    all copied out of whatever buffers the implementation returned. On CUDA, the memory the
+    outputs will take is poisoned first (`poison_cuda_cache`)."""
     grad = upstream is not None
     leaves = _leaves((q, k, v)) if grad else (q, k, v)
     poison_cuda_cache(q, k, v)
@@ -79,8 +82,10 @@ def evaluate(fn, q, k, v, upstream=None) -> Result:
             gos.append(dlse.to(lse.dtype))
         poison_cuda_cache(q, k, v)
         got = torch.autograd.grad(outs, leaves, gos, allow_unused=True)
-        grads = tuple(torch.zeros_like(x) if g is None else g for g, x in zip(got, leaves))
-    return Result(o.detach(), None if lse is None else lse.detach(), grads)
+        grads = tuple(torch.zeros_like(x) if g is None else g.clone() for g, x in zip(got, leaves))
+    # copies: a kernel may hand back one buffer on every call (as a CUDA-graph kernel does),
+    # which the next call would overwrite before a determinism check compares the two
+    return Result(o.detach().clone(), None if lse is None else lse.detach().clone(), grads)
 
 
 def golden_fn(ranges, scale):
@@ -88,7 +93,8 @@ def golden_fn(ranges, scale):
 
 
 def plain_fn(ranges, scale, dtype):
-    """The plain low-precision PyTorch run the fp16/bf16 bounds scale with."""
+    """The plain PyTorch run in `dtype` the fp16/bf16/tf32 bounds scale with (for tf32, run
+    under `Precision.matmuls`)."""
 
     def run(q, k, v):
         norm = normalize_ranges(ranges, k.shape[2])
@@ -109,10 +115,12 @@ def make_upstream(o_ref: torch.Tensor, lse_ref: torch.Tensor, seed: int):
     return do, torch.where(torch.isfinite(lse_ref), dlse, 0.0)
 
 
-def reference_run(fn, inp: Inputs, case: Case, grads: bool, lse: bool = True):
-    """Golden and (for fp16/bf16) plain results of `fn(kind)` runs, with the upstream used.
-    The golden run takes fp64 copies of q, k, v, so its gradients stay fp64. Without `lse`
-    (an implementation that returns o alone) the upstream lse gradient is zero."""
+def reference_run(fn, inp: Inputs, case: Case, judged: Precision, grads: bool, lse: bool = True):
+    """Golden and (where the bound of `judged` scales with one) plain results of `fn(kind)`
+    runs, with the upstream used; the plain run, backward included, computes with the matmuls
+    of `judged` (TF32 for tf32). The golden run takes fp64 copies of q, k, v, so its gradients
+    stay fp64. Without `lse` (an implementation that returns o alone) the upstream lse
+    gradient is zero."""
     qkv64 = [t.double() for t in (inp.q, inp.k, inp.v)]
     gold = evaluate(fn("golden"), *qkv64)
     upstream = make_upstream(gold.o, gold.lse, case.seed) if grads else None
@@ -120,25 +128,28 @@ def reference_run(fn, inp: Inputs, case: Case, grads: bool, lse: bool = True):
         upstream = (upstream[0], torch.zeros_like(upstream[1]))
     if grads:
         gold = evaluate(fn("golden"), *qkv64, upstream)
-    plain = evaluate(fn("plain"), inp.q, inp.k, inp.v, upstream) if case.dtype in LOW else None
+    plain = None
+    if judged.plain_scaled:
+        with judged.matmuls():
+            plain = evaluate(fn("plain"), inp.q, inp.k, inp.v, upstream)
     return gold, plain, upstream
 
 
-def _batched(inp: Inputs, case: Case, ranges=None):
+def _batched(inp: Inputs, judged: Precision, ranges=None):
     r = inp.ranges if ranges is None else ranges
-    return lambda kind: golden_fn(r, inp.scale) if kind == "golden" else plain_fn(r, inp.scale, case.dtype)
+    return lambda kind: golden_fn(r, inp.scale) if kind == "golden" else plain_fn(r, inp.scale, judged.dtype)
 
 
-def compare(case: Case, got: Result, gold: Result, plain: Optional[Result]) -> None:
-    """Every tensor `got` has (o, lse, grads) within its SPEC.md bound of the golden one."""
-    cid, dt = case.id, case.dtype
-    assert_close("o", got.o, gold.o, dtype=dt, case_id=cid, plain=None if plain is None else plain.o)
+def compare(case: Case, judged: Precision, got: Result, gold: Result, plain: Optional[Result]) -> None:
+    """Every tensor `got` has (o, lse, grads) within its SPEC.md bound in `judged` of the golden one."""
+    cid = case.id
+    assert_close("o", got.o, gold.o, precision=judged, case_id=cid, plain=None if plain is None else plain.o)
     if got.lse is not None:
-        assert_close("lse", got.lse, gold.lse, dtype=dt, case_id=cid, plain=None if plain is None else plain.lse)
+        assert_close("lse", got.lse, gold.lse, precision=judged, case_id=cid, plain=None if plain is None else plain.lse)
     if got.grads is not None:
         for i, name in enumerate(("dq", "dk", "dv")):
             assert_close(
-                name, got.grads[i], gold.grads[i], dtype=dt, case_id=cid, plain=None if plain is None else plain.grads[i]
+                name, got.grads[i], gold.grads[i], precision=judged, case_id=cid, plain=None if plain is None else plain.grads[i]
             )
 
 
@@ -152,22 +163,24 @@ def _empty_rows(ranges: torch.Tensor, S_kv: int) -> torch.Tensor:
 def check_parity(impl: Impl, case: Case, device) -> None:
     """o and lse equal the golden result; an implementation with an o-only path runs it too."""
     inp = make_inputs(case, device)
-    gold, plain, _ = reference_run(_batched(inp, case), inp, case, grads=False)
+    judged = impl.judged_as(case.dtype)
+    gold, plain, _ = reference_run(_batched(inp, judged), inp, case, judged, grads=False)
     got = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, inp.k, inp.v)
-    compare(case, got, gold, plain)
+    compare(case, judged, got, gold, plain)
     if impl.lse:
         o_only = evaluate(impl_fn(impl, inp.ranges, inp.scale, want_lse=False), inp.q, inp.k, inp.v)
         assert_close(
-            "o", o_only.o, gold.o, dtype=case.dtype, case_id=case.id + " (o-only path)", plain=None if plain is None else plain.o
+            "o", o_only.o, gold.o, precision=judged, case_id=case.id + " (o-only path)", plain=None if plain is None else plain.o
         )
 
 
 def check_backward(impl: Impl, case: Case, device) -> None:
     """dq, dk, dv equal the golden gradients; keys no row selected get exactly zero dk, dv."""
     inp = make_inputs(case, device)
-    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=True, lse=impl.lse)
+    judged = impl.judged_as(case.dtype)
+    gold, plain, up = reference_run(_batched(inp, judged), inp, case, judged, grads=True, lse=impl.lse)
     got = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, inp.k, inp.v, up)
-    compare(case, got, gold, plain)
+    compare(case, judged, got, gold, plain)
     unsel = ~selected_keys(inp.ranges, inp.k.shape[2])
     for name, g in (("dk", got.grads[1]), ("dv", got.grads[2])):
         assert_equal(
@@ -239,7 +252,8 @@ def check_empty_ranges(impl: Impl, case: Case, device) -> None:
     inp = make_inputs(case, device)
     S_kv = inp.k.shape[2]
     ranges = _with_empty_rows(inp.ranges, S_kv)
-    gold, plain, up = reference_run(_batched(inp, case, ranges), inp, case, grads=impl.backward, lse=impl.lse)
+    judged = impl.judged_as(case.dtype)
+    gold, plain, up = reference_run(_batched(inp, judged, ranges), inp, case, judged, grads=impl.backward, lse=impl.lse)
     got = evaluate(impl_fn(impl, ranges, inp.scale), inp.q, inp.k, inp.v, up)
     empty = _empty_rows(ranges, S_kv)
     o_e = got.o[empty]
@@ -254,7 +268,7 @@ def check_empty_ranges(impl: Impl, case: Case, device) -> None:
         assert_equal(
             "dq[empty rows]", dq_e, torch.zeros_like(dq_e), case_id=case.id, why="an empty row contributes zero gradient"
         )
-    compare(case, got, gold, plain)
+    compare(case, judged, got, gold, plain)
 
 
 def _poisoned(inp: Inputs, tail: int):
@@ -287,7 +301,8 @@ def check_bounds(impl: Impl, case: Case, device) -> None:
     inp = make_inputs(case, device)
     S, S_kv = inp.q.shape[1], inp.k.shape[2]
     tail = POISON_TAIL if "prefill" in impl.modes else 0
-    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=impl.backward, lse=impl.lse)
+    judged = impl.judged_as(case.dtype)
+    gold, plain, up = reference_run(_batched(inp, judged), inp, case, judged, grads=impl.backward, lse=impl.lse)
     q, k, v, r = _poisoned(inp, tail)
     up_p = None
     if up is not None:
@@ -307,7 +322,7 @@ def check_bounds(impl: Impl, case: Case, device) -> None:
     if tail:
         o_t = got.o[:, S:]
         assert_equal("o[tail queries]", o_t, torch.zeros_like(o_t), case_id=case.id, why="they select nothing")
-    compare(case, main, gold, plain)
+    compare(case, judged, main, gold, plain)
 
 
 def check_dtype(impl: Impl, case: Case, device) -> None:
@@ -318,7 +333,8 @@ def check_dtype(impl: Impl, case: Case, device) -> None:
     inp = make_inputs(case, device)
     B, S, G, h, Dk = inp.q.shape
     Dv = inp.v.shape[3]
-    gold, plain, up = reference_run(_batched(inp, case), inp, case, grads=impl.backward, lse=impl.lse)
+    judged = impl.judged_as(case.dtype)
+    gold, plain, up = reference_run(_batched(inp, judged), inp, case, judged, grads=impl.backward, lse=impl.lse)
     r64, r32 = inp.ranges.to(torch.int64), inp.ranges.to(torch.int32)
     got = evaluate(impl_fn(impl, r64, inp.scale), inp.q, inp.k, inp.v, up)
     want_o = impl.result_dtype or inp.v.dtype
@@ -339,11 +355,11 @@ def check_dtype(impl: Impl, case: Case, device) -> None:
             assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges")
     if "strided" in impl.layouts:
         strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
-        compare(case, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
+        compare(case, judged, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
     if "kv_shared" in impl.layouts:
         kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
         packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))
-        compare(case, evaluate(impl_fn(impl, r64, inp.scale), *packed, up), gold, plain)
+        compare(case, judged, evaluate(impl_fn(impl, r64, inp.scale), *packed, up), gold, plain)
 
 
 def check_decode(impl: Impl, case: Case, device) -> None:
@@ -351,7 +367,8 @@ def check_decode(impl: Impl, case: Case, device) -> None:
     first, middle and last rows, each against the golden row and against the prefill row."""
     inp = make_inputs(case, device)
     S, S_kv = inp.q.shape[1], inp.k.shape[2]
-    gold, plain, _ = reference_run(_batched(inp, case), inp, case, grads=False)
+    judged = impl.judged_as(case.dtype)
+    gold, plain, _ = reference_run(_batched(inp, judged), inp, case, judged, grads=False)
     prefill = gold
     if "prefill" in impl.modes:
         prefill = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, inp.k, inp.v)
@@ -364,14 +381,14 @@ def check_decode(impl: Impl, case: Case, device) -> None:
         for name, ref in (("golden", gold), ("prefill", prefill)):
             cid = f"{case.id} decode of row {s} vs {name} row"
             assert_close(
-                "o", dec.o, ref.o[:, row], dtype=case.dtype, case_id=cid, plain=None if plain is None else plain.o[:, row]
+                "o", dec.o, ref.o[:, row], precision=judged, case_id=cid, plain=None if plain is None else plain.o[:, row]
             )
             if dec.lse is not None and ref.lse is not None:
                 assert_close(
                     "lse",
                     dec.lse,
                     ref.lse[:, row],
-                    dtype=case.dtype,
+                    precision=judged,
                     case_id=cid,
                     plain=None if plain is None else plain.lse[:, row],
                 )
@@ -384,7 +401,8 @@ def check_group(impl: Impl, case: Case, device) -> None:
     fp64 reference on CUDA, heads differing by 5e-17); a head reading other ranges is off by O(1)."""
     inp = make_inputs(case, device)
     inp.q = inp.q[:, :, :, :1].expand_as(inp.q).contiguous()
-    gold, plain, _ = reference_run(_batched(inp, case), inp, case, grads=False)
+    judged = impl.judged_as(case.dtype)
+    gold, plain, _ = reference_run(_batched(inp, judged), inp, case, judged, grads=False)
     got = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, inp.k, inp.v)
     for name, t in (("o", got.o), ("lse", got.lse)):
         if t is None:
@@ -393,7 +411,7 @@ def check_group(impl: Impl, case: Case, device) -> None:
         finite = t[torch.isfinite(t)]
         atol = 4 * torch.finfo(t.dtype).eps * float(finite.abs().max()) if finite.numel() else 0.0
         assert_equal(name, t, first, case_id=case.id, why="equal q across a group's heads gives equal outputs", atol=atol)
-    compare(case, got, gold, plain)
+    compare(case, judged, got, gold, plain)
 
 
 def _per_sequence(fn_of_ranges, inp: Inputs):
@@ -424,13 +442,14 @@ def check_varlen(impl: Impl, case: Case, device) -> None:
     no row of its sequence selects holds NaN, so reading one (from a neighbouring sequence,
     or beyond a query's position) shows up. Outputs are poisoned before the call (CUDA)."""
     inp = _poison_unselected_varlen(make_inputs(case, device))
+    judged = impl.judged_as(case.dtype)
 
     def fn(kind):
         if kind == "golden":
             return _per_sequence(lambda r: golden_fn(r, inp.scale), inp)
-        return _per_sequence(lambda r: plain_fn(r, inp.scale, case.dtype), inp)
+        return _per_sequence(lambda r: plain_fn(r, inp.scale, judged.dtype), inp)
 
-    gold, plain, up = reference_run(fn, inp, case, grads=impl.backward, lse=impl.lse)
+    gold, plain, up = reference_run(fn, inp, case, judged, grads=impl.backward, lse=impl.lse)
     got = evaluate(
         lambda q, k, v: impl.forward_varlen(q, k, v, inp.ranges, inp.cu_seqlens_q, inp.cu_seqlens_k, scale=inp.scale),
         inp.q,
@@ -438,7 +457,7 @@ def check_varlen(impl: Impl, case: Case, device) -> None:
         inp.v,
         up,
     )
-    compare(case, got, gold, plain)
+    compare(case, judged, got, gold, plain)
 
 
 @dataclass(frozen=True)
@@ -466,11 +485,12 @@ class Family:
 
 
 def _batched_lowp(c: Case) -> bool:
-    return c.mode != "varlen" and c.dtype != torch.float64
+    return c.mode != "varlen" and c.dtype != torch.float64 and not c.gpu_only
 
 
 def _repeatable(c: Case) -> bool:
-    return _batched_lowp(c) and c.pattern in ("mixed", "builder", "heavy_reuse", "full")
+    """The determinism families take the contention cases too (their reason to exist)."""
+    return c.mode != "varlen" and c.dtype != torch.float64 and c.pattern in ("mixed", "builder", "heavy_reuse", "full")
 
 
 def _tiny_subset(patterns, fp32_only=False):
@@ -502,7 +522,12 @@ FAMILIES = {
         ),
         Family("bounds", check_bounds, lambda c: _batched_lowp(c) and (c.size != "tiny" or c.dtype == torch.float32 or c.smoke)),
         Family("dtype", check_dtype, lambda c: _tiny_subset(("mixed",))(c) and c.seed in (0, 7)),
-        Family("decode", check_decode, lambda c: c.mode == "prefill" and c.dtype != torch.float64, needs_modes=("decode",)),
+        Family(
+            "decode",
+            check_decode,
+            lambda c: c.mode == "prefill" and c.dtype != torch.float64 and not c.gpu_only,
+            needs_modes=("decode",),
+        ),
         Family("group", check_group, lambda c: _batched_lowp(c) and c.shape.h > 1 and c.pattern in ("mixed", "builder", "full")),
         Family("varlen", check_varlen, lambda c: c.mode == "varlen"),
     )

@@ -29,6 +29,7 @@ from selgate.kernels.cuda import decode as cuda_limits
 
 from . import declarations
 from .cases import SIZES, Case
+from .tolerances import Precision, judged_as
 
 LOW_AND_FP32 = (torch.float16, torch.bfloat16, torch.float32)
 ALL_DTYPES = LOW_AND_FP32 + (torch.float64,)
@@ -77,6 +78,7 @@ class Impl:
     min_heads: int = 1
     max_heads: Optional[int] = None
     same_head_dims: bool = False  # Dk == Dv only
+    fp32_matmul: str = "ieee"  # tf32: fp32 inputs are judged as TF32 (declarations.FP32_MATMULS)
     block_size: Optional[int] = None
     layouts: tuple = declarations.LAYOUTS
     declared: dict = field(default_factory=dict)  # an outside kernel's declarations, as given
@@ -92,6 +94,10 @@ class Impl:
     def _laid_out(self, q, k, v):
         """Contiguous copies for a kernel that does not declare strided inputs."""
         return (q, k, v) if "strided" in self.layouts else tuple(t.contiguous() for t in (q, k, v))
+
+    def judged_as(self, dtype: torch.dtype) -> Precision:
+        """The precision this implementation's results on `dtype` inputs are judged in."""
+        return judged_as(dtype, self.fp32_matmul)
 
     def heads_for(self, h: int) -> Optional[int]:
         """The heads-per-group count this implementation runs a case of `h` heads at."""
@@ -142,6 +148,8 @@ def skip_reason(
         return None
     if dev not in impl.devices:
         return f"{impl.name} runs on {'/'.join(impl.devices)}, not {dev}"
+    if case.gpu_only and dev != "cuda":
+        return "a contention case: reduction-order races (atomics) show on a GPU only"
     cap = device_capability(device)
     if impl.min_capability and cap is not None and _cap(cap) < _cap(impl.min_capability):
         return f"{impl.name} needs compute capability >= {impl.min_capability}, device has {cap}"
@@ -407,6 +415,11 @@ def load_user_impl(spec: str, declare=None) -> Impl:
     declared = declarations.from_callable(fn, spec)
     if declare:
         declared.update(declarations.from_yaml(declare))
+    return user_impl(spec, declared, fn)
+
+
+def user_impl(spec: str, declared: dict, fn: Callable) -> Impl:
+    """The Impl of the outside callable `fn` named `spec`, from its validated declarations."""
     varlen = declared.get("varlen")
     modes = tuple(declared.get("modes", declarations.MODES)) + (("varlen",) if varlen else ())
 
@@ -416,6 +429,16 @@ def load_user_impl(spec: str, declare=None) -> Impl:
     fields = {k: v for k, v in declared.items() if k not in ("modes", "varlen", "xfail")}
     xfails = tuple(Xfail(*x) for x in declared.get("xfail", ()))
     return Impl(name=spec, call=call, varlen=varlen, modes=modes, xfails=xfails, declared=declared, **fields)
+
+
+def not_loaded(*args, **kwargs):
+    """Stands for an outside callable in a process that must not import it (the check's verdict)."""
+    raise RuntimeError("this process describes the implementation and never calls it")
+
+
+def described_impl(spec: str, data: dict) -> Impl:
+    """The Impl `declarations.to_json` described, without importing the implementation."""
+    return user_impl(spec, declarations.from_json(data, not_loaded), not_loaded)
 
 
 def resolve(spec: Optional[str], declare=None) -> list:

@@ -74,8 +74,8 @@ def test_policy(dispatcher, monkeypatch, scenario):
     if served_by != "reference":  # SELGATE_FORCE_PARITY returns before the capability rung
         assert st["capability"] == cap and st["capability_source"] == "override", st
     o_ref, lse_ref = selection_attention_ref(inp.q, inp.k, inp.v, inp.ranges, return_lse=True)
-    assert_close("o", o, o_ref, dtype=CASE.dtype, case_id=f"policy {scenario}")
-    assert_close("lse", lse, lse_ref, dtype=CASE.dtype, case_id=f"policy {scenario}")
+    assert_close("o", o, o_ref, precision=CASE.dtype, case_id=f"policy {scenario}")
+    assert_close("lse", lse, lse_ref, precision=CASE.dtype, case_id=f"policy {scenario}")
 
 
 @pytest.mark.skipif(TRITON_SKIP is not None, reason=str(TRITON_SKIP))
@@ -96,4 +96,4 @@ def test_policy_cpu_without_override_uses_sdpa(dispatcher, monkeypatch):
     o = dispatcher.selection_attention(inp.q, inp.k, inp.v, inp.ranges)
     st = dispatcher.stats()
     assert st["calls"] == {"sdpa": 1} and st["fallback_reasons"].get("triton:cpu") == 1, st
-    assert_close("o", o, selection_attention_ref(inp.q, inp.k, inp.v, inp.ranges), dtype=CASE.dtype, case_id="policy cpu")
+    assert_close("o", o, selection_attention_ref(inp.q, inp.k, inp.v, inp.ranges), precision=CASE.dtype, case_id="policy cpu")

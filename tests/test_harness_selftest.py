@@ -148,13 +148,13 @@ def test_failure_message_names_errors_bound_index_and_case():
     got = ref.float().clone()
     got[1, 2] = 1e-3
     with pytest.raises(ConformanceFailure) as e:
-        assert_close("dv", got, ref, dtype=torch.float32, case_id="some-case-id")
+        assert_close("dv", got, ref, precision=torch.float32, case_id="some-case-id")
     msg = str(e.value)
     for part in ("[some-case-id]", "dv: max abs err 1.000e-03", "bound 1.000e-05", "mean abs err 1.667e-04", "index (1, 2)"):
         assert part in msg, msg
     got[0, 0] = float("nan")
     with pytest.raises(ConformanceFailure, match=r"non-finite .* index \(0, 0\)"):
-        assert_close("dv", got, ref, dtype=torch.float32, case_id="c")
+        assert_close("dv", got, ref, precision=torch.float32, case_id="c")
 
 
 def test_known_bug_becomes_strict_xfail():

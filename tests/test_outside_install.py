@@ -161,7 +161,8 @@ def test_check_judges_block_index_kernels(outside):
     assert "| block size | 8 |" in report
     rc, log, report = _check(outside, "blockkernels:fla_style_broken_causal", "blocks-broken", "-k", "test_parity or test_bounds")
     assert rc == 1, log
-    assert "FAIL test_parity.py::test_parity[" in report and "FAIL test_bounds.py::test_bounds[" in report
+    assert "## Root causes" in report and "in bounds, parity" in report, report
+    assert "smallest: `test_" in report and "reproduce: `python blocks-broken/repro/cause-1.py`" in report
 
 
 def test_check_usage_errors_exit_2(outside, tmp_path):

@@ -184,3 +184,32 @@ def test_the_block_size_shapes_the_selections():
     norm = normalize_ranges(make_inputs(case).ranges, TINY_PREFILL.S_kv)
     starts = norm[..., 0][norm[..., 1] > norm[..., 0]]
     assert starts.numel() and bool((starts % 8 == 0).all())
+
+
+def test_filler_queries_cannot_poison_gradients():
+    """A kernel that needs as many queries as keys gets filler rows ahead of the real ones. This
+    kernel gives NaN for an empty row, and that NaN reaches every key's dv (shown first), so
+    fillers that selected nothing failed backward and decode cases it passes on the real
+    queries: fillers select keys a real row selects, and the kernel fails only its own family."""
+    impl = _impl("fla_style_nan_empty")
+    fn = sys.modules["blockkernels"].padded_nsa_nan_empty
+    q, k, v = (
+        torch.randn(1, 4, 2, 8, requires_grad=True),
+        torch.randn(1, 4, 1, 8, requires_grad=True),
+        torch.randn(1, 4, 1, 8, requires_grad=True),
+    )
+    ids = torch.tensor([[[[-1]], [[0]], [[0]], [[0]]]], dtype=torch.int32)
+    counts = (ids[..., 0] >= 0).to(torch.int32)
+    o = fn(q, k, v, block_indices=ids, block_counts=counts, block_size=8, scale=1.0)
+    o[:, 1:].sum().backward()  # the empty row's output is dropped, its gradient is zero
+    assert bool(v.grad.isnan().all()), "the kernel leaks an empty row's NaN into every key's dv"
+    ran = 0
+    for family in ("backward", "decode"):
+        for case in _cases(impl, family, patterns=("full", "builder"), most=8):
+            if case.shape.S < case.shape.S_kv:  # fillers present
+                FAMILIES[family].check(impl, case, "cpu")
+                ran += 1
+    assert ran >= 4
+    with pytest.raises(ConformanceFailure, match="empty rows"):
+        for case in _cases(impl, "empty_ranges", patterns=("mixed", "empty", "padding")):
+            FAMILIES["empty_ranges"].check(impl, case, "cpu")

@@ -27,7 +27,20 @@ def _attend(q, k, v, mask, scale):
     return o.to(v.dtype)
 
 
-def padded_nsa(q, k, v, *, block_indices, block_counts, block_size, scale, cu_seqlens=None, whole_last_block=False):
+def _attend_nan_empty(q, k, v, mask, scale):
+    """As `_attend`, but values weighed densely (p @ v over every key, unselected ones by a
+    zero weight) and an empty row dividing 0 by 0: its NaN reaches every key's dv in the
+    backward (0 * NaN), as in kernels whose backward shares terms between rows."""
+    s = torch.einsum("bthgd,bkhd->bthgk", q.float(), k.float()) * scale
+    sel = mask[:, :, :, None, :]
+    top = torch.where(sel, s, float("-inf")).amax(-1, keepdim=True).clamp(min=-1e30)
+    p = torch.where(sel, torch.exp(torch.where(sel, s, 0.0) - top), 0.0)
+    return (torch.einsum("bthgk,bkhd->bthgd", p, v.float()) / p.sum(-1, keepdim=True)).to(v.dtype)
+
+
+def padded_nsa(
+    q, k, v, *, block_indices, block_counts, block_size, scale, cu_seqlens=None, whole_last_block=False, attend=_attend
+):
     """fla-core's layout: q [B, T, HQ, D], k/v [B, T_kv, H, D], block_indices [B, T, H, S]
     (-1 padded), block_counts [B, T, H]; queries are the last T positions. With
     `whole_last_block` the causal mask stops at the end of the block holding t (the bug)."""
@@ -45,6 +58,7 @@ def padded_nsa(q, k, v, *, block_indices, block_counts, block_size, scale, cu_se
                     block_size=block_size,
                     scale=scale,
                     whole_last_block=whole_last_block,
+                    attend=attend,
                 )
                 for a, b, c, d in zip(cq[:-1], cq[1:], ck[:-1], ck[1:])
             ],
@@ -61,11 +75,15 @@ def padded_nsa(q, k, v, *, block_indices, block_counts, block_size, scale, cu_se
     chosen.scatter_(-1, torch.where(valid & (ids < nb), ids, nb), True)
     limit = (t // block_size + 1) * block_size - 1 if whole_last_block else t
     mask = chosen[..., key // block_size] & (key <= limit[:, None])[None, :, None]
-    return _attend(q.unflatten(2, (H, HQ // H)), k, v, mask, scale).flatten(2, 3)
+    return attend(q.unflatten(2, (H, HQ // H)), k, v, mask, scale).flatten(2, 3)
 
 
 def padded_nsa_whole_last_block(q, k, v, **kw):
     return padded_nsa(q, k, v, whole_last_block=True, **kw)
+
+
+def padded_nsa_nan_empty(q, k, v, **kw):
+    return padded_nsa(q, k, v, attend=_attend_nan_empty, **kw)
 
 
 def topk_nsa(q, k, v, topk_idx, block_size, cu_seqlens, scale):
@@ -97,3 +115,4 @@ fla_style = _declare(padded_block_kernel(padded_nsa, BLOCK))
 fla_style_full_queries = _declare(padded_block_kernel(padded_nsa, BLOCK, full_queries=True))
 fla_style_broken_causal = _declare(padded_block_kernel(padded_nsa_whole_last_block, BLOCK))
 nsa_triton_style = _declare(varlen_block_kernel(topk_nsa, BLOCK))
+fla_style_nan_empty = _declare(padded_block_kernel(padded_nsa_nan_empty, BLOCK, full_queries=True))

@@ -1,0 +1,59 @@
+"""pytest plugin of a `selgate check` run (`-p selgate.conformance.check_plugin`, loaded by the
+check alone).
+
+- The settings that change a verdict (`VERDICT_ENV`: tolerances, pytest's option variables)
+  are refused by the check before it starts; this plugin keeps them out of the run: a test
+  after which one is set (by the kernel's module at import, or by a call) fails, naming it.
+- The controller writes the ids the run collected to `collected.json` beside the JUnit, so a
+  run cut short can name the cases that never ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from selgate.kernels import settings
+
+VERDICT_ENV = (*settings.names("SELGATE_TOL_OVERRIDES"), "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+COLLECTED_FILE = "collected.json"
+
+
+def verdict_environ(environ=None) -> dict:
+    """The verdict-changing settings set (non-empty) in `environ` (default os.environ)."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in VERDICT_ENV if env.get(k)}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """The check refuses these settings, so any value seen here was set inside the run (xdist
+    workers inherit what the kernel's import set in the controller)."""
+    result = yield  # a test that failed keeps its own failure
+    now = verdict_environ()
+    if now:
+        changed = ", ".join(f"{k}={v!r}" for k, v in sorted(now.items()))
+        pytest.fail(f"the environment changed during the run (by the implementation): {changed}; the verdict cannot use it")
+    return result
+
+
+def _write_collected(config, ids) -> None:
+    xml = None if hasattr(config, "workerinput") else config.option.xmlpath
+    if xml and not getattr(config, "_selgate_collected", False):
+        config._selgate_collected = True
+        (Path(xml).parent / COLLECTED_FILE).write_text(json.dumps(list(ids), indent=0) + "\n")
+
+
+def pytest_collection_finish(session):
+    """Without xdist the controller collects itself."""
+    if not hasattr(session.config, "workerinput") and session.config.pluginmanager.getplugin("dsession") is None:
+        _write_collected(session.config, [i.nodeid for i in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """With xdist the workers collect; every worker collects the same ids."""
+    _write_collected(node.config, ids)

@@ -1,0 +1,177 @@
+"""`selgate check` as a kernel author meets it, run as a command: the process that decides the
+verdict never imports the kernel (an import that exits, dies or hangs is a named error), an
+interrupted check still writes its results and names the cut, the caller's environment cannot
+loosen the verdict, and `--out` never deletes what the check did not write."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+OUTSIDE = Path(__file__).resolve().parent / "outside"
+CHECK = [sys.executable, "-m", "selgate.conformance.check"]
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k != "SELGATE_TOL_OVERRIDES"}
+    return {**env, **extra}
+
+
+def _check(work: Path, *args, env=None, timeout=300):
+    out = subprocess.run([*CHECK, *args], cwd=work, capture_output=True, text=True, timeout=timeout, env=env or _env())
+    return out.returncode, out.stdout + out.stderr
+
+
+@pytest.fixture
+def work(tmp_path):
+    for f in OUTSIDE.glob("*.py"):
+        (tmp_path / f.name).write_text(f.read_text())
+    return tmp_path
+
+
+def _module(work: Path, name: str, body: str) -> str:
+    (work / f"{name}.py").write_text(textwrap.dedent(body))
+    return f"{name}:fn"
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ("import sys\nsys.exit(0)\n", "ended in sys.exit(0)"),
+        ("import os\nos._exit(0)\n", "ended the process with exit status 0 before it returned"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "was killed by SIGKILL"),
+        ("raise RuntimeError('no GPU here')\n", "ended in RuntimeError: no GPU here"),
+        ("import missing_dependency_of_the_kernel\n", "ModuleNotFoundError"),
+    ],
+    ids=["sys-exit-0", "os-exit-0", "sigkill", "raises", "missing-dependency"],
+)
+def test_an_import_that_exits_or_dies_blocks_naming_why(work, body, reason):
+    spec = _module(work, "kern", body + "def fn(q, k, v, ranges, *, scale=None):\n    return q\n")
+    rc, log = _check(work, spec, "--out", "out")
+    assert rc == 1, log
+    assert "CHECK BLOCKED: not loaded: " in log and reason in log, log
+    report = (work / "out" / "report.md").read_text()
+    assert reason in report and "CHECK BLOCKED" in report
+    junit = (work / "out" / "junit.xml").read_text()
+    assert "<error" in junit and reason.split(" ")[0] in junit
+
+
+def test_an_import_that_hangs_is_cut_by_its_timeout_and_its_processes_die(work):
+    pidfile = work / "child.pid"
+    spec = _module(
+        work,
+        "kern",
+        f"""
+        import subprocess, time
+        child = subprocess.Popen(["sleep", "600"])
+        open({str(pidfile)!r}, "w").write(str(child.pid))
+        time.sleep(600)
+        def fn(q, k, v, ranges, *, scale=None):
+            return q
+        """,
+    )
+    start = time.monotonic()
+    rc, log = _check(work, spec, "--out", "out", "--import-timeout", "5")
+    assert rc == 1 and "did not finish within 5 s" in log, log
+    assert time.monotonic() - start < 60
+    assert not _alive(int(pidfile.read_text())), "the kernel's own process dies with the check"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a parent that does not reap it counts as dead)."""
+    time.sleep(0.5)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_missing_module_or_a_bad_declaration_is_a_usage_error_leaving_nothing(work):
+    rc, log = _check(work, "nosuchmodule:fn", "--out", "usage")
+    assert rc == 2 and "no module named 'nosuchmodule'" in log, log
+    assert not (work / "usage").exists(), "a usage error leaves no empty report folder"
+    (work / "d.yaml").write_text("block_sise: 8\n")
+    rc, log = _check(work, "tokenkernels:gather", "--declare", "d.yaml", "--out", "usage")
+    assert rc == 2 and "unknown declaration 'block_sise'" in log, log
+
+
+@pytest.mark.parametrize("name", ["SELGATE_TOL_OVERRIDES", "PYTEST_ADDOPTS"])
+def test_a_setting_that_changes_the_verdict_is_refused(work, name):
+    value = "{fp32: {max_abs: 1.0e+30, mean_abs: 1.0e+30}}" if name == "SELGATE_TOL_OVERRIDES" else "-k parity"
+    rc, log = _check(work, "tokenkernels:off_by_a_little", "--out", "out", env=_env(**{name: value}))
+    assert rc == 2 and name in log and "refuses" in log, log
+    assert not (work / "out").exists()
+
+
+def test_a_kernel_that_loosens_the_tolerances_itself_fails_every_case(work):
+    """The other way in: the kernel's module sets the variable while the workers import it."""
+    spec = _module(
+        work,
+        "kern",
+        """
+        import os
+        os.environ["SELGATE_TOL_OVERRIDES"] = "{fp32: {max_abs: 1.0e+30, mean_abs: 1.0e+30}}"
+        from tokenkernels import off_by_a_little as fn
+        """,
+    )
+    rc, log = _check(work, spec, "--out", "out", "-k", "test_parity and mixed and fp32")
+    assert rc == 1, log
+    report = (work / "out" / "report.md").read_text()
+    assert "the environment changed during the run" in report and "SELGATE_TOL_OVERRIDES" in report, report
+    assert "| parity | yes | **0/" in report, "no parity case passes"
+
+
+def test_out_keeps_what_the_check_did_not_write(work):
+    out = work / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "junit.xml").write_text("<testsuites/>")
+    rc, log = _check(work, "tokenkernels:gather", "--out", "out", "-k", "test_parity and s7")
+    assert rc == 2 and "did not write" in log, log
+    assert (out / "junit.xml").read_text() == "<testsuites/>"
+    (out / "junit.xml").unlink()
+    rc, log = _check(work, "tokenkernels:gather", "--out", "out", "-k", "test_parity and s7")
+    assert rc == 1 and "narrowed" in log, log
+    written = json.loads((out / ".selgate-check.json").read_text())
+    assert "junit.xml" in written and "notes.txt" not in written
+    rc, log = _check(work, "nosuchmodule:fn", "--out", "out")
+    assert rc == 2
+    assert (out / "notes.txt").read_text() == "mine", "another run's usage error keeps the folder"
+
+
+def test_a_cut_check_writes_its_results_and_names_what_never_ran(work):
+    """SIGINT once, as a CI time limit or Ctrl-C sends it: JUnit, environment and report are
+    written, the report names the cut and the cases that never ran, and the exit is 1."""
+    proc = subprocess.Popen(
+        [*CHECK, "tokenkernels:gather", "--out", "cut", "--workers", "2"],
+        cwd=work,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    collected = work / "cut" / "collected.json"
+    deadline = time.monotonic() + 120
+    while not collected.exists() and time.monotonic() < deadline:  # the run has its cases
+        time.sleep(0.2)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    log = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 1, log
+    out = work / "cut"
+    env = json.loads((out / "environment.json").read_text())
+    assert env["cut"]["signal"] == "SIGINT"
+    assert (out / "junit.xml").exists()
+    report = (out / "report.md").read_text()
+    assert "CHECK BLOCKED: run cut by SIGINT after" in report
+    assert "## Cut short by SIGINT" in report and "never ran" in report
+    collected = json.loads((out / "collected.json").read_text())
+    assert len(collected) > 300
