@@ -74,7 +74,7 @@ def pytest_command(args, out: Path, inifile: Path) -> list:
     cmd = [sys.executable, "-m", "pytest", *[a for p in PLUGINS for a in ("-p", p)]]
     cmd += ["--pyargs", "selgate.conformance", "-c", str(inifile), "--rootdir", str(inifile.parent)]
     cmd += ["-m", MARKERS, "--impl", args.impl, "--size", args.size]
-    cmd += ["-n", str(args.workers), "--dist", "worksteal", "--max-worker-restart", "100000"]
+    cmd += ["-n", str(args.workers), "--max-worker-restart", "100000"]
     cmd += ["--timeout", str(args.timeout), "--timeout-method", "thread"]
     cmd += ["--junitxml", str(out / "junit.xml"), "-o", "junit_family=xunit2", "-p", "no:cacheprovider", "-q", "-rN", "--tb=no"]
     if args.declare:

@@ -92,13 +92,14 @@ def golden_fn(ranges, scale):
     return lambda q, k, v: selection_attention_ref(q.double(), k.double(), v.double(), ranges, scale=scale, return_lse=True)
 
 
-def plain_fn(ranges, scale, dtype):
-    """The plain PyTorch run in `dtype` the fp16/bf16/tf32 bounds scale with (for tf32, run
-    under `Precision.matmuls`)."""
+def plain_fn(ranges, scale, judged: Precision):
+    """The plain PyTorch run in the precision `judged` the fp16/bf16/tf32 bounds scale with:
+    inputs rounded to it (`Precision.round`), computed in its dtype."""
 
     def run(q, k, v):
         norm = normalize_ranges(ranges, k.shape[2])
-        return gather_attention(q.to(dtype), k.to(dtype), v.to(dtype), norm, scale=resolve_scale(scale, q.shape[-1]), dtype=dtype)
+        q, k, v = (judged.round(t) for t in (q, k, v))
+        return gather_attention(q, k, v, norm, scale=resolve_scale(scale, q.shape[-1]), dtype=judged.dtype)
 
     return run
 
@@ -137,7 +138,7 @@ def reference_run(fn, inp: Inputs, case: Case, judged: Precision, grads: bool, l
 
 def _batched(inp: Inputs, judged: Precision, ranges=None):
     r = inp.ranges if ranges is None else ranges
-    return lambda kind: golden_fn(r, inp.scale) if kind == "golden" else plain_fn(r, inp.scale, judged.dtype)
+    return lambda kind: golden_fn(r, inp.scale) if kind == "golden" else plain_fn(r, inp.scale, judged)
 
 
 def compare(case: Case, judged: Precision, got: Result, gold: Result, plain: Optional[Result]) -> None:
@@ -447,7 +448,7 @@ def check_varlen(impl: Impl, case: Case, device) -> None:
     def fn(kind):
         if kind == "golden":
             return _per_sequence(lambda r: golden_fn(r, inp.scale), inp)
-        return _per_sequence(lambda r: plain_fn(r, inp.scale, judged.dtype), inp)
+        return _per_sequence(lambda r: plain_fn(r, inp.scale, judged), inp)
 
     gold, plain, up = reference_run(fn, inp, case, judged, grads=impl.backward, lse=impl.lse)
     got = evaluate(

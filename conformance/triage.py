@@ -102,6 +102,16 @@ def _over(what: str, order) -> str:
     return f"{what} over its bound" if order is None else f"{what} {_magnitude(order)} over its bound"
 
 
+def _empty_rows(name: str, got: str, want: str) -> str | None:
+    """One cause however the families word it: o (or dq) non-finite where it must be exactly 0,
+    which only a row that selects nothing has (its own rows, the family's empty ones, the
+    bounds family's tail queries)."""
+    base = name.split("[")[0]
+    if base in ("o", "dq") and _special(got) != "finite" and _special(want) == "finite" and float(want) == 0.0:
+        return f"{base}: {_special(got)} on rows that select nothing (where {base} is exactly 0)"
+    return None
+
+
 def _tensor_signature(name: str, what: str) -> str:
     """The signature of one tensor's failure as `compare.assert_close`/`assert_equal` and
     the dtype family word it."""
@@ -110,7 +120,7 @@ def _tensor_signature(name: str, what: str) -> str:
         return f"{name}: {_shape_diff(name, *m.groups())}"
     m = re.match(r"\d+ non-finite or wrong special values, first at index .*?: got (\S+), reference (\S+)", what)
     if m:
-        return f"{name}: {_special(m[1])} where the reference is {_special(m[2])}"
+        return _empty_rows(name, *m.groups()) or f"{name}: {_special(m[1])} where the reference is {_special(m[2])}"
     m = re.match(r"max abs err (\S+) \(bound ([^:;)]+)", what)
     if m:
         order = _order(m[1], m[2])
@@ -125,6 +135,8 @@ def _tensor_signature(name: str, what: str) -> str:
             return f"{name}: not bitwise identical across runs"
         if got is None or _kind(got) == _kind(want):
             return f"{name}: differs ({why})"
+        if _empty_rows(name, got, want):
+            return _empty_rows(name, got, want)
         return f"{name}: {_kind(got)} where {_kind(want)} is expected ({why})"
     m = re.match(r"got (\S+) (\(.*?\)) on (\S+), expected (\S+) (\(.*?\)) on (\S+)", what)
     if m:
@@ -171,7 +183,8 @@ def signature(result: CaseResult) -> str:
             sig = f"{etype.rsplit('.', 1)[-1]}: {_normalise(text)}"
         elif case:
             where = _normalise(CASE_ID.sub("", case[1])).strip(" ()")
-            sig = _failure_signature(case[2]) + (f" ({where})" if where else "")
+            sig = _failure_signature(case[2])
+            sig += f" ({where})" if where and " on rows that select nothing" not in sig else ""
         else:
             sig = _failure_signature(text)
     return sig if len(sig) <= MAX_SIGNATURE else sig[: MAX_SIGNATURE - 1] + "…"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from pathlib import Path
 
 import torch
 from fla.ops.nsa.parallel import parallel_nsa
@@ -25,6 +26,38 @@ from selgate.reference import selection_attention_ref
 from selgate.reports.results import read_junit, _nodeid
 
 FORWARD = ("parity", "decode", "bounds", "empty_ranges", "group", "dtype")
+
+
+def backward_beyond_t(device="cuda"):
+    """The bounds family's `dk[tail keys]` NaN on a direct call with every query real (no adapter
+    rows): 100 queries over 100 keys in blocks of 64; query 64 selects its own block (keys 64-99,
+    those past 64 beyond its position), every later query block 0 only, so keys 65-99 are selected
+    by no row and hold NaN. Their dk must be exactly zero; returns how many are NaN instead."""
+    T, H, HQ, D, bs = 100, 1, 16, 64, 64
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, T, n, D, generator=gen).to(device) for n in (HQ, H, H))
+    ids = torch.full((1, T, H, 1), -1, dtype=torch.int32)
+    ids[:, :65] = 0
+    ids[:, 64] = 1
+    ids[:, 65:] = 0
+    unread = torch.zeros(T, dtype=torch.bool)
+    unread[65:] = True
+    k[:, unread.to(device)] = float("nan")
+    v[:, unread.to(device)] = float("nan")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o = parallel_nsa(
+            q,
+            k,
+            v,
+            block_indices=ids.to(device),
+            block_counts=torch.ones(1, T, H, dtype=torch.int32, device=device),
+            block_size=bs,
+            scale=D**-0.5,
+        )
+    o.backward(torch.randn(o.shape, generator=gen).to(device))
+    return int(torch.isfinite(o).logical_not().sum()), int(k.grad[:, unread.to(device)].isnan().sum()), int(unread.sum()) * H * D
 
 
 def direct(q, k, v, ranges, scale, block_size):
@@ -61,7 +94,7 @@ def main():
     args = p.parse_args()
     impl = resolve(args.impl, declare=args.declare)[0]
     rows = []
-    for suite in read_junit(args.junit):
+    for suite in read_junit(Path(args.junit)):
         for case in suite:
             failed = any(type(r).__name__ in ("Failure", "Error") for r in case.result)
             node = _nodeid(case)
@@ -82,6 +115,8 @@ def main():
     for f, cid, a, b, c, d, same in rows:
         print(f"| {f} | {cid} | {a} | {b:.2e} | {c} | {d:.2e} | {same} |")
     print(f"{len(rows)} failing forward cases; o identical through the adapter and directly in {sum(r[-1] for r in rows)}")
+    o_nan, dk_nan, total = backward_beyond_t()
+    print(f"direct call, every query real: o non-finite {o_nan}; dk NaN for {dk_nan} of {total} elements of keys no row selects")
 
 
 if __name__ == "__main__":
