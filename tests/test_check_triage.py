@@ -81,7 +81,7 @@ def test_fla_like_failures_collapse_to_their_root_causes():
     assert len(causes) <= 6
     got = {c.signature: c.count for c in causes}
     assert got == {
-        "o[empty rows]: NaN where 0 is expected (an empty row gives o = 0 exactly)": 60,
+        "o: NaN on rows that select nothing (where o is exactly 0)": 60,
         "o: max abs err 10^2x over its bound": 50,
         "dk[tail keys]: NaN where 0 is expected (nothing selects them)": 25,
         "dq: max abs err 10^2x over its bound": 20,
@@ -334,3 +334,19 @@ def test_find_case_names_what_it_cannot_find():
     assert triage.find_case(impl, case.id, "small") == case
     with pytest.raises(LookupError, match="no case prefill-nope"):
         triage.find_case(impl, "prefill-nope", "tiny")
+
+
+def test_nan_where_o_must_be_zero_is_one_cause_however_a_family_words_it():
+    """The reference's o is exactly 0 only on a row that selects nothing: a NaN there is the
+    empty-row cause whether the row is the case's own, the empty_ranges family's or the bounds
+    family's tail query, and a decode-row suffix does not split it; a NaN on a row with a finite
+    non-zero reference stays its own cause."""
+    cid = CASES[0].id
+    sigs = {
+        triage.signature(result("parity", cid, nonfinite(cid, "o", ref="0.0"))),
+        triage.signature(result("empty_ranges", cid, differ(cid, "o[empty rows]", "an empty row gives o = 0 exactly"))),
+        triage.signature(result("bounds", cid, differ(cid, "o[tail queries]", "they select nothing"))),
+        triage.signature(result("decode", cid, nonfinite(f"{cid} decode of row 0 vs golden row", "o", ref="0.0"))),
+    }
+    assert sigs == {"o: NaN on rows that select nothing (where o is exactly 0)"}
+    assert triage.signature(result("parity", cid, nonfinite(cid, "o", ref="0.5"))) == "o: NaN where the reference is finite"
