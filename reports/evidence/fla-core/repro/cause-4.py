@@ -1,0 +1,33 @@
+# Reproduces root cause `o: NaN where the reference is finite` (3 failure(s)) of `selgate check fla_nsa:selection`
+# on its smallest case, `test_varlen.py::test_varlen[fla_nsa:selection-varlen-q3.1.5.4-k20.33.5.17-G2h16-D16x16-n4-mixed-bs64-bf16-s0]`.
+# Run it from the directory `selgate check` ran in (where the implementation's module is).
+import os
+import sys
+
+from selgate.conformance.cases import make_inputs
+from selgate.conformance.compare import ConformanceFailure
+from selgate.conformance.families import FAMILIES
+from selgate.conformance.registry import resolve
+from selgate.conformance.triage import find_case
+from selgate.reference import selection_attention_ref, varlen_to_batched
+
+sys.path.insert(0, os.getcwd())
+DEVICE = 'cuda'
+impl = resolve('fla_nsa:selection', declare='/work/main/examples/fla_nsa.yaml')[0]
+case = find_case(impl, 'varlen-q3.1.5.4-k20.33.5.17-G2h16-D16x16-n4-mixed-bs64-bf16-s0', 'tiny')
+inp = make_inputs(case, DEVICE)
+q, k, v, ranges = inp.q, inp.k, inp.v, inp.ranges
+o, lse = impl.forward_varlen(q, k, v, ranges, inp.cu_seqlens_q, inp.cu_seqlens_k, scale=inp.scale)
+rows, positions = varlen_to_batched(ranges, inp.cu_seqlens_q, inp.cu_seqlens_k)
+o_ref, lse_ref = selection_attention_ref(
+    q.double(), k.double(), v.double(), rows, scale=inp.scale, positions=positions, return_lse=True
+)
+print(f"o {tuple(o.shape)} {o.dtype}, reference {tuple(o_ref.shape)}")
+print(f"NaN in o: {int(o.isnan().sum())}, in the reference: {int(o_ref.isnan().sum())}")
+if o.shape == o_ref.shape:
+    print(f"o: max abs err {(o.double() - o_ref).abs().nan_to_num(0.0).max().item():.3e}")
+try:
+    FAMILIES['varlen'].check(impl, case, DEVICE)
+    print("varlen: passed on this case")
+except ConformanceFailure as e:
+    print(f"varlen FAILED: {e}")
