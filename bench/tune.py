@@ -202,7 +202,6 @@ def verify(path: Path, entries: list[dict], rl: int) -> str:
     from selgate.kernels.triton.bwd import launch_config as bwd_config
     from selgate.kernels.triton.fwd import launch_config as fwd_config
 
-    # the folder under every name of the variable (a former name set to another folder would conflict)
     saved = {name: os.environ.pop(name) for name in settings.names(tuning.ENV_TUNED_DIR) if name in os.environ}
     os.environ[tuning.ENV_TUNED_DIR] = str(path.parent)
     tuning.clear_cache()

@@ -83,4 +83,25 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return variant_of(nodeid)
 
+        def _assign_work_unit(self, node):
+            """Only to a worker whose collection arrived: one replacing a crashed worker is
+            added before it has collected (xdist's own raised KeyError there)."""
+            if node in self.registered_collections:
+                super()._assign_work_unit(node)
+
+        def remove_node(self, node):
+            """As xdist's, except that the case a crashed worker was running is reported as
+            that crash and never handed out again: a kernel that aborts on a case every time
+            would otherwise take down worker after worker on it."""
+            workload = self.assigned_work.pop(node)
+            pending = [(unit, nodeid) for unit in workload.values() for nodeid, done in unit.items() if not done]
+            if not pending:
+                return None
+            unit, crashed = pending[0]
+            unit[crashed] = True
+            self.workqueue.update({scope: unit for scope, unit in workload.items() if not all(unit.values())})
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
     return KernelVariantScheduling(config, log)

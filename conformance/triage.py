@@ -169,7 +169,7 @@ def signature(result: CaseResult) -> str:
     and what went wrong with it, or which exception, timeout or crash. Short: it is the
     title a person reads."""
     msg = " ".join(result.message.split()).partition("; then ")[0]  # a test reported twice: its first report
-    if re.match(r"worker '[^']*' crashed", msg):
+    if re.search(r"worker '[^']*' crashed", msg):  # xdist words it "failed on setup with ..." too
         sig = "worker crashed while running the case (abort, segfault or kill)"
     elif re.match(r"(?:Failed: )?Timeout >", msg):
         sig = "timeout: the case ran past the per-case limit"

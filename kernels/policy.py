@@ -21,8 +21,7 @@ from .stats import record_capability
 _override: list = []  # stack of capability_override() values
 
 
-# The variables that steer the dispatcher, under their current and former names (tests clear
-# them all for a known state).
+# The variables that steer the dispatcher (tests clear them all for a known state).
 ENV_FLAGS = tuple(name for var in env.VARS.values() if var.group == "dispatcher" for name in var.names)
 
 

@@ -1,18 +1,13 @@
 """Every `SELGATE_*` environment variable selgate reads, declared once.
 
-Each entry has a name, a type, a default, a meaning, the files that read it and the names it
-had before (`deprecated`). Code reads a variable through `get`, so one value means the same
-everywhere: flags accept 1/0, true/false, yes/no, on/off in any case, an empty value counts as
-unset, and a malformed value raises `ConfigError` naming the variable, the value and what was
-expected.
+Each entry has a name, a type, a default, a meaning and the files that read it. Code reads a
+variable through `get`, so one value means the same everywhere: flags accept 1/0, true/false,
+yes/no, on/off in any case, an empty value counts as unset, and a malformed value raises
+`ConfigError` naming the variable, the value and what was expected.
 
 Names: `SELGATE_`, then the part a variable configures when it configures one (`TRITON_`,
-`CUDA_`, `BENCH_`, `DOCKER_`), then what it sets. A former name still works: when only it is
-set its value is read and one WARNING per process and name on the `selgate` logger says which
-name replaces it; the current name and a former one set to different values are a
-`ConfigError` naming both. Code that hands an environment to another process passes it
-through `current_environ`, which writes every former name under its current one, so a child
-(a lane's worker, a policy probe, a container) sees one name per variable.
+`CUDA_`, `BENCH_`, `DOCKER_`), then what it sets. selgate reads its own namespace only: another
+project's variables (nsa-vibe's `NSA_*` flags, set by someone validating it) change nothing here.
 `python -m selgate.kernels.settings --markdown` writes docs/configuration.md from this table.
 
 It lives in the kernel package because the kernels read it and may import nothing from the
@@ -21,7 +16,6 @@ rest of selgate; everything else may import it.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sys
@@ -31,14 +25,12 @@ from pathlib import Path
 from .errors import ConfigError
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-log = logging.getLogger("selgate")
 
 
 @dataclass(frozen=True)
 class Var:
     """One environment variable. `default` is what `get` returns when it is unset; None with
-    `default_doc` saying where the reader takes its default from (configs, another path).
-    `deprecated`: its former names, still read (with a warning) when the name is unset."""
+    `default_doc` saying where the reader takes its default from (configs, another path)."""
 
     name: str
     type: str  # flag, int, float, str, path
@@ -47,12 +39,11 @@ class Var:
     readers: tuple[str, ...]
     group: str
     default_doc: str = ""
-    deprecated: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The current name, then the former ones."""
-        return (self.name, *self.deprecated)
+        """Every name it is read under: its own."""
+        return (self.name,)
 
 
 def _flag(name: str, raw: str) -> bool:
@@ -81,7 +72,7 @@ def _float(name: str, raw: str) -> float:
     return value
 
 
-# Each parser takes the name actually set (for its error message) and the raw text.
+# Each parser takes the variable's name (for its error message) and the raw text.
 PARSERS = {"flag": _flag, "int": _int, "float": _float, "str": lambda name, raw: raw, "path": lambda name, raw: Path(raw)}
 
 GROUPS = {
@@ -98,7 +89,7 @@ _K = "kernels/"
 VARS: dict[str, Var] = {
     v.name: v
     for v in (
-        # Dispatcher (tests clear exactly these, under every name, for a known state: `policy.ENV_FLAGS`).
+        # Dispatcher (tests clear exactly these for a known state: `policy.ENV_FLAGS`).
         Var(
             "SELGATE_TRITON_ENABLE",
             "flag",
@@ -107,7 +98,6 @@ VARS: dict[str, Var] = {
             (_K + "policy.py",),
             "dispatcher",
             "configs `runtime.use_triton_sel`",
-            deprecated=("NSA_USE_TRITON_SEL",),
         ),
         Var(
             "SELGATE_TRITON_FORCE",
@@ -116,7 +106,6 @@ VARS: dict[str, Var] = {
             "Run Triton even where the ADR policy disables it (SM 8.9), ignoring the min-L threshold and SELGATE_TRITON_ENABLE.",
             (_K + "policy.py",),
             "dispatcher",
-            deprecated=("NSA_TRITON_SEL_FORCE",),
         ),
         Var(
             "SELGATE_TRITON_MIN_L",
@@ -126,7 +115,6 @@ VARS: dict[str, Var] = {
             (_K + "policy.py",),
             "dispatcher",
             "configs `runtime.sel_triton_min_L`",
-            deprecated=("NSA_SEL_TRITON_MIN_L",),
         ),
         Var(
             "SELGATE_FORCE_PARITY",
@@ -135,7 +123,6 @@ VARS: dict[str, Var] = {
             "Route every call to the fp64 reference.",
             (_K + "policy.py",),
             "dispatcher",
-            deprecated=("NSA_FORCE_PARITY",),
         ),
         Var(
             "SELGATE_STRICT",
@@ -144,7 +131,6 @@ VARS: dict[str, Var] = {
             "Raise instead of falling back when the requested backend cannot run.",
             (_K + "policy.py",),
             "dispatcher",
-            deprecated=("NSA_SEL_STRICT",),
         ),
         Var(
             "SELGATE_TRITON_ALLOW_GRAD",
@@ -154,7 +140,6 @@ VARS: dict[str, Var] = {
             (_K + "policy.py",),
             "dispatcher",
             "configs `runtime.sel_triton_allow_grad`",
-            deprecated=("NSA_SEL_TRITON_ALLOW_GRAD",),
         ),
         Var(
             "SELGATE_VALIDATE_RANGES",
@@ -163,7 +148,6 @@ VARS: dict[str, Var] = {
             "Reject ranges that break the producer contract (sorted, disjoint, causal) instead of normalising them.",
             (_K + "policy.py",),
             "dispatcher",
-            deprecated=("NSA_SEL_VALIDATE",),
         ),
         Var(
             "SELGATE_CUDA_ENABLE",
@@ -172,7 +156,6 @@ VARS: dict[str, Var] = {
             "Try the CUDA decode kernel first for S = 1 calls on a GPU.",
             (_K + "policy.py",),
             "dispatcher",
-            deprecated=("NSA_SEL_CUDA",),
         ),
         Var(
             "SELGATE_CAPABILITY",
@@ -182,7 +165,6 @@ VARS: dict[str, Var] = {
             (_K + "policy.py", "lanes/__main__.py", "reports/environment.py"),
             "dispatcher",
             "the device's",
-            deprecated=("NSA_SEL_CAPABILITY",),
         ),
         Var(
             "SELGATE_DEBUG_LOG",
@@ -191,7 +173,6 @@ VARS: dict[str, Var] = {
             "Log every dispatch decision as a `sel.*` line on the `selgate.kernels` logger.",
             (_K + "stats.py",),
             "dispatcher",
-            deprecated=("NSA_DEBUG_LOG",),
         ),
         Var(
             "SELGATE_TRITON_NORMALIZE",
@@ -200,7 +181,6 @@ VARS: dict[str, Var] = {
             "Normalise CUDA ranges with one Triton launch; off keeps the torch formulation.",
             (_K + "dispatch.py",),
             "dispatcher",
-            deprecated=("NSA_SEL_TRITON_NORMALIZE",),
         ),
         Var(
             "SELGATE_TRITON_TMA",
@@ -210,7 +190,6 @@ VARS: dict[str, Var] = {
             (_K + "triton/tuning.py",),
             "dispatcher",
             "configs `triton_fwd.<kind>.tma`",
-            deprecated=("NSA_SEL_TRITON_TMA",),
         ),
         Var(
             "SELGATE_TRITON_PAIRS",
@@ -220,7 +199,6 @@ VARS: dict[str, Var] = {
             (_K + "triton/tuning.py",),
             "dispatcher",
             "configs `triton_fwd.<kind>.pairs`",
-            deprecated=("NSA_SEL_TRITON_PAIRS",),
         ),
         # Triton launch configuration.
         Var(
@@ -230,7 +208,6 @@ VARS: dict[str, Var] = {
             "Forward launch override, `BLOCK_L=32,num_warps=8` or a JSON object; keys BLOCK_L, num_warps, num_stages.",
             (_K + "triton/tuning.py",),
             "triton",
-            deprecated=("NSA_SEL_TRITON_FWD_CONFIG",),
         ),
         Var(
             "SELGATE_TRITON_BWD_CONFIG",
@@ -239,7 +216,6 @@ VARS: dict[str, Var] = {
             "Backward launch override in the same form; keys as in `tuning.BWD_KEYS`.",
             (_K + "triton/tuning.py",),
             "triton",
-            deprecated=("NSA_SEL_TRITON_BWD_CONFIG",),
         ),
         Var(
             "SELGATE_TRITON_AUTOTUNE",
@@ -248,7 +224,6 @@ VARS: dict[str, Var] = {
             "Autotune a launch the tuned file does not cover, once per process and key.",
             (_K + "triton/tuning.py",),
             "triton",
-            deprecated=("NSA_SEL_TRITON_AUTOTUNE",),
         ),
         Var(
             "SELGATE_TRITON_TUNED",
@@ -257,7 +232,6 @@ VARS: dict[str, Var] = {
             "Use the tuned file of the device; off ignores it.",
             (_K + "triton/tuning.py",),
             "triton",
-            deprecated=("NSA_SEL_TUNED",),
         ),
         Var(
             "SELGATE_TRITON_TUNED_DIR",
@@ -267,7 +241,6 @@ VARS: dict[str, Var] = {
             (_K + "triton/tuning.py",),
             "triton",
             "configs/tuned",
-            deprecated=("NSA_SEL_TUNED_DIR",),
         ),
         Var(
             "SELGATE_TRITON_RANGE_LEN",
@@ -277,7 +250,6 @@ VARS: dict[str, Var] = {
             (_K + "triton/tuning.py",),
             "triton",
             "configs `triton_tuning.range_len`, else 64",
-            deprecated=("NSA_SEL_RANGE_LEN",),
         ),
         # CUDA decode extension build.
         Var(
@@ -287,7 +259,6 @@ VARS: dict[str, Var] = {
             "Build the CUDA decode extension when `selgate.kernels.cuda` is imported rather than at its first call.",
             (_K + "cuda/__init__.py",),
             "cuda",
-            deprecated=("NSA_SEL_CUDA_BUILD",),
         ),
         Var(
             "SELGATE_CUDA_CACHE",
@@ -296,7 +267,6 @@ VARS: dict[str, Var] = {
             "Where the CUDA extension's builds are kept; lane runs set it under SELGATE_CACHE_DIR.",
             (_K + "cuda/build.py", "lanes/runner.py"),
             "cuda",
-            deprecated=("NSA_SEL_CUDA_CACHE",),
         ),
         Var(
             "SELGATE_CUDA_BUILD_WAIT",
@@ -305,7 +275,6 @@ VARS: dict[str, Var] = {
             "Longest wait, in seconds, for another process's build of the same extension.",
             (_K + "cuda/build.py",),
             "cuda",
-            deprecated=("NSA_SEL_CUDA_BUILD_WAIT",),
         ),
         Var(
             "SELGATE_CUDA_VERBOSE",
@@ -314,7 +283,6 @@ VARS: dict[str, Var] = {
             "Show the compiler's output while building.",
             (_K + "cuda/build.py",),
             "cuda",
-            deprecated=("NSA_SEL_CUDA_VERBOSE",),
         ),
         # Configuration files.
         Var(
@@ -484,98 +452,42 @@ VARS: dict[str, Var] = {
     )
 }
 
-# Former name -> current name, for every variable that was renamed.
-DEPRECATED: dict[str, str] = {old: var.name for var in VARS.values() for old in var.deprecated}
-
 _UNSET = object()
-_WARNED: set[str] = set()  # former names this process has warned about (one line each)
-
-
-def _warn_deprecated(old: str, new: str) -> None:
-    if old not in _WARNED:
-        _WARNED.add(old)
-        log.warning(
-            "environment variable %s is deprecated: it was renamed %s; set that instead "
-            "(the old name is still read while %s is unset)",
-            old,
-            new,
-            new,
-        )
-
-
-def _lookup(var: Var, environ) -> tuple[str, str, object] | None:
-    """(the name the value is read from, its raw text, its parsed value), or None when no name
-    of `var` is set (empty counts as unset). The current name wins; a former name whose value
-    differs from the one read is a ConfigError naming both; each former name set is warned
-    about once per process. A malformed value raises naming the variable it was set under."""
-    env = os.environ if environ is None else environ
-    found = [(name, env[name]) for name in var.names if env.get(name) not in (None, "")]
-    if not found:
-        return None
-    parse = PARSERS[var.type]
-    name, raw = found[0]
-    value = parse(name, raw)
-    for other, other_raw in found[1:]:
-        if parse(other, other_raw) != value:
-            former = ", ".join(var.deprecated)
-            raise ConfigError(
-                f"{name} and {other} are both set, to different values ({raw!r} and {other_raw!r}): "
-                f"{former} {'is the former name' if len(var.deprecated) == 1 else 'are former names'} "
-                f"of {var.name}; set only {var.name}"
-            )
-    for other, _ in found:
-        if other != var.name:
-            _warn_deprecated(other, var.name)
-    return name, raw, value
 
 
 def _var(name: str) -> Var:
     var = VARS.get(name)
     if var is None:
-        hint = f" (renamed {DEPRECATED[name]})" if name in DEPRECATED else ""
-        raise KeyError(f"{name} is not in selgate.kernels.settings.VARS{hint}; declare it there")
+        raise KeyError(f"{name} is not in selgate.kernels.settings.VARS; declare it there")
     return var
 
 
 def get(name: str, default=_UNSET, environ=None):
-    """The parsed value of variable `name` from `environ` (default os.environ), read under its
-    current name or, when that is unset, a former one; `default` (else the registry's) when it
-    is unset or empty. Raises ConfigError when malformed (naming the variable actually set) or
-    when two of its names disagree."""
+    """The parsed value of variable `name` from `environ` (default os.environ); `default` (else
+    the registry's) when it is unset or empty. Raises ConfigError when it is malformed."""
     var = _var(name)
-    found = _lookup(var, environ)
-    if found is None:
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw in (None, ""):
         return var.default if default is _UNSET else default
-    return found[2]
+    return PARSERS[var.type](name, raw)
 
 
 def names(name: str) -> tuple[str, ...]:
-    """Every name variable `name` is read under: the current one, then the former ones. For
-    code that asks whether a variable is present at all, or removes it."""
+    """Every name variable `name` is read under (its own), for code that asks whether it is set
+    at all, or removes it."""
     return _var(name).names
 
 
 def source(name: str, environ=None) -> str:
-    """The name variable `name`'s value is read from (a former name when only that is set);
-    the current name when it is unset. For messages that name what the user set."""
-    found = _lookup(_var(name), environ)
-    return found[0] if found else name
+    """The name variable `name`'s value is read from, for messages that name what the user set:
+    its own."""
+    return _var(name).name
 
 
 def current_environ(environ=None) -> dict:
-    """A copy of `environ` (default os.environ) with every variable set under a former name
-    moved to its current name, for handing to another process (a lane's workers, a policy
-    probe, a container): the child then sees one name per variable, and what a lane adds
-    under the current name replaces what the caller set under the old one. Raises
-    ConfigError when two names of one variable disagree."""
-    env = dict(os.environ if environ is None else environ)
-    for var in dict.fromkeys(VARS[new] for old, new in DEPRECATED.items() if old in env):
-        found = _lookup(var, env)
-        for old in var.deprecated:
-            env.pop(old, None)
-        if found is not None:
-            env[var.name] = found[1]
-    return env
+    """A copy of `environ` (default os.environ), for handing to another process (a lane's
+    workers, a policy probe, a container)."""
+    return dict(os.environ if environ is None else environ)
 
 
 def _default_text(var: Var) -> str:
@@ -601,9 +513,8 @@ def markdown() -> str:
         "the variable, the value and what was expected.",
         "",
         "Names are `SELGATE_`, then the part a variable configures when it configures one (`TRITON_`,",
-        "`CUDA_`, `BENCH_`, `DOCKER_`), then what it sets. A former name (last column) is still read when",
-        "the current name is unset, with one warning per process on the `selgate` logger; the two set to",
-        "different values are an error naming both. Former names will be removed in a later release.",
+        "`CUDA_`, `BENCH_`, `DOCKER_`), then what it sets. selgate reads these names only: another",
+        "project's variables (nsa-vibe's `NSA_*` flags, set by someone validating it) change nothing here.",
         "",
         "Two variables outside the scheme, under their usual names: `bin/setup` reuses the torch of the",
         "interpreter named by `PYTHON` (default `python3`); a lane gives each worker",
@@ -615,14 +526,13 @@ def markdown() -> str:
             "",
             f"## {title}",
             "",
-            "| variable | type | default | meaning | read by | former names |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| variable | type | default | meaning | read by |",
+            "| --- | --- | --- | --- | --- |",
         ]
         for var in VARS.values():
             if var.group == group:
                 readers = ", ".join(f"`{r}`" for r in var.readers)
-                former = ", ".join(f"`{d}`" for d in var.deprecated) or "-"
-                lines.append(f"| `{var.name}` | {var.type} | {_default_text(var)} | {var.meaning} | {readers} | {former} |")
+                lines.append(f"| `{var.name}` | {var.type} | {_default_text(var)} | {var.meaning} | {readers} |")
     return "\n".join(lines) + "\n"
 
 

@@ -52,12 +52,19 @@ def _detect(args) -> int:
 
 def _run(args) -> int:
     """The lane's output is emptied first; a run refused after that (a bad argument, the wrong
-    device) leaves a note naming why, so the gate blocks on it rather than on stale results."""
+    device) leaves a note naming why, so the gate blocks on it rather than on stale results.
+    An output that cannot be emptied stops the run (exit 1), naming it. With --check the run is
+    only planned: 0, or 2 naming what is wrong, and reports/out/ is left as it is."""
     if args.lane != "auto" and args.lane not in lane_names():
         raise ValueError(f"lane: expected one of {lane_names()} or 'auto', got {args.lane!r}")
     name, capability = resolve_lane(args.lane)
     out_name = f"{name}-emulated" if args.emulate else name
-    clear_out(out_name)
+    if not args.check:
+        try:
+            clear_out(out_name)
+        except OSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     try:
         plan = plan_lane(
             load_lane(name),
@@ -69,9 +76,10 @@ def _run(args) -> int:
             extra=args.pytest_args,
         )
     except ValueError as e:
-        record_refusal(out_name, str(e))
+        if not args.check:
+            record_refusal(out_name, str(e))
         raise
-    return run_plan(plan, docker=args.docker)
+    return 0 if args.check else run_plan(plan, docker=args.docker)
 
 
 def _durations(args) -> int:
@@ -123,6 +131,12 @@ def main(argv=None) -> int:
         "results go to reports/out/<lane>-emulated/",
     )
     r.add_argument("--policy-only", action="store_true", help="run only the lane's policy checks")
+    r.add_argument(
+        "--check",
+        action="store_true",
+        help="check the arguments and plan the run, then exit (0, or 2 naming what is wrong) "
+        "without running or clearing anything; bin/gate checks its arguments so",
+    )
     r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     r.set_defaults(fn=_run)
     du = sub.add_parser(

@@ -43,8 +43,7 @@ def probe() -> dict:
 
 
 def probe_in_subprocess(env: dict, timeout: float = 600) -> dict:
-    """`probe()`'s counters from a fresh interpreter with `env` added to os.environ (selgate's
-    variables under their current names, so the check's env replaces a former name's value)."""
+    """`probe()`'s counters from a fresh interpreter with `env` added to os.environ."""
     full = {**settings.current_environ(), **settings.current_environ({k: str(v) for k, v in env.items()})}
     proc = subprocess.run(
         [sys.executable, "-m", "selgate.lanes.policy"], env=full, capture_output=True, text=True, timeout=timeout

@@ -50,10 +50,65 @@ GPU_GB_PER_WORKER = 10  # GPU memory (GB) one worker of a GPU lane may take
 # the machine's cores, so n workers would run n x cores threads, whose spinning takes the cores the
 # other workers need (measurements in docs/lanes.md). A caller's own setting wins.
 THREADS_ENV = "OMP_NUM_THREADS"
+PYCACHE_ENV = "PYTHONPYCACHEPREFIX"
 # An idle worker takes tests queued behind another's long one (with `load` they wait for it:
 # 2 of the CPU lane's 8 minutes were its second worker idle behind a 330 s compile).
 DIST = "worksteal"
 UNSET_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+# Extra pytest arguments (`lanes run <lane> -- ...`) that load code or change where pytest finds
+# its configuration, conftests and test modules: a plugin (-p), another configuration file or
+# root, a conftest boundary, an import mode, packages by name, a warning category or debugger
+# class (both imported by name), another interpreter for the workers (--tx), or an ini value
+# that does any of that. The lane refuses them by name rather than recording them.
+REFUSED_ARGS = (
+    "-p",
+    "-c",
+    "--config-file",
+    "--inifile",
+    "--rootdir",
+    "--confcutdir",
+    "--noconftest",
+    "--import-mode",
+    "--pyargs",
+    "-o",
+    "--override-ini",
+    "-W",
+    "--pythonwarnings",
+    "--pdbcls",
+    "--tx",
+    "--rsyncdir",
+)
+# ini keys an extra `-o key=value` may still set: they change what is printed, not what runs
+SAFE_INI = ("log_cli", "log_cli_level", "log_level", "console_output_style", "junit_logging", "junit_log_passing_tests")
+
+
+# pytest's short options that take a value: in a cluster (`-vpX`), what follows one is its value
+SHORT_WITH_VALUE = "kmrpcoWn"
+
+
+def refused_arg(arg: str, value: str | None) -> str | None:
+    """The refused option `arg` spells (`-p x`, `-px`, `-vpx`, `--rootdir=x`), or None. `value`
+    is the next argument, which a separate `-o` takes as its key=value."""
+    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:  # a cluster of short options
+        for i, char in enumerate(arg[1:], 1):
+            if f"-{char}" in REFUSED_ARGS:
+                if i == 1:  # the option itself, its value attached: below
+                    break
+                return refused_arg("-" + arg[i:], value)
+            if char in SHORT_WITH_VALUE:
+                return None
+    for option in REFUSED_ARGS:
+        if option.startswith("--"):
+            if arg != option and not arg.startswith(option + "="):
+                continue
+        elif not arg.startswith(option):  # a short option takes its value attached too (-pX)
+            continue
+        if option in ("-o", "--override-ini"):
+            attached = arg[len(option) :].lstrip("=") if arg != option else value
+            if attached and attached.split("=", 1)[0].strip() in SAFE_INI:
+                return None
+        return option
+    return None
 
 
 def plugin_args(names=PLUGINS) -> list:
@@ -93,18 +148,25 @@ def inventory_command(lane: dict) -> list:
 
 def run_env(extra: dict) -> dict:
     """os.environ with the lane's variables, plugin autoloading off and pytest's option
-    variables removed; selgate's variables under their current names only, so that what the
-    lane sets replaces what the caller set under a former name."""
+    variables removed."""
     env = {k: v for k, v in settings.current_environ().items() if k not in UNSET_ENV}
     return {**env, **settings.current_environ(extra), **CLEAN_ENV}
 
 
 def clear_out(out_name: str, out_root: Path | None = None) -> Path:
     """Empty reports/out/<out_name>/ before anything can fail, so that no earlier run's
-    results are left for the gate to read."""
+    results are left for the gate to read: a link there is removed, never followed (its
+    target is left alone), and a new empty folder made. Raises OSError naming the folder when
+    it cannot be emptied, rather than leaving results behind."""
     out_dir = (out_root or OUT_ROOT) / out_name
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+            out_dir.unlink()
+        elif out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+    except OSError as e:
+        raise type(e)(f"{out_dir}: cannot empty the lane's results folder ({e}); remove it and run the lane again") from e
     return out_dir
 
 
@@ -186,6 +248,14 @@ def plan_lane(
     """Build the pytest command line and environment for `lane` on a machine whose device
     has `capability` (None: no CUDA device). Raises ValueError when the lane cannot run here."""
     name = lane["name"]
+    extra = list(extra)
+    for i, arg in enumerate(extra):
+        option = refused_arg(arg, extra[i + 1] if i + 1 < len(extra) else None)
+        if option:
+            raise ValueError(
+                f"{arg}: the lane refuses {option} among extra pytest arguments: it loads code or configuration "
+                f"the tree and the lane do not name (allowed -o keys: {', '.join(SAFE_INI)})"
+            )
     target = str(lane["capabilities"][0]) if lane["capabilities"] else None
     if lane["device"] == "cuda" and capability is None:
         raise ValueError(f"lane {name}: needs a CUDA device of capability {lane['capabilities']}; this machine has none")
@@ -221,6 +291,9 @@ def plan_lane(
         env[THREADS_ENV] = str(max(1, (cpus or os.cpu_count() or 1) // workers))
     if emulate:
         env["SELGATE_CAPABILITY"] = target
+    # Bytecode is read and written outside the checkout: a stale or crafted .pyc in a __pycache__
+    # of the checkout (left out of the tree's digest) is never what runs.
+    env[PYCACHE_ENV] = str(cache_root() / "pycache" / f"{out_name}-{arch}")
     cache_dir = cache_root() / "triton" / f"{out_name}-{arch}"
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     # builds are keyed by source hash, architecture and torch inside (kernels/cuda/build.py)

@@ -9,8 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from . import strict_yaml
 from .families import FAMILIES
 from .inventory import difference
 from .results import LaneResult
@@ -26,6 +25,7 @@ LINK = re.compile(r"https?://\S+|(?:[\w.-]+/[\w.-]+)?#\d+")
 # module, the test function and the implementation are literal, wildcards come after.
 PATTERN = re.compile(r"conformance/test_(?P<family>\w+)\.py::test_\w+\[(?P<impl>[\w.:]+)-[^\[\]]*\]")
 WILDCARDS = ("*", "?")
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 @dataclass
@@ -53,50 +53,106 @@ def known_lanes() -> list:
     return [n for name in lane_names() for n in (name, f"{name}-emulated")]
 
 
+POLICY_KEYS = ("default_profile", "profiles", "required_families", "quarantine")
+PROFILE_KEYS = ("required_lanes", "same_commit", "sanitizer")
+# The registered implementations (selgate.conformance.registry.REGISTRY; a test keeps the two
+# equal): the gate does not import the registry, which imports the kernels. A test id names
+# its implementation after '[', and some names extend others (triton, triton-gather).
+IMPLEMENTATIONS = ("reference", "sdpa", "triton", "triton-gather", "triton-tma", "triton-pairs", "cuda")
+
+
 def load_policy(path: Path = POLICY_FILE, today: datetime.date | None = None) -> dict:
-    """gate.yaml, validated: ValueError names the bad key or entry."""
+    """gate.yaml, validated strictly: ValueError names the file, the line and the bad key or
+    entry (an unknown or repeated key included: a misspelt `sanitiser: true` would otherwise
+    leave the release without its sanitizer pass)."""
     today = today or utc_today()
-    policy = yaml.safe_load(Path(path).read_text()) or {}
+    doc = strict_yaml.load(path)
+    policy = doc.data if doc.data is not None else {}
     if not isinstance(policy, dict):
-        raise ValueError(f"{path}: expected a mapping, got {type(policy).__name__}")
-    for key in ("default_profile", "profiles", "required_families", "quarantine"):
+        raise ValueError(f"{doc.where()}: expected a mapping, got {type(policy).__name__}")
+    _known_keys(policy, POLICY_KEYS, doc, ())
+    for key in POLICY_KEYS:
         if key not in policy:
-            raise ValueError(f"{path}: missing key {key!r}")
+            raise ValueError(f"{doc.where()}: missing key {key!r}; a policy needs {list(POLICY_KEYS)}")
     profiles = policy["profiles"]
-    if not isinstance(profiles, dict) or policy["default_profile"] not in profiles:
+    if (
+        not isinstance(profiles, dict)
+        or not isinstance(policy["default_profile"], str)
+        or policy["default_profile"] not in profiles
+    ):
         raise ValueError(
-            f"{path}: profiles: expected a mapping holding default_profile {policy['default_profile']!r}, got {profiles!r}"
+            f"{doc.where('profiles')}: profiles: expected a mapping holding default_profile "
+            f"{policy['default_profile']!r}, got {profiles!r}"
         )
     for name, profile in profiles.items():
-        lanes = profile.get("required_lanes") if isinstance(profile, dict) else None
+        if not isinstance(profile, dict):
+            raise ValueError(
+                f"{doc.where('profiles', name)}: profiles.{name}: expected a mapping of {list(PROFILE_KEYS)}, got {profile!r}"
+            )
+        _known_keys(profile, PROFILE_KEYS, doc, ("profiles", name))
+        lanes = profile.get("required_lanes")
         if not isinstance(lanes, list) or not lanes or not all(isinstance(n, str) and n for n in lanes):
             raise ValueError(
-                f"{path}: profiles.{name}.required_lanes: expected a non-empty list of lane "
-                f"names (a gate that requires no lane passes on no results), got {lanes!r}"
+                f"{doc.where('profiles', name, 'required_lanes')}: profiles.{name}.required_lanes: expected a "
+                f"non-empty list of lane names (a gate that requires no lane passes on no results), got {lanes!r}"
             )
         for flag in ("same_commit", "sanitizer"):
             if not isinstance(profile.get(flag, False), bool):
-                raise ValueError(f"{path}: profiles.{name}.{flag}: expected true or false, got {profile[flag]!r}")
+                raise ValueError(
+                    f"{doc.where('profiles', name, flag)}: profiles.{name}.{flag}: expected true or false, got {profile[flag]!r}"
+                )
     families = policy["required_families"]
-    if not isinstance(families, list) or set(families) - set(FAMILIES):
-        raise ValueError(f"{path}: required_families: expected a list of {list(FAMILIES)}, got {families!r}")
-    entries = policy["quarantine"] or []
+    if (
+        not isinstance(families, list)
+        or not families
+        or not all(isinstance(f, str) for f in families)
+        or set(families) - set(FAMILIES)
+    ):
+        raise ValueError(
+            f"{doc.where('required_families')}: required_families: expected a non-empty list of families "
+            f"among {list(FAMILIES)} (a gate that requires no family passes a lane that ran none), got {families!r}"
+        )
+    entries = policy["quarantine"] if policy["quarantine"] is not None else []
     if not isinstance(entries, list):
-        raise ValueError(f"{path}: quarantine: expected a list of entries, got {entries!r}")
-    policy["quarantine"] = [_quarantine(entry, f"{path}: quarantine[{i}]", today) for i, entry in enumerate(entries)]
+        raise ValueError(f"{doc.where('quarantine')}: quarantine: expected a list of entries, got {entries!r}")
+    policy["quarantine"] = [
+        _quarantine(entry, f"quarantine[{i}]", today, lambda *key, i=i: doc.where("quarantine", i, *key))
+        for i, entry in enumerate(entries)
+    ]
     return policy
 
 
-def _quarantine(entry, where: str, today: datetime.date) -> dict:
-    """One quarantine entry, validated: a narrow, owned, linked, expiring exception."""
+def _known_keys(mapping: dict, known: tuple, doc, path: tuple) -> None:
+    """ValueError at the first key of `mapping` not in `known` (a typo is not ignored)."""
+    for key in mapping:
+        if key not in known:
+            dotted = ".".join(map(str, (*path, key)))
+            raise ValueError(f"{doc.where(*path, key)}: {dotted}: unknown key; expected one of {list(known)}")
+
+
+def implementation_of(nodeid: str) -> str | None:
+    """The implementation a conformance test id (or pattern) names after its '[': the longest
+    registered name followed by '-', else the text up to the first '-'; None without '['."""
+    if "[" not in nodeid:
+        return None
+    params = nodeid.split("[", 1)[1]
+    named = [n for n in IMPLEMENTATIONS if params.startswith(n + "-")]
+    return max(named, key=len) if named else params.split("-", 1)[0]
+
+
+def _quarantine(entry, label: str, today: datetime.date, at) -> dict:
+    """One quarantine entry, validated: a narrow, owned, linked, expiring exception. `label`
+    names it (quarantine[0]); `at(key)` gives the `file:line` of one of its keys."""
     if not isinstance(entry, dict):
-        raise ValueError(f"{where}: expected a mapping with {list(QUARANTINE_KEYS)}, got {entry!r}")
-    where = f"{where} ({entry.get('test', '?')!r})"
+        raise ValueError(f"{at()}: {label}: expected a mapping with {list(QUARANTINE_KEYS)}, got {entry!r}")
+    label = f"{label} ({entry.get('test', '?')!r})"
+    where = f"{at()}: {label}"
     missing = [k for k in QUARANTINE_KEYS if entry.get(k) in (None, "", [])]
-    unknown = sorted(set(entry) - set(QUARANTINE_KEYS))
+    unknown = sorted(map(str, set(entry) - set(QUARANTINE_KEYS)))
     if missing or unknown:
         raise ValueError(f"{where}: missing {missing}, unknown {unknown}; every entry needs exactly {list(QUARANTINE_KEYS)}")
     test = entry["test"]
+    where = f"{at('test')}: {label}"
     if not isinstance(test, str) or "::" not in test:
         raise ValueError(f"{where}: test: expected a pytest node id (path::name), got {test!r}")
     if any(w in test for w in WILDCARDS):
@@ -105,23 +161,24 @@ def _quarantine(entry, where: str, today: datetime.date) -> dict:
             raise ValueError(
                 f"{where}: test: a pattern may cover one family and one implementation only, "
                 "e.g. conformance/test_parity.py::test_parity[triton-*fp16*] (module, function "
-                f"and implementation literal), got {test!r}"
+                f"and implementation literal; the implementation is matched whole, so triton-* does "
+                f"not cover triton-gather), got {test!r}"
             )
     for key in ("owner", "reason"):
         if not isinstance(entry[key], str):
-            raise ValueError(f"{where}: {key}: expected text, got {entry[key]!r}")
+            raise ValueError(f"{at(key)}: {label}: {key}: expected text, got {entry[key]!r}")
     if not LINK.search(entry["reason"]):
         raise ValueError(
-            f"{where}: reason: expected a link to the tracked problem (a URL or an issue "
+            f"{at('reason')}: {label}: reason: expected a link to the tracked problem (a URL or an issue "
             f"reference such as #12), got {entry['reason']!r}"
         )
     lanes, known = entry["lanes"], known_lanes()
     if not isinstance(lanes, list) or not all(isinstance(n, str) and n in known for n in lanes):
-        raise ValueError(f"{where}: lanes: expected a list of lanes among {known}, got {lanes!r}")
-    expires = _date(entry["expires"], f"{where}: expires")
+        raise ValueError(f"{at('lanes')}: {label}: lanes: expected a list of lanes among {known}, got {lanes!r}")
+    expires = _date(entry["expires"], f"{at('expires')}: {label}: expires")
     if expires > today + datetime.timedelta(days=MAX_QUARANTINE_DAYS):
         raise ValueError(
-            f"{where}: expires: at most {MAX_QUARANTINE_DAYS} days ahead "
+            f"{at('expires')}: {label}: expires: at most {MAX_QUARANTINE_DAYS} days ahead "
             f"({today + datetime.timedelta(days=MAX_QUARANTINE_DAYS)}), got {expires}"
         )
     return {**entry, "expires": expires}
@@ -132,12 +189,18 @@ def utc_today() -> datetime.date:
 
 
 def _date(value, where: str) -> datetime.date:
+    """A calendar date, as YAML reads `2026-12-08` or as the text YYYY-MM-DD; a date with a
+    time of day (YAML reads `2026-12-08 00:00:00` as one) is refused: in which zone?"""
+    if isinstance(value, datetime.datetime):
+        raise ValueError(f"{where}: expected a date YYYY-MM-DD, got a date and time {value.isoformat(sep=' ')!r}")
     if isinstance(value, datetime.date):
         return value
-    try:
-        return datetime.date.fromisoformat(str(value))
-    except ValueError:
-        raise ValueError(f"{where}: expected a date YYYY-MM-DD, got {value!r}") from None
+    if isinstance(value, str) and DATE.fullmatch(value):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{where}: expected a date YYYY-MM-DD, got {value!r}")
 
 
 def profile_of(policy: dict, profile: str | None) -> dict:
@@ -203,10 +266,15 @@ def narrowing(lane: str, selection: dict) -> list:
 
 def _quarantine_entry(policy: dict, case) -> dict | None:
     """The entry covering `case` in its lane: `*` and `?` are wildcards, brackets literal
-    (node ids carry parameters in them)."""
+    (node ids carry parameters in them); a pattern covers its implementation only, named
+    whole (`triton-*` covers triton's tests, not triton-gather's)."""
     for entry in policy["quarantine"]:
-        if fnmatch.fnmatchcase(case.nodeid, entry["test"].replace("[", "[[]")) and case.lane in entry["lanes"]:
-            return entry
+        test = entry["test"]
+        if case.lane not in entry["lanes"] or not fnmatch.fnmatchcase(case.nodeid, test.replace("[", "[[]")):
+            continue
+        if any(w in test for w in WILDCARDS) and implementation_of(case.nodeid) != implementation_of(test):
+            continue
+        return entry
     return None
 
 
@@ -245,6 +313,58 @@ def configuration(name: str, pytest_config: dict | None) -> list:
         out.append(f"required lane {name} ran under PYTEST_ADDOPTS={pytest_config['env_addopts']!r}")
     if pytest_config.get("autoload", True):
         out.append(f"required lane {name} ran with pytest plugin autoloading on (any installed plugin could deselect tests)")
+    out += loaded_code_blocking(name, pytest_config.get("loaded") or [])
+    return out
+
+
+# Code from outside the checkout a lane may load as a plugin, by top-level package: pytest's own,
+# the lane runner's plugins (lanes/runner.py PLUGINS, the conformance plugin) and xdist's worker
+# code, which execnet sends as `__channelexec__`. With autoloading off and `-p` refused by the
+# runner, an installed package's plugin can only come in through a conftest, which must be tracked.
+ALLOWED_PLUGIN_PACKAGES = ("pytest", "_pytest", "__channelexec__")
+# Where a startup hook (sitecustomize, usercustomize, a .pth file that runs code) may lie: the
+# interpreter's own installation (a venv's site-packages, even inside the checkout: an editable
+# install's finder), which is the environment, like an installed package.
+STARTUP_ALLOWED = ("installation",)
+
+
+def allowed_plugin_packages() -> set:
+    from selgate.lanes.runner import CONFORMANCE_PLUGIN, PLUGINS
+
+    return {*ALLOWED_PLUGIN_PACKAGES, *(n.split(".")[0] for n in (*PLUGINS, CONFORMANCE_PLUGIN))}
+
+
+def loaded_code_blocking(name: str, loaded: list) -> list:
+    """Why code a lane's pytest loaded (its record of every conftest, plugin and startup hook of
+    the controller and each worker) is not what the tree and the lane allow: a conftest or plugin
+    in the checkout must be a tracked file with the content stamped; one outside it must be a
+    plugin the lane runner names (or pytest's own); a startup hook must be the interpreter's."""
+    out, allowed = [], allowed_plugin_packages()
+    for record in loaded:
+        kind, module, path, where = record.get("kind"), record.get("name"), record.get("path"), record.get("where")
+        what = f"{kind} {path or module}" + (f" (module {module})" if path and kind == "plugin" else "")
+        if kind in ("conftest", "plugin") and where == "checkout":
+            status = record.get("status")
+            if status != "tracked":
+                why = {"untracked": "untracked", "ignored": "ignored by git"}.get(status, "left out of the tree's digest")
+                out.append(
+                    f"required lane {name} loaded {what}, {why}: pytest ran code the tree under review "
+                    "does not hold; remove it (or commit it) and rerun the lane"
+                )
+            elif not record.get("stamped"):
+                out.append(f"required lane {name} loaded {what} with content other than the tree stamped: rerun the lane")
+        elif kind == "conftest":
+            out.append(f"required lane {name} loaded {what} from outside the checkout ({where}): rerun it from a clean checkout")
+        elif kind == "plugin" and str(module).split(".")[0] not in allowed:
+            out.append(
+                f"required lane {name} loaded {what}, a plugin the lane runner does not name "
+                f"(allowed outside the checkout: {sorted(allowed)}): rerun it with `python -m selgate.lanes run {name}`"
+            )
+        elif kind in ("sitecustomize", "usercustomize", "pth") and where not in STARTUP_ALLOWED:
+            out.append(
+                f"required lane {name} ran under the startup hook {kind} {path} ({where}, outside the interpreter's "
+                "installation): Python ran it before pytest started; remove it and rerun the lane"
+            )
     return out
 
 
@@ -291,6 +411,56 @@ def inventory_gaps(name: str, lane: LaneResult, cfg: dict | None) -> list:
     return [f"required lane {name} ran another set than its selection collects: {'; '.join(gaps)}"] if gaps else []
 
 
+EXIT_MEANING = {1: "tests failed", 5: "no tests collected"}
+
+
+def lane_yaml_missing(name: str, cfg: dict | None) -> list:
+    """A result counts only for a lane with a YAML (lanes/<name>.yaml; `<name>-emulated` is
+    `<name>`): without one there is no selection or inventory to hold the run to, and a
+    hand-picked run would pass."""
+    if cfg is not None:
+        return []
+    base = name.removesuffix("-emulated")
+    return [
+        f"required lane {name} has no lane YAML (lanes/{base}.yaml): a run counts only against a "
+        "lane's own selection and inventory; gate a lane that has one"
+    ]
+
+
+def exit_status(name: str, lane: LaneResult, status) -> list:
+    """pytest's own exit status must agree with the JUnit. 0 passes; 1 (tests failed) only
+    when the JUnit holds failures, its suites' stated failure and error counts equal the
+    <failure> and <error> elements its test cases hold, and the failures each block by name or
+    are quarantined; any other status blocks (2-4 block earlier as an aborted run)."""
+    if status is None:
+        return [f"required lane {name} recorded no pytest exit status: rerun it with `python -m selgate.lanes run {name}`"]
+    if type(status) is not int:  # JSON's true would compare equal to 1
+        return [f"required lane {name}: pytest exit {status!r} (not an exit status): rerun the lane"]
+    if status == 0:
+        return []
+    if status != 1:
+        return [
+            f"required lane {name}: pytest exit {status} ({EXIT_MEANING.get(status, 'not a pytest exit status')}): "
+            "only a run that exits 0, or 1 on quarantined failures alone, passes"
+        ]
+    failing = [c for c in lane.cases if c.outcome in ("fail", "error")]
+    if not failing:
+        return [
+            f"required lane {name}: pytest exit 1 (tests failed), but {lane.junit} shows no failure or error: "
+            "the JUnit is not the one pytest wrote; rerun the lane"
+        ]
+    if lane.headers != lane.elements:
+        h = lane.headers
+        stated = "no counts" if h is None else f"{h['failures']} failures and {h['errors']} errors"
+        return [
+            f"required lane {name}: pytest exit 1 (tests failed), and {lane.junit} states {stated} where its "
+            f"test cases hold {lane.elements['failures']} failures and {lane.elements['errors']} errors: the JUnit is "
+            "not the one pytest wrote; rerun the lane"
+        ]
+    # every failure left blocks by name below; quarantined ones explain the exit status
+    return []
+
+
 def evaluate(
     policy: dict,
     results: dict,
@@ -326,6 +496,9 @@ def evaluate(
                 f"quarantine of {entry['test']} (owner {entry['owner']}) expired on "
                 f"{entry['expires']}: fix the test or renew the entry"
             )
+    for lane in results.values():
+        if lane.manifest:
+            v.blocking.append(f"lane {lane.name}: committed evidence {lane.manifest}")
     for name in required:
         lane: LaneResult | None = results.get(name)
         if lane is None:
@@ -337,6 +510,7 @@ def evaluate(
             v.blocking.append(f"required lane {name} never ran: the lane runner refused it ({lane.refused})")
             continue
         counts = lane.counts()
+        judged = False  # stamped by this lane, neither cut nor aborted: its exit status is judged
         env = lane.environment
         status = (env or {}).get("pytest_exitstatus")
         cfg = _lane_config(name)
@@ -352,6 +526,8 @@ def evaluate(
         elif status in ABORTED:
             v.blocking.append(f"required lane {name} aborted: pytest exit {status} ({ABORTED[status]})")
         else:
+            judged = True
+            v.blocking += lane_yaml_missing(name, cfg)
             v.blocking += provenance(name, env.get("tree"), tree)
             v.blocking += configuration(name, env.get("pytest"))
             v.blocking += tolerances(name, env, cfg)
@@ -365,6 +541,8 @@ def evaluate(
             v.blocking.append(f"required lane {name} empty: {lane.junit} holds no tests")
         elif counts["pass"] == 0 and counts["fail"] == 0 and counts["error"] == 0:
             v.blocking.append(f"required lane {name} skipped: all {len(lane.cases)} tests skipped or xfailed")
+        if judged and lane.cases:  # an empty run blocks as empty, whatever pytest's status
+            v.blocking += exit_status(name, lane, status)
         for family in lane_families(policy, name):
             fc = lane.counts(family)
             if fc["pass"] == 0 and lane.cases:

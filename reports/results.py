@@ -6,7 +6,9 @@ environment as properties."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,6 +40,11 @@ class LaneResult:
     cases: list = field(default_factory=list)
     inventory: dict | None = None  # the lane's own selection, collected apart from the run
     refused: str | None = None  # why the lane runner refused to start the run
+    # <failure> and <error> elements among the test cases, before a repeated test is merged, and
+    # the same counts as the suites' headers state them (None where a header leaves one out)
+    elements: dict = field(default_factory=lambda: {"failures": 0, "errors": 0})
+    headers: dict | None = None
+    manifest: str | None = None  # why committed evidence does not match its junit.txt manifest
 
     def counts(self, family: str | None = None) -> dict:
         out = dict.fromkeys(OUTCOMES, 0)
@@ -87,10 +94,49 @@ def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
 
 
 def _json(path: Path) -> dict | None:
+    """The JSON object in `path` (None when there is no file); ValueError names a file that is
+    not JSON or holds another value than an object (`[]`, a number, null)."""
     try:
-        return json.loads(path.read_text()) if path.exists() else None
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_text()) if path.exists() else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
+    if path.exists() and not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}: {json.dumps(data)[:80]}")
+    return data
+
+
+MANIFEST_FILE = "junit.txt"
+
+
+def manifest_text(junit: Path, cases) -> str:
+    """The plain-text manifest committed beside a `junit.xml.gz`: the gz's SHA-256, then one line
+    per test, `outcome nodeid`, sorted by node id, so that a diff of the evidence shows what
+    changed, test by test."""
+    digest = hashlib.sha256(Path(junit).read_bytes()).hexdigest()
+    lines = [f"# sha256 {digest} {Path(junit).name}: one line per test, `outcome nodeid`, sorted by node id"]
+    lines += [f"{c.outcome} {c.nodeid}" for c in sorted(cases, key=lambda c: c.nodeid)]
+    return "\n".join(lines) + "\n"
+
+
+def manifest_mismatch(junit: Path, cases) -> str | None:
+    """Why the manifest beside a committed `junit.xml.gz` is not that file's (missing, another
+    digest, other tests or outcomes); None when it matches. A plain junit.xml needs none."""
+    if Path(junit).suffix != ".gz":
+        return None
+    path = Path(junit).with_name(MANIFEST_FILE)
+    if not path.exists():
+        return f"{junit} has no {MANIFEST_FILE} beside it (`python -m selgate.reports.results {junit.parent}` writes it)"
+    want, have = manifest_text(junit, cases).splitlines(), path.read_text().splitlines()
+    if want[0] != (have[:1] or [""])[0]:
+        return f"{path} does not match {junit.name}: the gz has another digest ({want[0].split()[2][:12]})"
+    extra, missing = sorted(set(have[1:]) - set(want[1:])), sorted(set(want[1:]) - set(have[1:]))
+    if extra or missing or len(have) != len(want):
+        example = (missing or extra or ["repeated lines"])[0]
+        return (
+            f"{path} does not match {junit.name}: {len(missing)} lines of the gz missing, {len(extra)} "
+            f"not in it (e.g. {example!r})"
+        )
+    return None
 
 
 def junit_path(lane_dir: Path) -> Path:
@@ -125,8 +171,18 @@ def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
         suites = list(read_junit(junit))
     except SyntaxError as e:  # ElementTree's and lxml's parse errors both derive from it
         raise ValueError(f"{junit}: not a JUnit XML file ({e})") from None
+    headers: dict | None = {"failures": 0, "errors": 0}
     for suite in suites:
+        for key in ("failures", "errors"):
+            stated = suite._elem.get(key)  # as the file states it; junitparser reads a missing one as 0
+            if headers is not None and stated is not None and stated.isdigit():
+                headers[key] += int(stated)
+            else:
+                headers = None
         for case in suite:
+            for r in case.result:
+                if isinstance(r, (Error, Failure)):
+                    result.elements["errors" if isinstance(r, Error) else "failures"] += 1
             props = _properties(case)
             if not (props.get("nodeid") or case.name):
                 continue  # a test in flight when the run was cut: pytest leaves an empty element, no result
@@ -137,6 +193,8 @@ def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
             old = by_id.get(nodeid)
             by_id[nodeid] = new if old is None else _combine(old, new)
     result.cases = list(by_id.values())
+    result.headers = headers
+    result.manifest = manifest_mismatch(junit, result.cases)
     return result
 
 
@@ -171,3 +229,22 @@ def merge(results: dict, path: Path) -> JUnitXml:
     path.parent.mkdir(parents=True, exist_ok=True)
     merged.write(str(path), pretty=True)
     return merged
+
+
+def write_manifests(dirs) -> list:
+    """Write junit.txt beside each `junit.xml.gz` under `dirs` (committed evidence); the paths written."""
+    written = []
+    for d in map(Path, dirs):
+        for junit in sorted(d.rglob("junit.xml.gz")) if d.is_dir() else []:
+            lane = load_lane(junit.parent.name, junit.parent)
+            path = junit.with_name(MANIFEST_FILE)
+            path.write_text(manifest_text(junit, lane.cases))
+            written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # python -m selgate.reports.results DIR...: the evidence manifests
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m selgate.reports.results DIR... (writes junit.txt beside each junit.xml.gz under DIR)")
+    for written in write_manifests(sys.argv[1:]):
+        print(f"wrote {written}")

@@ -2,16 +2,22 @@
 report needs and JUnit lacks. Each test gets `nodeid`, `family` and, when its parameters
 carry one, `seed` as JUnit properties; the controller writes beside the JUnit file the
 environment stamp with the tree the run started on, pytest's exit status, its effective
-arguments and configuration files, what the run selected and, for a run cut short, how far it
+arguments and configuration files, the code it loaded (every conftest and plugin module with its
+file's digest, from the controller and each xdist worker, and the interpreter's startup hooks),
+what the run selected and, for a run cut short, how far it
 got (environment.json), and, in a lane run, the lane's inventory collected apart from the run
 (inventory.json). The gate compares all of it with the lane and the tree it gates, so a
 narrowed, cut, foreign or differently configured run cannot stand in for the lane."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import site
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -22,9 +28,13 @@ from .environment import ENV_FILE, collect_environment
 from .families import family_of
 from .inventory import INVENTORY_FILE, collect_inventory, start_inventory
 from .outcome import outcome_known
-from .tree import tree_stamp
+from . import tree
 
 TREE = pytest.StashKey[dict]()
+TREE_FILES = pytest.StashKey[dict]()  # {path: (sha256, status)} of the files in the tree's digest
+LOADED = pytest.StashKey[list]()  # what the workers loaded, as they report it
+WORKER_LOADED = "selgate_loaded"  # the key of a worker's record in its workeroutput
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
 INVENTORY = pytest.StashKey[subprocess.Popen]()
 # Tests whose outcome is known so far, and what interrupted the session: a cut run records how
 # far it got. Module state, like pytest's own plugins keep per session; reset as one starts.
@@ -100,6 +110,114 @@ def configuration_of(config) -> dict:
     }
 
 
+def _sha256(path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _prefixes() -> list:
+    """The interpreter's own installation: its prefix (a venv's, even one inside the checkout) and
+    the base installation's."""
+    return [Path(os.path.realpath(p)) for p in {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}]
+
+
+def _pythonpath() -> list:
+    return [Path(os.path.realpath(p)) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def _located(path, root: Path, *, startup: bool = False) -> dict:
+    """Where a loaded file lies, its path (relative when in the checkout) and its digest.
+    `where`: `installation` (the interpreter's, even a venv inside the checkout), `checkout`,
+    `pythonpath` (startup hooks only: a PYTHONPATH folder wins over the other two) or `other`."""
+    if path is None:
+        return {"path": None, "where": "none", "sha256": None}
+    full = Path(os.path.realpath(path))
+    if startup and any(full.is_relative_to(p) for p in _pythonpath()):
+        where = "pythonpath"
+    elif any(full.is_relative_to(p) for p in _prefixes()):
+        where = "installation"
+    else:
+        where = "checkout" if full.is_relative_to(root) else "other"
+    shown = full.relative_to(root).as_posix() if where == "checkout" else str(full)
+    return {"path": shown, "where": where, "sha256": _sha256(full)}
+
+
+def startup_hooks(root: Path) -> list:
+    """The interpreter's startup hooks in this process: the `sitecustomize` and `usercustomize`
+    modules it imported, and each `.pth` file with a line that runs code (`import ...`) in a site
+    folder, a PYTHONPATH folder or another folder on sys.path."""
+    hooks = []
+    for name in STARTUP_MODULES:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            hooks.append({"kind": name, "name": name, **_located(file, root, startup=True)})
+    folders = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    folders += [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path]
+    seen = set()
+    for folder in folders:
+        folder = Path(os.path.realpath(folder or "."))
+        if folder in seen or not folder.is_dir():
+            continue
+        seen.add(folder)
+        for pth in sorted(folder.glob("*.pth")):
+            try:
+                lines = pth.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            if any(line.startswith(("import ", "import\t")) for line in lines):
+                hooks.append({"kind": "pth", "name": pth.name, **_located(pth, root, startup=True)})
+    return hooks
+
+
+def loaded_code(config) -> list:
+    """What this process loaded that can change a run: each conftest and plugin pytest
+    registered (a plugin object by the module of its class), with its file and digest, and the
+    interpreter's startup hooks."""
+    root = Path(os.path.realpath(tree.ROOT))  # the checkout stamped (a lane's rootdir)
+    records = []
+    for name, plugin in config.pluginmanager.list_name_plugin():
+        if plugin is None:  # blocked with -p no:<name>
+            continue
+        if isinstance(plugin, types.ModuleType):
+            module_name = plugin.__name__
+        else:  # an object (or a class) registered by the module defining it
+            module_name = (plugin if isinstance(plugin, type) else type(plugin)).__module__
+        module = sys.modules.get(module_name)
+        file = getattr(plugin if isinstance(plugin, types.ModuleType) else module, "__file__", None)
+        kind = "conftest" if file and Path(file).name == "conftest.py" else "plugin"
+        records.append({"kind": kind, "name": module_name, **_located(file, root)})
+    return _unique(records + startup_hooks(root))
+
+
+def _unique(records) -> list:
+    return sorted(
+        {json.dumps(r, sort_keys=True): r for r in records}.values(), key=lambda r: (r["kind"], str(r["path"]), r["name"])
+    )
+
+
+def annotate(records: list, files: dict) -> list:
+    """Each record of a file inside the checkout with its status in the tree stamped as the run
+    started (`tracked`, `untracked`, `ignored`, or None: not in the digest) and whether its
+    content is the one stamped (`stamped`)."""
+    out = []
+    for record in records:
+        if record.get("where") == "checkout":
+            sha, status = files.get(record["path"], (None, None))
+            record = {**record, "status": status, "stamped": sha is not None and sha == record.get("sha256")}
+        out.append(record)
+    return out
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker's record of what it loaded."""
+    loaded = getattr(node, "workeroutput", {}).get(WORKER_LOADED)
+    if loaded:
+        node.config.stash.setdefault(LOADED, []).extend(loaded)
+
+
 def _controller_xml(config) -> str | None:
     """The JUnit path on the controller; None on xdist workers and runs without JUnit."""
     return None if hasattr(config, "workerinput") else config.option.xmlpath
@@ -138,7 +256,7 @@ def pytest_sessionstart(session):
     config = session.config
     if not _controller_xml(config):
         return
-    config.stash[TREE] = tree_stamp()
+    config.stash[TREE], config.stash[TREE_FILES] = tree.tree_files(tree.ROOT)
     pending = start_inventory(settings.get("SELGATE_LANE", ""), config.option.xmlpath, config.rootpath)
     if pending is not None:
         config.stash[INVENTORY] = pending
@@ -147,6 +265,9 @@ def pytest_sessionstart(session):
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker: its record goes to the controller
+        config.workeroutput[WORKER_LOADED] = loaded_code(config)
+        return
     xmlpath = _controller_xml(config)
     if not xmlpath:
         return
@@ -155,8 +276,11 @@ def pytest_sessionfinish(session, exitstatus):
     if int(exitstatus) == pytest.ExitCode.INTERRUPTED:
         env["cut"] = cut_record(session)
     env["selection"] = selection_of(config)
+    if TREE not in config.stash:
+        config.stash[TREE], config.stash[TREE_FILES] = tree.tree_files(tree.ROOT)
     env["pytest"] = configuration_of(config)
-    env["tree"] = config.stash.get(TREE, None) or tree_stamp()
+    env["pytest"]["loaded"] = annotate(_unique(loaded_code(config) + config.stash.get(LOADED, [])), config.stash[TREE_FILES])
+    env["tree"] = config.stash[TREE]
     out = Path(xmlpath).parent
     out.mkdir(parents=True, exist_ok=True)
     (out / ENV_FILE).write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")

@@ -1,10 +1,12 @@
-"""The tree a lane ran: the full commit and a digest of every file that can change a run
-(code, configuration, pytest configuration, test data), tracked or untracked. The gate
-compares it with the tree being gated, so results from another commit, another working
-tree or a tree with an extra `pytest.ini` cannot stand in for this one."""
+"""The tree a lane ran: the full commit and a digest of every file the run can read: every
+tracked file, and every untracked or ignored file in the checkout except the outputs listed in
+OUTPUTS. The gate compares it with the tree being gated, so results from another commit,
+another working tree or a tree with an extra `pytest.ini`, an ignored conftest or an edited
+doc a test reads cannot stand in for this one."""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -15,32 +17,31 @@ from selgate.kernels import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
-# What a run reads: sources, configuration and test data. Prose cannot change a run.
-RUN_SUFFIXES = (
-    ".py",
-    ".pyi",
-    ".yaml",
-    ".yml",
-    ".toml",
-    ".ini",
-    ".cfg",
-    ".json",
-    ".csv",
-    ".txt",
-    ".sh",
-    ".cu",
-    ".cuh",
-    ".cpp",
-    ".cc",
-    ".c",
-    ".h",
-    ".hpp",
+# What a run writes or the environment holds, left out of the digest. The whole checkout is on
+# a lane's import path (pytest runs from its root), so every other file, tracked, untracked or
+# ignored, is in the digest. Each entry is a folder pattern (`/`-separated; a leading `/`
+# anchors it at the checkout's root, otherwise it matches a folder of that name anywhere) and
+# is safe to leave out because:
+OUTPUTS = (
+    ".git",  # git's own store; the commit id stands for it
+    # what lanes and the gate write; code loaded from it is refused by name (the stamp records
+    # every conftest and plugin module a run loads; the gate blocks one that is not tracked)
+    "/reports/out",
+    # the interpreter's installation (versions are in environment.json); the stamp records its
+    # startup hooks and plugins, and the gate checks them
+    "/.venv",
+    "/venv",  # the same, under the other usual name
+    "/build",  # setuptools' build output and tool venvs; pytest never recurses into build/ and nothing imports from it
+    "/.whl",  # wheels brought to install from; a run reads what was installed, not these
+    "/*.egg-info",  # pip's metadata of the editable install (entry points, version); plugin autoloading is off in lanes
+    "__pycache__",  # bytecode; lanes put theirs outside the checkout (PYTHONPYCACHEPREFIX), so none here is read
+    ".pytest_cache",  # pytest's cache: only --lf/--nf/--sw read it, and the gate blocks --lf and any result the inventory lacks
+    ".hypothesis",  # Hypothesis' example database: it replays failing examples, which can add a failure, never hide one
+    ".mypy_cache",  # type checker and linter caches, read by no run
+    ".ruff_cache",
 )
-NOT_RUN = ("docs/", "reports/evidence/", "reports/out/")
 # Files pytest reads its own configuration from; untracked, they can narrow a run unseen.
 PYTEST_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "conftest.py", "pyproject.toml")
-# Without git (a copy of the tree in an image), the walk skips what git and .dockerignore leave out.
-SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".hypothesis", ".pytest_cache", "build", ".whl", ".mypy_cache"}
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -51,17 +52,32 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+def output(path: str) -> bool:
+    """Whether `path` (relative, `/`-separated; a folder may end in `/`) lies in one of OUTPUTS."""
+    parts = path.strip("/").split("/")
+    for pattern in OUTPUTS:
+        if pattern.startswith("/"):
+            anchored = pattern[1:].split("/")
+            if len(parts) >= len(anchored) and all(fnmatch.fnmatchcase(p, a) for p, a in zip(parts, anchored)):
+                return True
+        elif pattern in parts:
+            return True
+    return False
+
+
 def runs(path: str) -> bool:
-    """Whether the file at `path` (relative, `/`-separated) can change a run."""
-    return path.endswith(RUN_SUFFIXES) and not path.startswith(NOT_RUN)
+    """Whether the file at `path` (relative, `/`-separated) is in the digest: every file but outputs."""
+    return not output(path)
 
 
-def _walk(root: Path) -> list[str]:
+def _walk(root: Path, under: str = "") -> list[str]:
+    """Files below root/under, outputs left out (their folders are not entered)."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")]
-        rel = Path(dirpath).relative_to(root)
-        found += [(rel / f).as_posix() for f in filenames]
+    for dirpath, dirnames, filenames in os.walk(root / under):
+        rel = Path(dirpath).relative_to(root).as_posix()
+        rel = "" if rel == "." else rel + "/"
+        dirnames[:] = [d for d in dirnames if not output(rel + d + "/")]
+        found += [rel + f for f in filenames if not output(rel + f)]
     return found
 
 
@@ -75,31 +91,61 @@ def commit(root: Path = ROOT) -> str:
     return head.strip() if head else "unknown"
 
 
-def tree_stamp(root: Path = ROOT) -> dict:
-    """{commit, digest, files, untracked, dirty} of the tree at `root`. `untracked` lists the
-    untracked files that can change a run and `dirty` says whether the run-relevant files
-    differ from the commit; both are None in a copy without git."""
+def _split(listing: str) -> list[str]:
+    return [p for p in listing.split("\0") if p]
+
+
+def tree_files(root: Path = ROOT) -> tuple[dict, dict]:
+    """(stamp, files): tree_stamp's dict, and {path: (sha256 hex, status)} of every file in the
+    digest, status `tracked`, `untracked` or `ignored` (`None` in a copy without git)."""
     root = Path(root)
-    listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    if listed is None:
-        paths, untracked, dirty = _walk(root), None, None
+    tracked = _git(root, "ls-files", "-z", "--cached")
+    status: dict[str, str | None] = {}
+    if tracked is None:
+        status = dict.fromkeys(_walk(root))
+        untracked = ignored = dirty = None
     else:
-        paths = listed.split("\0")
-        others = _git(root, "ls-files", "-z", "--others", "--exclude-standard") or ""
-        untracked = sorted(p for p in others.split("\0") if p and runs(p))
-        changed = _git(root, "diff", "--name-only", "-z", "HEAD") or ""
-        dirty = bool(untracked) or any(runs(p) for p in changed.split("\0") if p)
+        status = dict.fromkeys(_split(tracked), "tracked")
+        others = _split(_git(root, "ls-files", "-z", "--others", "--exclude-standard") or "")
+        status.update(dict.fromkeys((p for p in others if runs(p)), "untracked"))
+        # ignored files come as their topmost ignored folder (`x/`) or file; outputs are not entered
+        for entry in _split(_git(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory") or ""):
+            if output(entry):
+                continue
+            for path in _walk(root, entry) if entry.endswith("/") else [entry]:
+                status.setdefault(path, "ignored")
+        untracked = sorted(p for p, s in status.items() if s == "untracked")
+        ignored = sorted(p for p, s in status.items() if s == "ignored")
+        changed = _split(_git(root, "diff", "--name-only", "-z", "HEAD") or "")
+        dirty = bool(untracked or ignored) or any(runs(p) for p in changed)
     digest = hashlib.sha256()
-    files = 0
-    for path in sorted({p for p in paths if p and runs(p)}):
+    files = {}
+    for path in sorted(status):
         full = root / path
-        if not full.is_file():  # tracked but deleted in the working tree
+        if output(path) or not full.is_file():  # tracked but deleted in the working tree, or a link to a folder
             continue
-        digest.update(path.encode() + b"\0" + hashlib.sha256(full.read_bytes()).digest())
-        files += 1
-    return {"commit": commit(root), "digest": digest.hexdigest(), "files": files, "untracked": untracked, "dirty": dirty}
+        sha = hashlib.sha256(full.read_bytes()).digest()
+        digest.update(path.encode() + b"\0" + sha)
+        files[path] = (sha.hex(), status[path])
+    stamp = {
+        "commit": commit(root),
+        "digest": digest.hexdigest(),
+        "files": len(files),
+        "untracked": untracked,
+        "ignored": ignored,
+        "dirty": dirty,
+    }
+    return stamp, files
+
+
+def tree_stamp(root: Path = ROOT) -> dict:
+    """{commit, digest, files, untracked, ignored, dirty} of the tree at `root`. `untracked` and
+    `ignored` list the files in the digest that git does not track (ignored ones outside
+    OUTPUTS), and `dirty` says whether any file in the digest differs from the commit; all three
+    are None in a copy without git."""
+    return tree_files(root)[0]
 
 
 def untracked_config(stamp: dict) -> list[str]:
-    """Untracked pytest configuration files in a tree stamp."""
-    return [p for p in stamp.get("untracked") or [] if p.rsplit("/", 1)[-1] in PYTEST_CONFIG]
+    """Untracked or ignored pytest configuration files in a tree stamp."""
+    return [p for p in [*(stamp.get("untracked") or []), *(stamp.get("ignored") or [])] if p.rsplit("/", 1)[-1] in PYTEST_CONFIG]

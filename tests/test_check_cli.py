@@ -177,3 +177,30 @@ def test_a_cut_check_writes_its_results_and_names_what_never_ran(work):
     assert "## Cut short by SIGINT" in report and "never ran" in report
     collected = json.loads((out / "collected.json").read_text())
     assert len(collected) > 300
+
+
+def test_a_case_that_aborts_every_time_is_reported_once_and_never_handed_out_again(work):
+    """Workers get whole kernel variants; a worker that dies on a case is replaced and the case
+    is that crash, not work for the next worker (which would die on it in turn)."""
+    spec = _module(
+        work,
+        "kern",
+        """
+        import os
+        from tokenkernels import gather
+        def fn(q, k, v, ranges, *, scale=None):
+            if k.shape[2] == 29:
+                os.abort()
+            return gather(q, k, v, ranges, scale=scale)
+        """,
+    )
+    rc, log = _check(work, spec, "--out", "out", "-k", "test_parity", timeout=240)
+    assert rc == 1, log
+    from selgate.reports.results import load_lane
+
+    cases = load_lane("check", work / "out").cases
+    crashed = [c for c in cases if c.outcome in ("fail", "error")]
+    assert crashed and all("Skv29" in c.nodeid and "crashed" in c.message for c in crashed), crashed
+    assert len({c.nodeid for c in crashed}) == len(crashed), "each crash reported once"
+    assert sum(c.outcome == "pass" for c in cases) > 20
+    assert "worker crashed while running the case" in (work / "out" / "report.md").read_text()

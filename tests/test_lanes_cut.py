@@ -103,7 +103,7 @@ def test_a_lane_interrupted_half_way_leaves_its_junit_and_the_gate_blocks_naming
         yaml.safe_dump(
             {
                 "default_profile": "merge",
-                "required_families": [],
+                "required_families": ["parity"],
                 "profiles": {"merge": {"required_lanes": ["cpu"]}},
                 "quarantine": [],
             }

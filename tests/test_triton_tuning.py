@@ -46,7 +46,7 @@ ENVS = tuple(
         "SELGATE_TRITON_MIN_L",
     )
     for name in settings.names(var)
-)  # under former names too
+)
 
 
 @pytest.fixture
