@@ -322,10 +322,12 @@ def configuration(name: str, pytest_config: dict | None) -> list:
 # code, which execnet sends as `__channelexec__`. With autoloading off and `-p` refused by the
 # runner, an installed package's plugin can only come in through a conftest, which must be tracked.
 ALLOWED_PLUGIN_PACKAGES = ("pytest", "_pytest", "__channelexec__")
-# Where a startup hook (sitecustomize, usercustomize, a .pth file that runs code) may lie: the
-# interpreter's own installation (a venv's site-packages, even inside the checkout: an editable
-# install's finder), which is the environment, like an installed package.
-STARTUP_ALLOWED = ("installation",)
+# Where a startup hook (sitecustomize, usercustomize, a .pth file that runs code) may not lie:
+# the checkout and PYTHONPATH, which a change under review or a caller's environment control. The
+# interpreter's installation (a venv's site-packages, even inside the checkout: an editable
+# install's finder) and the machine's own files (Debian's /etc/python3.x/sitecustomize.py, which
+# the CPU lane's image runs under) are the environment, like an installed package.
+STARTUP_REFUSED = ("checkout", "pythonpath")
 
 
 def allowed_plugin_packages() -> set:
@@ -338,14 +340,15 @@ def loaded_code_blocking(name: str, loaded: list) -> list:
     """Why code a lane's pytest loaded (its record of every conftest, plugin and startup hook of
     the controller and each worker) is not what the tree and the lane allow: a conftest or plugin
     in the checkout must be a tracked file with the content stamped; one outside it must be a
-    plugin the lane runner names (or pytest's own); a startup hook must be the interpreter's."""
+    plugin the lane runner names (or pytest's own); a startup hook may not come from the checkout
+    or PYTHONPATH."""
     out, allowed = [], allowed_plugin_packages()
     for record in loaded:
         kind, module, path, where = record.get("kind"), record.get("name"), record.get("path"), record.get("where")
         what = f"{kind} {path or module}" + (f" (module {module})" if path and kind == "plugin" else "")
         if kind in ("conftest", "plugin") and where == "checkout":
-            status = record.get("status")
-            if status != "tracked":
+            status = record.get("status")  # None: a copy without git (a lane's image), where the digest is every file
+            if status in ("untracked", "ignored") or (status is None and not record.get("stamped")):
                 why = {"untracked": "untracked", "ignored": "ignored by git"}.get(status, "left out of the tree's digest")
                 out.append(
                     f"required lane {name} loaded {what}, {why}: pytest ran code the tree under review "
@@ -360,10 +363,10 @@ def loaded_code_blocking(name: str, loaded: list) -> list:
                 f"required lane {name} loaded {what}, a plugin the lane runner does not name "
                 f"(allowed outside the checkout: {sorted(allowed)}): rerun it with `python -m selgate.lanes run {name}`"
             )
-        elif kind in ("sitecustomize", "usercustomize", "pth") and where not in STARTUP_ALLOWED:
+        elif kind in ("sitecustomize", "usercustomize", "pth") and where in STARTUP_REFUSED:
             out.append(
-                f"required lane {name} ran under the startup hook {kind} {path} ({where}, outside the interpreter's "
-                "installation): Python ran it before pytest started; remove it and rerun the lane"
+                f"required lane {name} ran under the startup hook {kind} {path} (on {where}): Python ran it "
+                "before pytest started; remove it and rerun the lane"
             )
     return out
 

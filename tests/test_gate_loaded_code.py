@@ -244,8 +244,15 @@ def test_a_lane_run_with_a_p_plugin_never_runs_and_the_gate_blocks(tmp_path, cap
             "does not name",
         ),
         ({"kind": "pth", "name": "x.pth", "path": "/venv/site-packages/x.pth", "where": "installation"}, None),
-        ({"kind": "pth", "name": "x.pth", "path": "/src/x.pth", "where": "checkout"}, "startup hook pth /src/x.pth (checkout"),
-        ({"kind": "usercustomize", "name": "usercustomize", "path": "/home/u/usercustomize.py", "where": "other"}, "(other"),
+        ({"kind": "pth", "name": "x.pth", "path": "/src/x.pth", "where": "checkout"}, "startup hook pth /src/x.pth (on checkout"),
+        (
+            {"kind": "sitecustomize", "name": "sitecustomize", "path": "/p/sitecustomize.py", "where": "pythonpath"},
+            "(on pythonpath",
+        ),
+        # the machine's own: Debian's system sitecustomize, which the CPU lane's image runs under
+        ({"kind": "sitecustomize", "name": "sitecustomize", "path": "/etc/python3.11/sitecustomize.py", "where": "other"}, None),
+        # a copy without git (a lane's image): the digest is every file, and this one is in it
+        ({"kind": "plugin", "name": "p", "path": "t/p.py", "where": "checkout", "status": None, "stamped": True}, None),
     ],
 )
 def test_the_gate_judges_each_loaded_record(tmp_path, capsys, record, expected):
