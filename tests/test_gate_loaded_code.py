@@ -132,7 +132,7 @@ def test_a_startup_hook_on_pythonpath_blocks(kernel_repo, tmp_path, capsys, monk
     environment, _ = run_stamped(kernel_repo, tmp_path, pythonpath=[hooks])
     rc, line, blocking, _ = gate_on(kernel_repo, tmp_path, capsys, monkeypatch, environment)
     kind = "pth" if hook.endswith(".pth") else "sitecustomize"
-    assert rc == 1 and f"ran under the startup hook {kind} {os.path.realpath(hooks / hook)} (pythonpath" in blocking, (
+    assert rc == 1 and f"ran under the startup hook {kind} {os.path.realpath(hooks / hook)} (on pythonpath" in blocking, (
         line,
         blocking,
     )
