@@ -6,8 +6,9 @@ check alone).
   after which one is set (by the kernel's module at import, or by a call) fails, naming it.
 - The controller writes the ids the run collected to `collected.json` beside the JUnit, so a
   run cut short can name the cases that never ran.
-- Cases go to workers by kernel variant (head dims, heads, dtype: what a Triton kernel
-  compiles and autotunes per), whole variants to one worker (`KernelVariantScheduling`): with
+- Cases go to workers by kernel variant (packed or not, head dims, heads, dtype: what a Triton
+  kernel compiles and autotunes per), whole variants to one worker, the costliest first
+  (`KernelVariantScheduling`, `compile_cost`): with
   cases dealt one by one every worker compiled and autotuned every variant of the kernel under
   test from a cold cache (fla-core: 319 s with 8 workers on an H100, 50-84 s for a worker's
   first case of a variant).
@@ -65,14 +66,37 @@ def pytest_xdist_node_collection_finished(node, ids):
     _write_collected(node.config, ids)
 
 
-# what a kernel specialises on, in a case id: heads per group, head dims ... dtype
-VARIANT = re.compile(r"-G\d+h(\d+)-D(\d+)x(\d+)-.*-(fp64|fp32|fp16|bf16)-s\d+")
+# what a kernel specialises on, in a case id: packed (varlen) or not, heads per group, head dims,
+# dtype
+VARIANT = re.compile(r"-(varlen-|(?:decode|prefill)-).*-G\d+h(\d+)-D(\d+)x(\d+)-.*-(fp64|fp32|fp16|bf16)-s\d+")
+ITEMSIZE = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def variant_of(nodeid: str) -> str:
     """The scope a case is scheduled in: its kernel variant, or the nodeid itself."""
     m = VARIANT.search(nodeid)
-    return "h{}-D{}x{}-{}".format(*m.groups()) if m else nodeid
+    if not m:
+        return nodeid
+    packed, h, dk, dv, dtype = m.groups()
+    return f"{'varlen-' if packed == 'varlen-' else ''}h{h}-D{dk}x{dv}-{dtype}"
+
+
+def compile_cost(nodeid: str) -> tuple:
+    """Larger is compiled first: wider head dims, then wider elements. A variant's first case
+    pays its compile and autotune, which grow with the tile (fla-core cold on an H100: 124 s for
+    D192x128 fp32, 62 s bf16, 28-31 s D32x32), so the costliest start first and no worker is
+    left with one at the end."""
+    m = VARIANT.search(nodeid)
+    if not m:
+        return (0, 0)
+    _, _, dk, dv, dtype = m.groups()
+    return (int(dk) + int(dv), ITEMSIZE[dtype])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Collection order is the order variants are handed out (xdist's reordering by case
+    count is turned off): costliest variants first, cases of a variant in their own order."""
+    items.sort(key=lambda item: compile_cost(item.nodeid), reverse=True)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -104,4 +128,5 @@ def pytest_xdist_make_scheduler(config, log):
                 self._reschedule(other)
             return crashed
 
+    config.option.loadscopereorder = False  # hand variants out in collection order
     return KernelVariantScheduling(config, log)
