@@ -24,7 +24,7 @@ from . import outside, tables
 from .baselines import METHODS, default_methods, get_method
 from .inputs import DISTS, decode_problem, prefill_problem
 from .presets import PRESETS, Matrix, acceptance_checks
-from .sweep import Settings, retime_graph, run_sweep
+from .sweep import MeasureOptions, retime_graph, run_sweep
 from .timing import measure_limits
 
 DTYPES = {
@@ -103,7 +103,6 @@ def add_sel(sub) -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
     p.add_argument("--budget_s", type=float, default=330.0, help="stop measuring after this many seconds")
-    p.add_argument("--no_parity", action="store_true", help="skip the parity check against fp64")
     p.add_argument(
         "--graph", action="store_true", help="also time decode rows of capturable methods from a CUDA graph (graph_ms column)"
     )
@@ -117,7 +116,7 @@ def matrices(a) -> list[Matrix]:
     dtype = DTYPES[a.dtype]
     if a.sweep:
         return PRESETS[a.sweep](dtype)
-    s = Settings(warmup=a.warmup, iters=a.iters, max_seconds=a.max_seconds, parity=not a.no_parity, graph=a.graph)
+    s = MeasureOptions(warmup=a.warmup, iters=a.iters, max_seconds=a.max_seconds, graph=a.graph)
     if a.T is not None:
         if a.decode:
             raise SystemExit("--decode and --T (prefill) exclude each other")
@@ -151,11 +150,11 @@ def recheck(rows: list[dict], groups: list[Matrix], device, device_name: str, na
     base = baseline_path(device_name, name)
     if device.type != "cuda" or not base.exists():
         return
-    problems = {p.key: (p, m.settings) for m in groups for p in m.problems}
+    problems = {p.key: (p, m.measure) for m in groups for p in m.problems}
 
     def retime(row: dict) -> float:
-        p, settings = problems[row["config"]]
-        return retime_graph(p, row["method"], device, settings)
+        p, measure = problems[row["config"]]
+        return retime_graph(p, row["method"], device, measure)
 
     n = recheck_graph(rows, tables.read_csv(base), retime)
     if n:
@@ -175,7 +174,7 @@ def cmd_sel(a) -> int:
             methods,
             device,
             limits,
-            m.settings,
+            m.measure,
             device_name,
             budget_s=max(deadline - time.monotonic(), 0.0),
             desc=m.name,

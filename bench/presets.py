@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 
 from .inputs import DISTS, Problem, decode_problem, prefill_problem
-from .sweep import Settings
+from .sweep import MeasureOptions
 
 SEED_L = (16, 32, 64, 128, 256, 512, 1024)
 LAUNCH_VARIANTS = tuple(f"triton@{b}x{w}x{s}" for b in (16, 32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 3)))
@@ -28,7 +28,7 @@ LAUNCH_VARIANTS = tuple(f"triton@{b}x{w}x{s}" for b in (16, 32, 64, 128) for w, 
 class Matrix:
     name: str
     problems: list[Problem]
-    settings: Settings
+    measure: MeasureOptions
     methods: tuple[str, ...] = ()  # empty: the device's defaults or --backends
 
 
@@ -45,11 +45,11 @@ def acceptance(dtype: str = "bfloat16") -> list[Matrix]:
     (each key's K and V rows adjacent), which the H100 reads 3-4 % faster (docs/design/triton-forward.md)."""
     prefill = acceptance_prefill(dtype)
     return [
-        Matrix("acceptance-decode", acceptance_decode(dtype), Settings(warmup=10, iters=100, graph=True)),
+        Matrix("acceptance-decode", acceptance_decode(dtype), MeasureOptions(warmup=10, iters=100, graph=True)),
         Matrix(
             "acceptance-prefill",
             [prefill, dataclasses.replace(prefill, kv_layout="key")],
-            Settings(warmup=2, iters=10, max_seconds=4.0),
+            MeasureOptions(warmup=2, iters=10, max_seconds=4.0),
         ),
     ]
 
@@ -59,15 +59,15 @@ def seed(dtype: str = "bfloat16") -> list[Matrix]:
         decode_problem(N, H, D, Dv, L, dist, dtype)
         for N, H, D, Dv, L, dist in itertools.product((64, 256, 1024), (4, 8), (64, 128), (64, 128), SEED_L, DISTS)
     ]
-    return [Matrix("seed", problems, Settings(warmup=3, iters=15, max_seconds=0.5, graph=True))]
+    return [Matrix("seed", problems, MeasureOptions(warmup=3, iters=15, max_seconds=0.5, graph=True))]
 
 
 def launch(dtype: str = "bfloat16") -> list[Matrix]:
     methods = ("sdpa", "triton", *LAUNCH_VARIANTS)
     decode = [decode_problem(1024, 8, D, D, L, "many", dtype) for D in (64, 128) for L in SEED_L]
     return [
-        Matrix("launch-decode", decode, Settings(warmup=3, iters=20, max_seconds=0.5), methods),
-        Matrix("launch-prefill", [acceptance_prefill(dtype)], Settings(warmup=2, iters=5, max_seconds=1.0), methods),
+        Matrix("launch-decode", decode, MeasureOptions(warmup=3, iters=20, max_seconds=0.5), methods),
+        Matrix("launch-prefill", [acceptance_prefill(dtype)], MeasureOptions(warmup=2, iters=5, max_seconds=1.0), methods),
     ]
 
 
@@ -90,10 +90,10 @@ def prefill_scaling(dtype: str = "bfloat16") -> list[Matrix]:
     """Prefill forward time against T: the acceptance prefill's heads, dims and selection (64
     heads in 4 groups, D=Dv=128, 16 blocks of 64) at each of PREFILL_SCALING_T, K and V as
     separate tensors, the acceptance prefill's timing settings. On the H100 about a minute:
-    ~15 s of timed calls (13 calls per row, parity run included; packed SDPA, linear in T, is
-    ~12 s of it from its 474 ms at 64k) plus start-up and compilation."""
+    ~15 s of calls (2 warm-up and 10 timed calls per row; packed SDPA, linear in T, is most of
+    it from its 474 ms at 64k) plus start-up and compilation."""
     problems = [acceptance_prefill(dtype, T) for T in PREFILL_SCALING_T]
-    return [Matrix("prefill-scaling", problems, Settings(warmup=2, iters=10, max_seconds=4.0), PREFILL_SCALING_METHODS)]
+    return [Matrix("prefill-scaling", problems, MeasureOptions(warmup=2, iters=10, max_seconds=4.0), PREFILL_SCALING_METHODS)]
 
 
 PRESETS = {"acceptance": acceptance, "seed": seed, "full": full, "launch": launch, "prefill_scaling": prefill_scaling}

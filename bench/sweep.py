@@ -15,20 +15,18 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from selgate.conformance.poison import poison_cuda_cache
-
 from .baselines import get_method, triton_config, variant_config
-from .inputs import Problem, make_inputs, selected_key_count, with_block_ranges, with_kv_layout
-from .parity import check_parity, poisoned
+from .inputs import Problem, make_inputs, selected_key_count, with_block_ranges
 from .timing import Limits, rotation_count, time_calls, time_graph
 
 
 @dataclass(frozen=True)
-class Settings:
+class MeasureOptions:
+    """How each (problem, method) pair of a sweep is measured."""
+
     warmup: int
     iters: int
     max_seconds: float = 2.0  # per (problem, method) timing
-    parity: bool = True
     seed: int = 0
     graph: bool = False  # also CUDA-graph timing of decode rows of capturable methods
 
@@ -89,8 +87,6 @@ def _row(p: Problem, method: str, device_name: str, limits: Limits, **fields) ->
         "frac_copy": None,
         "frac_matmul": None,
         "speedups": "",
-        "parity": "",
-        "max_err": None,
         "kernel_config": "",
         "note": "",
         "device": device_name,
@@ -117,19 +113,9 @@ def _launch_name(method: str, p: Problem, device) -> str:
         return f"unknown ({_error(e)})"
 
 
-def _measure(p, method, sets, device, s: Settings) -> dict:
+def _measure(p, method, sets, device, s: MeasureOptions) -> dict:
     m = get_method(method)
     fields = {}
-    if not m.same_function:
-        fields["parity"] = "n/a"
-    elif s.parity:
-        x = sets[0] if m.reads_all_keys else with_kv_layout(poisoned(sets[0]), p.kv_layout)  # the timed layout
-        call = m.build(p, x)
-        poison_cuda_cache(x.q, x.k, x.v)  # so an output element the method never writes likely reads NaN
-        out = call()
-        par = check_parity(out[0] if isinstance(out, tuple) else out, sets[0])
-        del x, out
-        fields.update(parity=par.label(), max_err=par.max_err)
     calls = [m.build(p, x) for x in sets]
     t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
     fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n, host_ms=t.host_ms)
@@ -150,7 +136,7 @@ def input_sets(p: Problem, seed: int, device: torch.device) -> list:
     return [first] + [make_inputs(p, seed=seed + i, device=device) for i in range(1, rotation_count(first.nbytes(), device))]
 
 
-def retime_graph(p: Problem, method: str, device: torch.device, s: Settings) -> float:
+def retime_graph(p: Problem, method: str, device: torch.device, s: MeasureOptions) -> float:
     """Graph time (ms) of `method` on `p` from re-allocated inputs (same seeds): a second
     opinion on a row (regression.recheck_graph)."""
     m = get_method(method)
@@ -158,7 +144,7 @@ def retime_graph(p: Problem, method: str, device: torch.device, s: Settings) -> 
 
 
 def run_problem(
-    p: Problem, methods: list[str], device: torch.device, limits: Limits, s: Settings, device_name: str
+    p: Problem, methods: list[str], device: torch.device, limits: Limits, s: MeasureOptions, device_name: str
 ) -> list[dict]:
     """Rows for every method on problem `p` (inputs built once, rotated across calls)."""
     sets = input_sets(p, s.seed, device)
@@ -214,7 +200,7 @@ def run_sweep(
     methods: list[str],
     device: torch.device,
     limits: Limits,
-    s: Settings,
+    s: MeasureOptions,
     device_name: str,
     *,
     budget_s: float = math.inf,

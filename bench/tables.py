@@ -13,10 +13,10 @@ import math
 import datetime as dt
 from pathlib import Path
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 from selgate.kernels.config import device_slug
 
-RESULTS_DIR = settings.get("SELGATE_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
+RESULTS_DIR = env_vars.get("SELGATE_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
 
 COLUMNS = [
     "config",
@@ -49,8 +49,6 @@ COLUMNS = [
     "frac_copy",
     "frac_matmul",
     "speedups",
-    "parity",
-    "max_err",
     "kernel_config",
     "note",
     "device",
@@ -86,7 +84,6 @@ def read_csv(path: Path) -> list[dict]:
         "tflops",
         "frac_copy",
         "frac_matmul",
-        "max_err",
         "copy_gbps",
         "matmul_tflops",
     }
@@ -127,8 +124,8 @@ def markdown(rows: list[dict], title: str) -> str:
         "device time alone (decode, capturable methods); rates count the selected keys only and use `ms`; "
         "speedup = other method's ms / this method's ms.",
         "",
-        "| config | method | ms | 95% interval | graph ms | speedup | GB/s | TFLOP/s | % copy | % matmul | parity | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| config | method | ms | 95% interval | graph ms | speedup | GB/s | TFLOP/s | % copy | % matmul | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ok = r["status"] == "ok"
@@ -146,7 +143,6 @@ def markdown(rows: list[dict], title: str) -> str:
                     _fmt(r["tflops"], ".2f"),
                     _fmt(ok and 100 * r["frac_copy"], ".0f"),
                     _fmt(ok and 100 * r["frac_matmul"], ".1f"),
-                    r["parity"],
                     r["note"].replace("|", "/")[:160],
                 ]
             )
@@ -185,16 +181,15 @@ def summary(rows: list[dict], paths) -> str:
         f"matmul {_fmt(head.get('matmul_tflops'), '.1f')} TFLOP/s (measured in this run)",
         f"- {len({r['config'] for r in rows})} configs: {count['ok']} measured, {count['skip']} skipped, {count['error']} errors",
         "",
-        "| method | measured | parity failures | geomean speedup vs sdpa | median % copy bw |",
-        "| --- | --- | --- | --- | --- |",
+        "| method | measured | geomean speedup vs sdpa | median % copy bw |",
+        "| --- | --- | --- | --- |",
     ]
     for m in dict.fromkeys(r["method"] for r in rows):
         ok = [r for r in rows if r["method"] == m and r["status"] == "ok"]
-        fails = sum(r["parity"].startswith("FAIL") for r in ok)
         vs = [x for x in (parse_speedups(r["speedups"]).get("sdpa") for r in ok) if x]  # sdpa_ms / this ms
         fr = sorted(r["frac_copy"] for r in ok if r["frac_copy"] is not None)
         lines.append(
-            f"| {m} | {len(ok)} | {fails} | {_fmt(_geomean(vs) if vs else None, '.2f')} | "
+            f"| {m} | {len(ok)} | {_fmt(_geomean(vs) if vs else None, '.2f')} | "
             f"{_fmt(100 * fr[len(fr) // 2] if fr else None, '.0f')} |"
         )
     errors = [r for r in rows if r["status"] == "error"]

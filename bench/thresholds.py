@@ -2,7 +2,7 @@
 
 `sel_triton_min_L` is the smallest selected length `L` (max over rows, what the
 dispatcher compares) from which every measured configuration has the Triton forward at
-least `MIN_SPEEDUP` x packed SDPA with parity holding (a configuration misses the bar only
+least `MIN_SPEEDUP` x packed SDPA (a configuration misses the bar only
 when it misses at the ends of the two 95% intervals that favour Triton: one stalled sample
 of the host must not switch the dispatcher's policy), such that no configuration below
 it loses more than `MAX_LOSS` by staying on packed SDPA (i.e. Triton is not more than 10%
@@ -14,7 +14,7 @@ losses below it are reported; when Triton never qualifies, the threshold is set 
 length (`NEVER`). Launch parameters (`BLOCK_L`, warps, stages) come from the
 `triton@BxWxS` variants of the sweep: per kind (decode, prefill; what the kernel reads)
 and per L bucket, the variant with the lowest geometric-mean slowdown against the best
-variant of each configuration, among those with parity on all of them. The bucket is the one
+variant of each configuration, among those measured on all of them. The bucket is the one
 the launch path computes from what the host knows (`launch_bucket`), so the profile's
 `triton_fwd.by_L_bucket.<kind>` is read back under the same key.
 """
@@ -42,7 +42,7 @@ NEVER = 2**31 - 1
 @dataclass
 class Decision:
     min_L: int
-    per_L: list[tuple[int, int, float, bool]] = field(default_factory=list)  # L, configs, min speedup, parity
+    per_L: list[tuple[int, int, float]] = field(default_factory=list)  # L, configs, min speedup
     losses: list[str] = field(default_factory=list)
     launch: dict[str, dict] = field(default_factory=dict)  # kind -> launch parameters
     launch_by_bucket: dict[str, dict[int, dict]] = field(default_factory=dict)
@@ -55,10 +55,10 @@ class Decision:
             "",
             self.note,
             "",
-            "| L | configs | min speedup triton vs sdpa | parity on all |",
-            "| --- | --- | --- | --- |",
+            "| L | configs | min speedup triton vs sdpa |",
+            "| --- | --- | --- |",
         ]
-        lines += [f"| {L} | {n} | {s:.2f} | {'yes' if ok else 'no'} |" for L, n, s, ok in self.per_L]
+        lines += [f"| {L} | {n} | {s:.2f} |" for L, n, s in self.per_L]
         if self.losses:
             lines += ["", f"Configurations below the threshold where Triton is > {MAX_LOSS:.0%} faster:"]
             lines += [f"- {x}" for x in self.losses]
@@ -108,34 +108,34 @@ def _best_case_speedup(sdpa: dict, tri: dict) -> float:
 
 
 def choose_min_L(rows: list[dict]) -> Decision:
-    pairs = []  # (L, speedup of the medians, parity ok, config, best-case speedup)
+    pairs = []  # (L, speedup of the medians, config, best-case speedup)
     for config, methods in _by_config(rows).items():
         if "sdpa" in methods and "triton" in methods:
             sdpa, tri = methods["sdpa"], methods["triton"]
-            pairs.append((tri["L_max"], sdpa["ms"] / tri["ms"], tri["parity"] == "ok", config, _best_case_speedup(sdpa, tri)))
+            pairs.append((tri["L_max"], sdpa["ms"] / tri["ms"], config, _best_case_speedup(sdpa, tri)))
     if not pairs:
         return Decision(NEVER, note="No configuration has both `sdpa` and `triton` measured: Triton never qualifies.")
     Ls = sorted({p[0] for p in pairs})
     per_L = []
     for L in Ls:
         at = [p for p in pairs if p[0] == L]
-        per_L.append((L, len(at), min(p[1] for p in at), all(p[2] for p in at)))
+        per_L.append((L, len(at), min(p[1] for p in at)))
 
     def qualifies(L):
-        return all(p[4] >= MIN_SPEEDUP and p[2] for p in pairs if p[0] >= L)
+        return all(p[3] >= MIN_SPEEDUP for p in pairs if p[0] >= L)
 
     def losses(L):
-        return [f"{c}: triton {s:.2f}x faster" for l_, s, _, c, _ in pairs if l_ < L and s > 1 + MAX_LOSS]
+        return [f"{c}: triton {s:.2f}x faster" for l_, s, c, _ in pairs if l_ < L and s > 1 + MAX_LOSS]
 
     candidates = [L for L in Ls if qualifies(L)]
     clean = [L for L in candidates if not losses(L)]
     rule = (
-        f"Rule: smallest L from which triton >= {MIN_SPEEDUP}x packed SDPA with parity on every measured "
+        f"Rule: smallest L from which triton >= {MIN_SPEEDUP}x packed SDPA on every measured "
         f"configuration (a configuration misses only when the ends of the two 95% intervals that favour "
         f"Triton miss too, as the regression check treats noise), none below it more than {MAX_LOSS:.0%} "
         f"slower on sdpa than on triton; {len(pairs)} configurations with both measured."
     )
-    noisy = [f"{c}: medians {s:.2f}x, best case {b:.2f}x" for _, s, _, c, b in pairs if s < MIN_SPEEDUP <= b]
+    noisy = [f"{c}: medians {s:.2f}x, best case {b:.2f}x" for _, s, c, b in pairs if s < MIN_SPEEDUP <= b]
     if noisy:
         rule += " Within the noise of the bar: " + "; ".join(noisy) + "."
     if clean and clean[0] == Ls[0]:
@@ -155,11 +155,11 @@ def choose_min_L(rows: list[dict]) -> Decision:
 
 
 def _best_variant(configs: list[dict[str, dict]]) -> dict | None:
-    """Variant with the lowest geometric-mean ms / best-ms over `configs`, parity ok everywhere."""
+    """Variant with the lowest geometric-mean ms / best-ms over `configs`, measured in every one."""
     names = None
     for methods in configs:
-        ok = {m for m, r in methods.items() if variant_config(m) and r["parity"] == "ok"}
-        names = ok if names is None else names & ok
+        measured = {m for m in methods if variant_config(m)}
+        names = measured if names is None else names & measured
     if not names:
         return None
 
@@ -211,7 +211,7 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
         "source": str(source),
         "software": software,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-        "rule": f"triton >= {MIN_SPEEDUP}x sdpa with parity (a miss within the 95% intervals, "
+        "rule": f"triton >= {MIN_SPEEDUP}x sdpa (a miss within the 95% intervals, "
         f">= {MIN_SAMPLES} samples, is noise); <= {MAX_LOSS:.0%} loss below",
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -197,12 +197,11 @@ def verify(path: Path, entries: list[dict], rl: int) -> str:
     """Point the launch path at `path` and check it picks every entry just tuned."""
     import os
 
-    from selgate.kernels import settings
     from selgate.kernels.triton import tuning
     from selgate.kernels.triton.bwd import launch_config as bwd_config
     from selgate.kernels.triton.fwd import launch_config as fwd_config
 
-    saved = {name: os.environ.pop(name) for name in settings.names(tuning.ENV_TUNED_DIR) if name in os.environ}
+    saved = {k: v for k, v in os.environ.items() if k == tuning.ENV_TUNED_DIR}  # restored below
     os.environ[tuning.ENV_TUNED_DIR] = str(path.parent)
     tuning.clear_cache()
     try:

@@ -28,13 +28,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from selgate.kernels import settings
 from selgate.lanes.cut import Cut, default_sigint, mark_signal
 from selgate.reports.environment import ENV_FILE
 
 from .cases import SIZES
 from .check_plugin import COLLECTED_FILE, verdict_environ
-from .check_report import Verdict, judge, render, write_stub_junit
+from .check_report import CheckVerdict, judge, render, write_stub_junit
 from .registry import described_impl
 
 DEFAULT_OUT = "selgate-check"
@@ -87,7 +86,7 @@ def pytest_command(args, out: Path, inifile: Path) -> list:
 def child_env(workers: int) -> dict:
     """The caller's environment (refused settings are absent by then), plugin autoloading
     off, the caller's directory importable, each worker's CPU thread pool its share of the cores."""
-    env = settings.current_environ()
+    env = dict(os.environ)
     env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", SELGATE_LANE="check")
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
@@ -176,7 +175,7 @@ def load(args, run: Run, tmp: Path, env: dict):
     return None, data["error"]
 
 
-def run(args) -> Verdict:
+def run(args) -> CheckVerdict:
     out = Path(args.out).resolve()
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -188,7 +187,7 @@ def run(args) -> Verdict:
         raise
 
 
-def _run(args, out: Path) -> Verdict:
+def _run(args, out: Path) -> CheckVerdict:
     prepare_out(out)
     before = {p for p in out.rglob("*") if p.is_file()}
     runner = Run()

@@ -23,9 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from selgate.kernels import settings
-
-VERDICT_ENV = (*settings.names("SELGATE_TOL_OVERRIDES"), "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+VERDICT_ENV = ("SELGATE_TOL_OVERRIDES", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 COLLECTED_FILE = "collected.json"
 
 

@@ -12,44 +12,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 from junitparser import Error, JUnitXml, TestCase, TestSuite
 
 from selgate import __version__
 from selgate.reports.environment import ENV_FILE, collect_environment
 from selgate.reports.results import OUTCOMES, load_lane
+from selgate.reports.verdict import Verdict, pytest_exit
 
-from . import triage
+from . import families, triage
 from .cases import DTYPE_NAMES
 from .check_plugin import COLLECTED_FILE
-from .plugin import FAMILY_MARKERS
 from .registry import Impl
 
 SHOWN_SKIPS = 12  # reasons listed under "Not covered"; the rest are counted
 SHOWN_NEVER_RAN = 8
 
 
-def claimed_families(impl: Impl) -> dict:
-    """{family: None when claimed, else why it is not}: the families a pass requires."""
-    claims = {f: None for f in FAMILY_MARKERS if f != "policy"}
-    if not impl.backward:
-        claims["backward"] = "backward not declared (backward: false)"
-    if not impl.backward or torch.float64 not in impl.dtypes:
-        claims["gradcheck"] = "needs backward and fp64 declared"
-    if not impl.deterministic:
-        claims["determinism"] = "declared non-deterministic (deterministic: false)"
-    if impl.varlen is None:
-        claims["varlen"] = "no varlen callable declared"
-    if not {"decode", "prefill"} <= set(impl.modes):
-        claims["decode"] = "needs modes decode and prefill"
-    return claims
-
-
-@dataclass
-class Verdict:
-    counts: dict  # family -> outcome counts
-    claims: dict  # family -> None (claimed) or why not
-    blocking: list = field(default_factory=list)
+@dataclass(kw_only=True)
+class CheckVerdict(Verdict):
+    subject = "CHECK"
+    counts: dict = field(default_factory=dict)  # family -> outcome counts
+    claims: dict = field(default_factory=dict)  # family -> None (claimed) or why not
     failures: list = field(default_factory=list)  # CaseResult
     skips: dict = field(default_factory=dict)  # family -> Counter of skip reasons
     environment: dict | None = None
@@ -58,17 +41,9 @@ class Verdict:
     never_ran: list = field(default_factory=list)  # collected ids without a result (a cut run)
     cut: str | None = None  # the signal that cut the run
 
-    @property
-    def passed(self) -> bool:
-        return not self.blocking
-
-    @property
-    def headline(self) -> str:
-        if self.passed:
-            claimed = [f for f, why in self.claims.items() if why is None]
-            return f"CHECK PASSED: {len(claimed)} claimed families ({', '.join(claimed)})"
-        more = f" (and {len(self.blocking) - 1} more)" if len(self.blocking) > 1 else ""
-        return f"CHECK BLOCKED: {self.blocking[0]}{more}"
+    def scope(self) -> str:
+        claimed = [f for f, why in self.claims.items() if why is None]
+        return f"{len(claimed)} claimed families ({', '.join(claimed)})"
 
     def summary(self) -> list:
         """What the terminal shows under the headline: the other blocking reasons, then the
@@ -112,23 +87,19 @@ def _status_problem(status) -> str | None:
         return None
     if status < 0:
         return f"pytest was killed ({-status}) before it finished writing results"
-    try:
-        name = pytest.ExitCode(status).name.lower().replace("_", " ")
-    except ValueError:
-        name = "unknown"
-    return f"run aborted: pytest exit {status} ({name})"
+    return f"run aborted: {pytest_exit(status)}"
 
 
-def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None) -> Verdict:
+def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None) -> CheckVerdict:
     """The verdict on the run whose results are in `out` and whose pytest exited `status`
     (None: it never started). `impl` None when the implementation could not be loaded."""
     if load_error:
-        v = Verdict({}, {}, cut=cut)
+        v = CheckVerdict(cut=cut)
         v.blocking.append(f"cut by {cut} while importing the implementation" if cut else f"not loaded: {load_error}")
         return v
     result = load_lane("check", out)
     cases = [c for c in (result.cases if result else []) if c.nodeid != "import"]
-    v = Verdict({}, claimed_families(impl), environment=result.environment if result else None, cut=cut)
+    v = CheckVerdict(claims=families.claims(impl), environment=result.environment if result else None, cut=cut)
     collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
     ran = {c.nodeid for c in cases}
     v.never_ran = [i for i in collected if i not in ran]
@@ -202,7 +173,7 @@ def repro(args, nodeid: str) -> str:
     )
 
 
-def render(impl, v: Verdict, args) -> str:
+def render(impl, v: CheckVerdict, args) -> str:
     """report.md: the verdict, then root causes first; bounded in length whatever the
     number of failures (the full list is junit.xml)."""
     env = v.environment or {}
@@ -240,7 +211,7 @@ def render(impl, v: Verdict, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _families(v: Verdict) -> list:
+def _families(v: CheckVerdict) -> list:
     lines = [
         "",
         "## Families",
@@ -260,7 +231,7 @@ def _families(v: Verdict) -> list:
     return lines
 
 
-def _never_ran(v: Verdict) -> list:
+def _never_ran(v: CheckVerdict) -> list:
     """The cases a cut run never reached, counted by family, a few named."""
     from selgate.reports.families import family_of
 

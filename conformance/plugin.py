@@ -2,9 +2,8 @@
 selgate brings it to any pytest run): the `--impl`, `--size` and `--declare` options, the
 family markers, and the parametrization of each family's test over (implementation x case),
 OpInfo style. Every declared combination runs, an undeclared one is a skip with its
-reason, a declared known bug is `xfail(strict=True)`. A test `test_<family>(impl, case,
-device)` gets the cases of FAMILIES[<family>], fitted to what the implementation declares
-(heads per group, block size); `test_bad_input(impl, bad, case, device)` gets BAD_INPUTS.
+reason, a declared known bug is `xfail(strict=True)`. Markers, tests and their parameters
+come from the family declarations (selgate.conformance.families: `Family.params`).
 
     pytest --pyargs selgate.conformance -m conformance --impl mypkg.mod:fn [--declare fn.yaml]
 """
@@ -14,23 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .cases import SIZES, select
-from .registry import fit, known_bug, resolve, skip_reason
+# the families' own tests (policy's) use plain asserts: rewritten, as in a test module
+pytest.register_assert_rewrite("selgate.conformance.families")
 
-FAMILY_MARKERS = {
-    "parity": "o and lse against the fp64 golden result",
-    "backward": "dq, dk, dv against the golden gradients",
-    "gradcheck": "torch.autograd.gradcheck in fp64",
-    "determinism": "bitwise-identical repeated runs",
-    "empty_ranges": "rows selecting nothing",
-    "bounds": "NaN-poisoned keys outside the selection and beyond t",
-    "dtype": "output dtypes, index dtypes, strided inputs",
-    "decode": "decode equals the matching prefill row",
-    "group": "equal q across a group's heads gives equal outputs",
-    "varlen": "packed sequences equal per-sequence calls",
-    "policy": "the dispatcher's ADR and fallback rules (selgate's own dispatcher)",
-    "bad_input": "clear errors naming the argument",
-}
+from . import families  # noqa: E402
+from .cases import SIZES, select  # noqa: E402
+from .registry import resolve  # noqa: E402
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -62,7 +51,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     """Registers the markers; a bad --impl or --declare is a usage error, reported once."""
     config.addinivalue_line("markers", "conformance: the conformance matrix; --impl and --size select what it runs")
-    for name, what in FAMILY_MARKERS.items():
+    for name, what in families.reported().items():
         config.addinivalue_line("markers", f"{name}: conformance family: {what}")
     try:
         config._selgate_impls = resolve(config.getoption("--impl"), declare=config.getoption("--declare"))
@@ -75,51 +64,11 @@ def device():
     return DEVICE
 
 
-def _matrix(family, impls, cases):
-    for impl in impls:
-        for base in cases:
-            if not family.applies(base):
-                continue
-            case = fit(base, impl)
-            why = family.skip(impl, case, DEVICE)
-            bug = None if why else known_bug(impl, family.name, case)
-            marks = [pytest.mark.skip(reason=why)] if why else ([pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
-            yield pytest.param(impl, case, id=f"{impl.name}-{case.id}", marks=marks)
-
-
-def _bad_inputs(impls, cases):
-    """Each bad input once per implementation, on the first tiny case it supports."""
-    from .families import BAD_INPUTS
-
-    for impl in impls:
-        for bad in BAD_INPUTS:
-            usable = [
-                c
-                for c in (fit(c, impl) for c in cases)
-                if c.size == "tiny"
-                and (c.mode == "varlen") == bad.varlen
-                and c.dtype in impl.dtypes
-                and c.dtype != torch.float64
-                and not skip_reason(impl, c, DEVICE)
-            ]
-            usable.sort(key=lambda c: c.dtype != torch.float32)
-            why = skip_reason(impl, None, DEVICE, family="bad_input") or (
-                None if usable else f"{impl.name} declares no tiny {'varlen' if bad.varlen else 'batched'} case"
-            )
-            bug = None if why or not usable else known_bug(impl, "bad_input", usable[0], bad.name)
-            marks = [pytest.mark.skip(reason=why)] if why else ([pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
-            yield pytest.param(impl, bad, usable[0] if usable else None, id=f"{impl.name}-{bad.name}", marks=marks)
-
-
 def pytest_generate_tests(metafunc):
     if "impl" not in metafunc.fixturenames:
         return
-    from .families import FAMILIES
-
-    name = metafunc.function.__name__.removeprefix("test_")
-    impls = metafunc.config._selgate_impls
+    family = families.of_test(metafunc.function.__name__)
+    if family is None:
+        raise pytest.UsageError(f"{metafunc.function.__name__}: takes impl but is no conformance family's test")
     cases = select(metafunc.config.getoption("--size"))
-    if name == "bad_input":
-        metafunc.parametrize(("impl", "bad", "case"), list(_bad_inputs(impls, cases)))
-    else:
-        metafunc.parametrize(("impl", "case"), list(_matrix(FAMILIES[name], impls, cases)))
+    metafunc.parametrize(*family.params(metafunc.config._selgate_impls, cases, DEVICE))

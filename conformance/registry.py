@@ -118,46 +118,30 @@ def _split(out, with_lse):
     return (out[0] if isinstance(out, tuple) else out), None
 
 
-def device_capability(device) -> Optional[str]:
-    """The hardware's capability (overrides do not change what a kernel can run on)."""
-    cap = policy.device_capability(device)
-    return None if cap is None else f"{cap[0]}.{cap[1]}"
-
-
 def _cap(s: str) -> tuple:
     return tuple(int(x) for x in s.split("."))
 
 
-def skip_reason(
-    impl: Impl, case: Optional[Case], device, *, family: str = "", needs_backward=False, needs_fp64=False, needs_modes=None
-) -> Optional[str]:
-    """Why `impl` does not run `case` (None: any case) of `family` on `device`, from its
-    declarations; None when it does. `needs_modes` replaces the case's own mode (the
-    decode family runs decode calls on prefill cases)."""
+def skip_reason(impl: Impl, case: Case, device, *, modes=None) -> Optional[str]:
+    """Why `impl` does not run `case` on `device`, from the declarations every family shares
+    (what a family itself requires is its own: `Family.skip`); None when it does. `modes`
+    replaces the case's own mode (the decode family runs decode calls on prefill cases)."""
     dev = torch.device(device).type
     why = impl.unavailable()
     if why:
         return f"{impl.name} unavailable: {why}"
-    if family in impl.unsupported:
-        return f"{impl.name} does not take part in {family}: {impl.unsupported[family]}"
-    if needs_backward and not impl.backward:
-        return f"{impl.name} does not declare backward"
-    if family.startswith("determinism") and not impl.deterministic:
-        return f"{impl.name} declares itself non-deterministic"
-    if case is None:
-        return None
     if dev not in impl.devices:
         return f"{impl.name} runs on {'/'.join(impl.devices)}, not {dev}"
     if case.gpu_only and dev != "cuda":
         return "a contention case: reduction-order races (atomics) show on a GPU only"
-    cap = device_capability(device)
+    cap = policy.capability_text(policy.device_capability(device))  # overrides do not change what a kernel runs on
     if impl.min_capability and cap is not None and _cap(cap) < _cap(impl.min_capability):
         return f"{impl.name} needs compute capability >= {impl.min_capability}, device has {cap}"
     if case.dtype not in impl.dtypes:
         return f"{impl.name} does not declare {case.dtype}"
     if dev == "cpu" and case.dtype in impl.cpu_dtype_skips:
         return f"{impl.name} on CPU: {impl.cpu_dtype_skips[case.dtype]}"
-    for mode in needs_modes or (case.mode,):
+    for mode in modes or (case.mode,):
         if mode not in impl.modes or (mode == "varlen" and impl.varlen is None):
             return f"{impl.name} does not declare mode {mode}"
     s = case.shape
@@ -177,8 +161,6 @@ def skip_reason(
         return f"{impl.name} declares sizes up to {impl.max_size}; case is {case.size}"
     if dev == "cpu" and impl.cpu_smoke_only and not case.smoke:
         return f"{impl.name} is slow on CPU (interpreter): only smoke cases run there"
-    if needs_fp64 and torch.float64 not in impl.dtypes:
-        return f"{impl.name} does not declare fp64 (gradcheck needs it)"
     return None
 
 
@@ -304,15 +286,12 @@ def _kernel(kernel: str):
     return call, varlen
 
 
-def _cap_text(cap: tuple) -> str:
-    return f"{cap[0]}.{cap[1]}"
-
-
 def _tma_unavailable() -> Optional[str]:
     why = _triton_unavailable()
-    cap = policy.device_capability("cuda") if torch.cuda.is_available() else None
+    cap = policy.device_capability()
     if why is None and cap is not None and cap < triton_limits.TMA_MIN_CAPABILITY:
-        why = f"the TMA kernel needs SM >= {_cap_text(triton_limits.TMA_MIN_CAPABILITY)}, device has {_cap_text(cap)}"
+        need = policy.capability_text(triton_limits.TMA_MIN_CAPABILITY)
+        why = f"the TMA kernel needs SM >= {need}, device has {policy.capability_text(cap)}"
     return why
 
 
@@ -325,7 +304,7 @@ def _pairs_unavailable() -> Optional[str]:
     major = triton_limits.PAIRS_CAPABILITY_MAJOR
     cap = policy.device_capability("cuda")
     if cap[0] != major:
-        return f"the Gluon pair kernel runs on SM {major}.x only, device has {_cap_text(cap)}"
+        return f"the Gluon pair kernel runs on SM {major}.x only, device has {policy.capability_text(cap)}"
     if importlib.util.find_spec("triton.experimental.gluon") is None:
         return "this triton has no Gluon"
     return None
@@ -398,7 +377,7 @@ REGISTRY = {
         head_dim_multiple=cuda_limits.HEAD_DIM_MULTIPLE,
         max_head_dim=cuda_limits.MAX_HEAD_DIM,
         devices=("cuda",),
-        min_capability=_cap_text(cuda_limits.MIN_CAPABILITY),
+        min_capability=policy.capability_text(cuda_limits.MIN_CAPABILITY),
         lse=True,
         unavailable=_cuda_unavailable,
     ),

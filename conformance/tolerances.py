@@ -44,7 +44,7 @@ from typing import Optional, Union
 import torch
 import yaml
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 
 from .cases import DTYPE_NAMES
 
@@ -176,7 +176,7 @@ def check_bound(value, where: str) -> None:
 
 def overrides() -> dict:
     """The lane's overrides from `SELGATE_TOL_OVERRIDES` (validated; {} when unset)."""
-    return parse_overrides(settings.get(ENV))
+    return parse_overrides(env_vars.get(ENV))
 
 
 def as_precision(precision: Union[Precision, torch.dtype]) -> Precision:

@@ -282,9 +282,10 @@ def find_case(impl: Impl, case_id: str, size: str) -> Case:
 
 def find_bad_input(impl: Impl, name: str) -> tuple:
     """(BadInput, Case): the bad input `name` and the case the matrix calls it on."""
-    from .plugin import _bad_inputs
+    from .families import FAMILIES
+    from .plugin import DEVICE
 
-    for param in _bad_inputs([impl], select("tiny")):
+    for param in FAMILIES["bad_input"].params([impl], select("tiny"), DEVICE)[1]:
         if param.id == f"{impl.name}-{name}":
             return param.values[1], param.values[2]
     raise LookupError(f"no bad input {name} for {impl.name}")
@@ -340,11 +341,13 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
     """A standalone Python file rerunning the smallest case of `cause`: the kernel called
     directly against the fp64 reference, then the family's check as the matrix runs it.
     ValueError when the failure is not a case of the matrix (a collection error)."""
-    from .families import BAD_INPUTS, FAMILIES
+    from .families import of_test
+    from .families.bad_input import BAD_INPUTS
 
     r = cause.smallest
     test, _, param = r.nodeid.partition("::")[2].partition("[")
-    family, param = test.removeprefix("test_"), param.removesuffix("]")
+    fam = of_test(test)
+    family, param = (fam.name if fam else test), param.removesuffix("]")
     imports = [
         "from selgate.conformance.compare import ConformanceFailure",
         "from selgate.conformance.registry import resolve",
@@ -354,13 +357,13 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
         if name is None:
             raise ValueError(f"{r.nodeid}: no bad input of {impl}")
         imports += [
-            "from selgate.conformance.families import check_bad_input",
+            "from selgate.conformance.families.bad_input import check as check_bad_input",
             "from selgate.conformance.triage import find_bad_input",
         ]
         body = _BAD.format(name=name)
     else:
         m = re.search(f"(?:{CASE_ID.pattern})$", param)
-        if family not in FAMILIES or m is None:
+        if fam is None or m is None:
             raise ValueError(f"{r.nodeid}: not a case of the matrix")
         varlen = m["lq"] is not None
         imports += [

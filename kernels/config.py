@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from . import settings as env
+from . import env_vars
 
-CONFIG_DIR = env.get("SELGATE_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = env_vars.get("SELGATE_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs"
 
 
 def device_slug(name: str) -> str:

@@ -26,8 +26,8 @@ from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
 from .errors import BackendUnavailable, ConfigError, StrictModeError
-from . import settings as env
-from .policy import capability, capability_overridden, interpreting, settings, triton_unsupported
+from . import env_vars
+from .policy import capability, capability_overridden, dispatch_policy, interpreting, triton_unsupported
 from .sdpa import selection_attention_sdpa
 from .stats import debug, device_counter, record_call, record_fallback
 
@@ -40,7 +40,7 @@ def _normalize(ranges, d, positions, bytes_per_key: int):
     formulation's ~30 small ops cost ~1 ms of host time per decode step on the H100 host.
     SELGATE_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too, and so does an S_kv
     past the launch's packed sort key (MAX_S_KV)."""
-    if ranges.is_cuda and env.get("SELGATE_TRITON_NORMALIZE"):
+    if ranges.is_cuda and env_vars.get("SELGATE_TRITON_NORMALIZE"):
         from .triton.normalize import MAX_S_KV, normalize_ranges_triton
 
         if d.S_kv <= MAX_S_KV:
@@ -120,7 +120,7 @@ def selection_attention(
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
-    st = settings()
+    st = dispatch_policy()
     strict = st.strict if strict is None else bool(strict)
     bytes_per_key = (d.Dk + d.Dv) * q.element_size()
     if st.validate:

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import settings as env
-from . import triton_limits
+from . import env_vars, triton_limits
 from .config import load_config
 from .stats import record_capability
 
@@ -22,11 +21,11 @@ _override: list = []  # stack of capability_override() values
 
 
 # The variables that steer the dispatcher (tests clear them all for a known state).
-ENV_FLAGS = tuple(name for var in env.VARS.values() if var.group == "dispatcher" for name in var.names)
+ENV_FLAGS = tuple(name for name, var in env_vars.VARS.items() if var.group == "dispatcher")
 
 
 @dataclass(frozen=True)
-class Settings:
+class DispatchPolicy:
     """One call's view of config and flags (env over device profile over base.yaml)."""
 
     use_triton: bool  # SELGATE_TRITON_ENABLE
@@ -42,18 +41,18 @@ class Settings:
     budget_bytes: int  # runtime.sdpa_budget_mb: gathered K/V per chunk in the sdpa and reference paths
 
 
-def settings(device_name: str | None = None) -> Settings:
+def dispatch_policy(device_name: str | None = None) -> DispatchPolicy:
     cfg = load_config(device_name)
     rt, pol = cfg["runtime"], cfg["policy"]
-    return Settings(
-        use_triton=env.get("SELGATE_TRITON_ENABLE", rt["use_triton_sel"]),
-        force_triton=env.get("SELGATE_TRITON_FORCE"),
-        min_L=int(env.get("SELGATE_TRITON_MIN_L", rt["sel_triton_min_L"])),
-        force_parity=env.get("SELGATE_FORCE_PARITY"),
-        strict=env.get("SELGATE_STRICT"),
-        allow_grad=env.get("SELGATE_TRITON_ALLOW_GRAD", rt["sel_triton_allow_grad"]),
-        validate=env.get("SELGATE_VALIDATE_RANGES"),
-        use_cuda=env.get("SELGATE_CUDA_ENABLE"),
+    return DispatchPolicy(
+        use_triton=env_vars.get("SELGATE_TRITON_ENABLE", rt["use_triton_sel"]),
+        force_triton=env_vars.get("SELGATE_TRITON_FORCE"),
+        min_L=int(env_vars.get("SELGATE_TRITON_MIN_L", rt["sel_triton_min_L"])),
+        force_parity=env_vars.get("SELGATE_FORCE_PARITY"),
+        strict=env_vars.get("SELGATE_STRICT"),
+        allow_grad=env_vars.get("SELGATE_TRITON_ALLOW_GRAD", rt["sel_triton_allow_grad"]),
+        validate=env_vars.get("SELGATE_VALIDATE_RANGES"),
+        use_cuda=env_vars.get("SELGATE_CUDA_ENABLE"),
         disabled_caps=tuple(str(c) for c in pol["triton_sel_disabled_capabilities"]),
         min_cap=str(pol["triton_sel_min_capability"]),
         budget_bytes=int(rt["sdpa_budget_mb"]) << 20,
@@ -84,7 +83,7 @@ def capability_overridden() -> str | None:
     """The override in force (context manager first, then SELGATE_CAPABILITY), or None."""
     if _override:
         return _override[-1]
-    over = env.get("SELGATE_CAPABILITY")
+    over = env_vars.get("SELGATE_CAPABILITY")
     if over is not None:
         _parse_cap(over, "SELGATE_CAPABILITY")
     return over
@@ -93,11 +92,18 @@ def capability_overridden() -> str | None:
 def device_capability(device=None) -> tuple[int, int] | None:
     """The hardware's compute capability, `(major, minor)`, or None off CUDA: what a kernel
     can run on, so overrides do not apply (`capability` is the policy's view). The one place
-    that asks torch; `device=None` is the current CUDA device."""
-    device = torch.device("cuda") if device is None else torch.device(device)
+    that asks torch; `device=None` is the current CUDA device, None when none is visible."""
+    if device is None and not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda" if device is None else device)
     if device.type != "cuda":
         return None
     return tuple(torch.cuda.get_device_capability(device))
+
+
+def capability_text(cap: tuple[int, int] | None) -> str | None:
+    """`(9, 0)` as "9.0", the form configs, lanes and reports name a capability in; None stays None."""
+    return None if cap is None else f"{cap[0]}.{cap[1]}"
 
 
 def capability(device: torch.device) -> str | None:
@@ -106,11 +112,9 @@ def capability(device: torch.device) -> str | None:
     if over is not None:
         record_capability(over, "override")
         return over
-    hw = device_capability(device)
-    if hw is None:
-        return None
-    cap = f"{hw[0]}.{hw[1]}"
-    record_capability(cap, "device")
+    cap = capability_text(device_capability(device))
+    if cap is not None:
+        record_capability(cap, "device")
     return cap
 
 
@@ -118,7 +122,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: Settings):
+def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: DispatchPolicy):
     """Why the Triton kernel cannot (or, by ADR policy, must not) serve this call, as
     `(reason, detail)`, or None when it can: the kernels' own limits (`triton_limits`), then
     capability and the ADR rule, which yields to SELGATE_TRITON_FORCE."""

@@ -15,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from . import settings as env
+from . import env_vars
 
 log = logging.getLogger("selgate.kernels")
 
@@ -29,7 +29,7 @@ _capability: dict = {}
 
 
 def debug_enabled() -> bool:
-    return env.get("SELGATE_DEBUG_LOG")
+    return env_vars.get("SELGATE_DEBUG_LOG")
 
 
 def debug(msg: str) -> None:

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 
 from .config import lane_names, load_lane
 from .detect import detect_lane
@@ -41,7 +41,7 @@ def _detect(args) -> int:
     print(f"lane {d.lane}: GPU {d.gpu}, compute capability {d.capability or 'none'}")
     plan = plan_lane(load_lane(d.lane), capability=d.capability)
     print("would run: " + shlex.join([f"{k}={v}" for k, v in plan.env.items()] + ["python", "-m", "pytest", *plan.pytest_args]))
-    override = settings.get("SELGATE_CAPABILITY")
+    override = env_vars.get("SELGATE_CAPABILITY")
     if override:
         print(
             f"SELGATE_CAPABILITY={override} is set: the dispatcher's policy uses it, "

@@ -11,7 +11,7 @@ from selgate.conformance.cases import SIZES
 from selgate.conformance.tolerances import ENV as TOL_ENV  # the variable the matrix reads overrides from
 from selgate.conformance.tolerances import parse_overrides, check_bound
 from selgate.reports import strict_yaml
-from selgate.reports.families import FAMILIES
+from selgate.reports.families import names
 
 LANE_DIR = Path(__file__).resolve().parent
 REQUIRED = (
@@ -80,9 +80,9 @@ def validate_lane(lane: dict, where: str, at=None) -> None:
     families = lane["required_families"]
     if not isinstance(families, list) or not all(isinstance(f, str) for f in families):
         raise ValueError(f"{at('required_families')}: required_families: expected a list of families, got {families!r}")
-    unknown = sorted(set(families) - set(FAMILIES))
+    unknown = sorted(set(families) - set(names()))
     if unknown:
-        raise ValueError(f"{at('required_families')}: required_families: unknown {unknown}; families are {list(FAMILIES)}")
+        raise ValueError(f"{at('required_families')}: required_families: unknown {unknown}; families are {list(names())}")
     if not isinstance(lane["env"], dict):
         raise ValueError(f"{at('env')}: env: expected a mapping of environment variables, got {lane['env']!r}")
     image = lane["image"]

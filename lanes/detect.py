@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from selgate.kernels.policy import capability_text, device_capability
+
 from .config import LANE_DIR, lane_names, load_lane
 
 
@@ -13,16 +17,6 @@ class Detected:
     lane: str
     capability: str | None  # "9.0", or None without a CUDA device
     gpu: str  # device name, "none" on CPU
-
-
-def device_capability() -> tuple[str | None, str]:
-    """(capability, GPU name) of CUDA device 0, or (None, "none")."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None, "none"
-    major, minor = torch.cuda.get_device_capability(0)
-    return f"{major}.{minor}", torch.cuda.get_device_name(0)
 
 
 def lane_for(capability: str | None, lane_dir=LANE_DIR) -> str:
@@ -43,5 +37,6 @@ def lane_for(capability: str | None, lane_dir=LANE_DIR) -> str:
 
 
 def detect_lane() -> Detected:
-    capability, gpu = device_capability()
+    capability = capability_text(device_capability())
+    gpu = "none" if capability is None else torch.cuda.get_device_name()
     return Detected(lane_for(capability), capability, gpu)

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 from .config import LANE_DIR
 
 ROOT = LANE_DIR.parent
@@ -49,7 +49,7 @@ def image_spec(lane_cfg: dict, environ=os.environ) -> tuple[str, str | None, dic
     args = {str(k): str(v) for k, v in (image.get("build_args") or {}).items()}
     if image.get("base_image"):
         args.setdefault("BASE_IMAGE", str(image["base_image"]))
-    for item in settings.get("SELGATE_DOCKER_BUILD_ARGS", environ=environ).split():
+    for item in env_vars.get("SELGATE_DOCKER_BUILD_ARGS", environ=environ).split():
         key, sep, value = item.partition("=")
         if not (key and sep):
             raise EngineError(f"SELGATE_DOCKER_BUILD_ARGS: expected space-separated KEY=VALUE items, got {item!r}")
@@ -77,7 +77,7 @@ def container_env(env: dict) -> dict:
     .git); not CUDA_VISIBLE_DEVICES, whose host numbering means nothing inside."""
     from selgate.reports.environment import commit
 
-    out = settings.current_environ({k: str(v) for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"})
+    out = {k: str(v) for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
     out["TRITON_CACHE_DIR"] = CACHE_MOUNT
     out["SELGATE_CUDA_CACHE"] = EXTENSION_CACHE_MOUNT
     out.setdefault("SELGATE_COMMIT", commit())

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 import pytest
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 
 DURATIONS_DIR = Path(__file__).resolve().parent / "durations"
 DURATIONS_ENV = "SELGATE_DURATIONS"
@@ -68,7 +68,7 @@ def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S, worke
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    path = settings.get(DURATIONS_ENV)
+    path = env_vars.get(DURATIONS_ENV)
     if path:
         full = Path(config.rootpath) / path
         if not full.is_file():

@@ -9,10 +9,9 @@ tensors to Triton only with a capability override there)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-
-from selgate.kernels import settings
 
 PROBE_L = 128  # selected keys per row: above the min-L threshold, so only policy keeps Triton off
 
@@ -44,7 +43,7 @@ def probe() -> dict:
 
 def probe_in_subprocess(env: dict, timeout: float = 600) -> dict:
     """`probe()`'s counters from a fresh interpreter with `env` added to os.environ."""
-    full = {**settings.current_environ(), **settings.current_environ({k: str(v) for k, v in env.items()})}
+    full = {**os.environ, **{k: str(v) for k, v in env.items()}}
     proc = subprocess.run(
         [sys.executable, "-m", "selgate.lanes.policy"], env=full, capture_output=True, text=True, timeout=timeout
     )

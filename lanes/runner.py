@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
-from selgate.kernels import settings
+from selgate.kernels import env_vars
+from selgate.kernels.policy import capability_text, device_capability
 
 from .config import LANE_DIR, tolerance_env
 from .cut import Cut, default_sigint, mark_signal, raise_interrupt
-from .detect import device_capability, lane_for
+from .detect import lane_for
 from .ordering import DURATIONS_DIR, DURATIONS_ENV
 
 ROOT = LANE_DIR.parent
@@ -44,7 +45,7 @@ PLUGINS = (
 CONFORMANCE_PLUGIN = "selgate.conformance.plugin"  # the matrix's --impl and --size, where installed
 CONFIG_ARGS = ("-c", "pyproject.toml", "--rootdir", ".")
 CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-CACHE_ENV = ("TRITON_CACHE_DIR", *settings.names("SELGATE_CUDA_CACHE"))
+CACHE_ENV = ("TRITON_CACHE_DIR", "SELGATE_CUDA_CACHE")
 GPU_GB_PER_WORKER = 10  # GPU memory (GB) one worker of a GPU lane may take
 # The size of each worker's CPU thread pool (torch's intra-op threads, OpenMP): torch sizes it to
 # the machine's cores, so n workers would run n x cores threads, whose spinning takes the cores the
@@ -149,8 +150,8 @@ def inventory_command(lane: dict) -> list:
 def run_env(extra: dict) -> dict:
     """os.environ with the lane's variables, plugin autoloading off and pytest's option
     variables removed."""
-    env = {k: v for k, v in settings.current_environ().items() if k not in UNSET_ENV}
-    return {**env, **settings.current_environ(extra), **CLEAN_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
+    return {**env, **extra, **CLEAN_ENV}
 
 
 def clear_out(out_name: str, out_root: Path | None = None) -> Path:
@@ -179,7 +180,7 @@ def record_refusal(out_name: str, error: str, out_root: Path | None = None) -> N
 def cache_root() -> Path:
     """Where compiled kernels persist between runs: Triton's cache and the CUDA extension's
     builds, per lane and architecture ($SELGATE_CACHE_DIR, default ~/.cache/selgate)."""
-    return settings.get("SELGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "selgate"
+    return env_vars.get("SELGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "selgate"
 
 
 @dataclass
@@ -272,16 +273,16 @@ def plan_lane(
 
     out_name = f"{name}-emulated" if emulate else name
     arch = f"sm{capability.replace('.', '')}" if capability else "cpu"
-    env = settings.current_environ({k_: str(v) for k_, v in (lane["env"] or {}).items()})
+    env = {k_: str(v) for k_, v in (lane["env"] or {}).items()}
     env.update(tolerance_env(lane))
-    outside = settings.get(TOL_ENV)
+    outside = env_vars.get(TOL_ENV)
     if outside and outside != env.get(TOL_ENV):
         raise ValueError(
-            f"{settings.source(TOL_ENV)}: set in the environment to {outside!r}; only "
+            f"{TOL_ENV}: set in the environment to {outside!r}; only "
             f"lanes/{name}.yaml (tolerance_overrides, with a reason and the measured error) "
             f"may change a tolerance: unset it"
         )
-    if lane["device"] == "cuda" and not any(n in os.environ for n in settings.names("SELGATE_CUDA_BUILD")):
+    if lane["device"] == "cuda" and "SELGATE_CUDA_BUILD" not in os.environ:
         # Each worker builds (or loads) the CUDA decode extension when it imports it during
         # collection, outside any per-test timeout that could kill a build half-way; the
         # builders take turns (kernels/cuda/build.py). The caller's own setting wins.
@@ -297,7 +298,7 @@ def plan_lane(
     cache_dir = cache_root() / "triton" / f"{out_name}-{arch}"
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     # builds are keyed by source hash, architecture and torch inside (kernels/cuda/build.py)
-    extension_cache_dir = settings.get("SELGATE_CUDA_CACHE", cache_root() / "cuda")
+    extension_cache_dir = env_vars.get("SELGATE_CUDA_CACHE", cache_root() / "cuda")
     env["SELGATE_CUDA_CACHE"] = str(extension_cache_dir)
     durations = DURATIONS_DIR / f"{name}.json"
     if durations.exists():  # relative to the checkout: the same file inside a lane's image
@@ -370,5 +371,5 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
 
 def resolve_lane(name: str) -> tuple[str, str | None]:
     """(lane name, device capability); `auto` picks the lane for this machine."""
-    capability, _ = device_capability()
+    capability = capability_text(device_capability())
     return (lane_for(capability) if name == "auto" else name), capability

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 
 from .runner import OUT_ROOT, ROOT, cache_root
 
@@ -97,11 +97,11 @@ def sanitizer_command(tool: str, cases: list, sanitizer: str) -> list:
 def child_env() -> dict:
     """The caches the lanes use, and no caching allocator."""
     return {
-        **settings.current_environ(),
+        **os.environ,
         "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
         "SELGATE_CUDA_BUILD": "1",
         "TRITON_CACHE_DIR": str(cache_root() / "triton" / f"{OUT_NAME}-sm90"),
-        "SELGATE_CUDA_CACHE": str(settings.get("SELGATE_CUDA_CACHE", cache_root() / "cuda")),
+        "SELGATE_CUDA_CACHE": str(env_vars.get("SELGATE_CUDA_CACHE", cache_root() / "cuda")),
     }
 
 

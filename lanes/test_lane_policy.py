@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 from selgate.lanes.config import load_lane
 from selgate.lanes.policy import judge, probe_in_subprocess
 
-LANE = settings.get("SELGATE_LANE", "").removesuffix("-emulated")
+LANE = env_vars.get("SELGATE_LANE", "").removesuffix("-emulated")
 CHECKS = load_lane(LANE)["policy"] if LANE else []
 
 

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     else:
         text, name = render(results, verdict), "report.md"
     write_report(text, args.out / name)
-    print(verdict.headline(), flush=True)
+    print(verdict.headline, flush=True)
     for line in verdict.blocking[1:MAX_LISTED]:
         print(f"  also blocking: {line}", file=sys.stderr)
     if len(verdict.blocking) > MAX_LISTED:

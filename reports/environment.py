@@ -8,7 +8,8 @@ import os
 import platform
 import subprocess
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
+from selgate.kernels.policy import capability_text, device_capability
 
 from .tree import commit
 
@@ -33,7 +34,7 @@ def collect_environment() -> dict:
     except ImportError:
         triton_version = "absent"
     env = {
-        "lane": settings.get("SELGATE_LANE", "adhoc"),
+        "lane": env_vars.get("SELGATE_LANE", "adhoc"),
         "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -44,14 +45,17 @@ def collect_environment() -> dict:
         "capability": "none",
         "driver": "none",
         "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
-        "capability_override": settings.get("SELGATE_CAPABILITY") or "none",
-        "tolerance_overrides": settings.get("SELGATE_TOL_OVERRIDES") or "none",
+        "capability_override": env_vars.get("SELGATE_CAPABILITY") or "none",
+        "tolerance_overrides": env_vars.get("SELGATE_TOL_OVERRIDES") or "none",
         "commit": commit(),
         "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(0)
-        env.update(gpu=torch.cuda.get_device_name(0), capability=f"{major}.{minor}", gpu_count=str(torch.cuda.device_count()))
+        env.update(
+            gpu=torch.cuda.get_device_name(0),
+            capability=capability_text(device_capability(0)),
+            gpu_count=str(torch.cuda.device_count()),
+        )
         driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
         env["driver"] = driver.splitlines()[0] if driver else "unknown"
     return env

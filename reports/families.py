@@ -1,34 +1,33 @@
-"""The conformance families (one pytest marker and one test module each) and how a test
-result is assigned to one."""
+"""The report's families, read from the conformance family declarations
+(selgate.conformance.families), and which one a test result counts in."""
 
 from __future__ import annotations
 
-FAMILIES = (
-    "parity",
-    "backward",
-    "gradcheck",
-    "determinism",
-    "empty_ranges",
-    "bounds",
-    "dtype",
-    "decode",
-    "group",
-    "varlen",
-    "policy",
-    "bad_input",
-)
+MODULE = "test_conformance.py"  # the module holding every family's tests
 HARNESS = "harness"  # the harness's own unit tests (tests/)
 OTHER = "other"
 
 
+def names() -> tuple:
+    """The report families (pytest markers), in the declarations' rank order. Imported when
+    asked: the declarations bring torch and the kernels, which reading a lane YAML does not need."""
+    from selgate.conformance import families
+
+    return tuple(families.reported())
+
+
 def family_of(nodeid: str, markers=()) -> str:
-    """The family marker on the test, else the one its module is named after
-    (`conformance/test_varlen.py` -> varlen; needed for xdist's crash reports, which carry
-    no markers), else `harness` for tests/ and `other` for anything else."""
+    """The family marker on the test, else the family whose test function it is
+    (`...::test_determinism_backward[...]` -> determinism; needed for xdist's crash reports,
+    which carry no markers), else `harness` for tests/ and `other` for anything else."""
+    known = names()
     for name in markers:
-        if name in FAMILIES:
+        if name in known:
             return name
-    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
-    if module in FAMILIES:
-        return module
+    module, _, test = nodeid.partition("::")
+    from selgate.conformance import families
+
+    family = families.of_test(test.split("[", 1)[0]) if module.endswith(MODULE) else None
+    if family is not None:
+        return family.reported_as
     return HARNESS if nodeid.startswith("tests/") else OTHER

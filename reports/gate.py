@@ -10,40 +10,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import strict_yaml
-from .families import FAMILIES
+from .families import names
 from .inventory import difference
 from .results import LaneResult
 from .sanitizer import sanitizer_blocking
 from .tree import FULL_COMMIT, untracked_config
+from .verdict import ABORTED, Verdict, pytest_exit
 
 POLICY_FILE = Path(__file__).resolve().parent / "gate.yaml"
 QUARANTINE_KEYS = ("test", "owner", "reason", "expires", "lanes")
 MAX_QUARANTINE_DAYS = 30
-ABORTED = {2: "interrupted", 3: "internal error", 4: "usage error"}
 LINK = re.compile(r"https?://\S+|(?:[\w.-]+/[\w.-]+)?#\d+")
 # A wildcard entry may cover no more than one family's tests of one implementation: the
-# module, the test function and the implementation are literal, wildcards come after.
-PATTERN = re.compile(r"conformance/test_(?P<family>\w+)\.py::test_\w+\[(?P<impl>[\w.:]+)-[^\[\]]*\]")
+# module, the test function (one family's) and the implementation are literal, wildcards come after.
+PATTERN = re.compile(r"conformance/test_conformance\.py::(?P<test>test_\w+)\[(?P<impl>[\w.:]+)-[^\[\]]*\]")
 WILDCARDS = ("*", "?")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-@dataclass
-class Verdict:
+@dataclass(kw_only=True)
+class GateVerdict(Verdict):
+    subject = "GATE"
     required_lanes: list
-    blocking: list = field(default_factory=list)
     quarantined: list = field(default_factory=list)  # (CaseResult, entry)
     notes: list = field(default_factory=list)
 
-    @property
-    def passed(self) -> bool:
-        return not self.blocking
-
-    def headline(self) -> str:
-        if self.passed:
-            return f"GATE PASSED: required lanes {', '.join(self.required_lanes)}"
-        more = f" (and {len(self.blocking) - 1} more)" if len(self.blocking) > 1 else ""
-        return f"GATE BLOCKED: {self.blocking[0]}{more}"
+    def scope(self) -> str:
+        return f"required lanes {', '.join(self.required_lanes)}"
 
 
 def known_lanes() -> list:
@@ -106,11 +99,11 @@ def load_policy(path: Path = POLICY_FILE, today: datetime.date | None = None) ->
         not isinstance(families, list)
         or not families
         or not all(isinstance(f, str) for f in families)
-        or set(families) - set(FAMILIES)
+        or set(families) - set(names())
     ):
         raise ValueError(
             f"{doc.where('required_families')}: required_families: expected a non-empty list of families "
-            f"among {list(FAMILIES)} (a gate that requires no family passes a lane that ran none), got {families!r}"
+            f"among {list(names())} (a gate that requires no family passes a lane that ran none), got {families!r}"
         )
     entries = policy["quarantine"] if policy["quarantine"] is not None else []
     if not isinstance(entries, list):
@@ -156,11 +149,13 @@ def _quarantine(entry, label: str, today: datetime.date, at) -> dict:
     if not isinstance(test, str) or "::" not in test:
         raise ValueError(f"{where}: test: expected a pytest node id (path::name), got {test!r}")
     if any(w in test for w in WILDCARDS):
+        from selgate.conformance.families import of_test
+
         match = PATTERN.fullmatch(test)
-        if not match or match["family"] not in FAMILIES or any(w in test.split("[", 1)[0] for w in WILDCARDS):
+        if not match or of_test(match["test"]) is None or any(w in test.split("[", 1)[0] for w in WILDCARDS):
             raise ValueError(
                 f"{where}: test: a pattern may cover one family and one implementation only, "
-                "e.g. conformance/test_parity.py::test_parity[triton-*fp16*] (module, function "
+                "e.g. conformance/test_conformance.py::test_parity[triton-*fp16*] (module, function "
                 f"and implementation literal; the implementation is matched whole, so triton-* does "
                 f"not cover triton-gather), got {test!r}"
             )
@@ -414,9 +409,6 @@ def inventory_gaps(name: str, lane: LaneResult, cfg: dict | None) -> list:
     return [f"required lane {name} ran another set than its selection collects: {'; '.join(gaps)}"] if gaps else []
 
 
-EXIT_MEANING = {1: "tests failed", 5: "no tests collected"}
-
-
 def lane_yaml_missing(name: str, cfg: dict | None) -> list:
     """A result counts only for a lane with a YAML (lanes/<name>.yaml; `<name>-emulated` is
     `<name>`): without one there is no selection or inventory to hold the run to, and a
@@ -443,8 +435,7 @@ def exit_status(name: str, lane: LaneResult, status) -> list:
         return []
     if status != 1:
         return [
-            f"required lane {name}: pytest exit {status} ({EXIT_MEANING.get(status, 'not a pytest exit status')}): "
-            "only a run that exits 0, or 1 on quarantined failures alone, passes"
+            f"required lane {name}: {pytest_exit(status)}: only a run that exits 0, or 1 on quarantined failures alone, passes"
         ]
     failing = [c for c in lane.cases if c.outcome in ("fail", "error")]
     if not failing:
@@ -474,13 +465,13 @@ def evaluate(
     same_commit: bool = False,
     sanitizer: dict | None = None,
     require_sanitizer: bool = False,
-) -> Verdict:
+) -> GateVerdict:
     """Apply the policy to `{lane: LaneResult}` gated for `tree` (the tree stamp of what is
     being gated); blocking lines come most fundamental first. `same_commit` (a profile's
     flag, set for releases): the gated tree must be committed, with no change beside it.
     `require_sanitizer` (likewise): the compute-sanitizer pass `sanitizer` must be clean."""
     today = today or utc_today()
-    v = Verdict(required)
+    v = GateVerdict(required_lanes=required)
     family_gaps = []
     if not FULL_COMMIT.fullmatch(str(tree["commit"])):
         v.blocking.append(
@@ -527,7 +518,7 @@ def evaluate(
         elif env.get("cut"):
             v.blocking.append(cut_short(name, env["cut"]))
         elif status in ABORTED:
-            v.blocking.append(f"required lane {name} aborted: pytest exit {status} ({ABORTED[status]})")
+            v.blocking.append(f"required lane {name} aborted: {pytest_exit(status)}")
         else:
             judged = True
             v.blocking += lane_yaml_missing(name, cfg)

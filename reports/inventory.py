@@ -13,7 +13,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from .families import FAMILIES, family_of
+from .families import family_of, names
 
 INVENTORY_FILE = "inventory.json"
 SHOWN_GROUPS = 6
@@ -57,7 +57,7 @@ def collect_inventory(proc: subprocess.Popen) -> dict:
 def group_of(nodeid: str) -> str:
     """`family/implementation` of a conformance test (`parity/triton`), else its family."""
     family = family_of(nodeid)
-    if family in FAMILIES and "[" in nodeid:
+    if family in names() and "[" in nodeid:
         return f"{family}/{nodeid.split('[', 1)[1].split('-', 1)[0]}"
     return family
 

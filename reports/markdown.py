@@ -9,10 +9,9 @@ import shlex
 from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
-from selgate.kernels import settings
 
-from .families import FAMILIES, HARNESS, OTHER
-from .gate import Verdict
+from .families import HARNESS, OTHER, names
+from .gate import GateVerdict
 from .results import OUTCOMES
 
 SUMMARY_LIMIT = 1024 * 1024
@@ -44,7 +43,7 @@ def _lane_cfg(lane: str) -> dict | None:
 def repro_command(case, environment: dict | None) -> str:
     """One shell line re-running `case` alone with its lane's env, size and overrides."""
     cfg = _lane_cfg(case.lane)
-    lane_env = settings.current_environ({k: str(v) for k, v in ((cfg or {}).get("env") or {}).items()})
+    lane_env = {k: str(v) for k, v in ((cfg or {}).get("env") or {}).items()}
     env = {"SELGATE_LANE": case.lane, **lane_env}
     environment = environment or {}
     if environment.get("capability_override", "none") != "none":
@@ -77,12 +76,12 @@ def _cell(counts: dict) -> str:
     return f"**{cell}**" if counts["fail"] or counts["error"] else cell
 
 
-def render(results: dict, verdict: Verdict, *, title: str = "selgate gate report", max_bytes: int = SUMMARY_LIMIT) -> str:
+def render(results: dict, verdict: GateVerdict, *, title: str = "selgate gate report", max_bytes: int = SUMMARY_LIMIT) -> str:
     lanes = list(dict.fromkeys([*verdict.required_lanes, *results]))
     present = [n for n in lanes if n in results]
-    head = [f"# {title}", "", f"**{verdict.headline()}**", ""]
+    head = [f"# {title}", "", f"**{verdict.headline}**", ""]
     seen = {c.family for r in results.values() for c in r.cases}
-    families = [*FAMILIES, *(f for f in (HARNESS, OTHER) if f in seen)]
+    families = [*names(), *(f for f in (HARNESS, OTHER) if f in seen)]
     table = [
         "## Results by family",
         "",

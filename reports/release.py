@@ -4,7 +4,7 @@ block)."""
 
 from __future__ import annotations
 
-from .gate import Verdict
+from .gate import GateVerdict
 from .markdown import render
 
 
@@ -25,7 +25,7 @@ def bench_sections(results: dict) -> tuple[list[str], list[str]]:
     return sections, blocking
 
 
-def render_release(results: dict, verdict: Verdict) -> str:
+def render_release(results: dict, verdict: GateVerdict) -> str:
     sections, bench_blocking = bench_sections(results)
     verdict.blocking += bench_blocking
     body = render(results, verdict, title="selgate release report")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 
 from .environment import ENV_FILE, collect_environment
 from .families import family_of
@@ -257,7 +257,7 @@ def pytest_sessionstart(session):
     if not _controller_xml(config):
         return
     config.stash[TREE], config.stash[TREE_FILES] = tree.tree_files(tree.ROOT)
-    pending = start_inventory(settings.get("SELGATE_LANE", ""), config.option.xmlpath, config.rootpath)
+    pending = start_inventory(env_vars.get("SELGATE_LANE", ""), config.option.xmlpath, config.rootpath)
     if pending is not None:
         config.stash[INVENTORY] = pending
 

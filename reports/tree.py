@@ -13,7 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -84,7 +84,7 @@ def _walk(root: Path, under: str = "") -> list[str]:
 def commit(root: Path = ROOT) -> str:
     """The full commit id: SELGATE_COMMIT (a copy of the tree without .git), GITHUB_SHA in CI,
     else the checkout's HEAD; "unknown" when none names one."""
-    named = settings.get("SELGATE_COMMIT") or os.environ.get("GITHUB_SHA")
+    named = env_vars.get("SELGATE_COMMIT") or os.environ.get("GITHUB_SHA")
     if named:
         return named
     head = _git(root, "rev-parse", "HEAD")

@@ -156,4 +156,4 @@ def test_prefill_scaling_preset_is_the_acceptance_prefill_over_T():
         assert dataclasses.replace(p, S=ref.S, S_kv=ref.S_kv) == ref  # only T differs
     assert m.problems[-1].key == ref.key
     assert m.methods[:2] == ("triton", "fla_nsa") and {"sdpa", "dense_causal"} <= set(m.methods)
-    assert (m.settings.warmup, m.settings.iters) == (2, 10)
+    assert (m.measure.warmup, m.measure.iters) == (2, 10)

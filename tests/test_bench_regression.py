@@ -130,15 +130,6 @@ def test_a_host_bound_slowdown_beyond_the_host_spread_blocks():
     assert regression.compare_rows(base, within)[1] == []
 
 
-def test_a_latest_run_that_failed_parity_blocks_however_fast():
-    base = [{"config": "c", "method": "triton", "ours": True, "status": "ok", "ms": 0.10, "parity": "ok"}]
-    wrong = [{**base[0], "ms": 0.05, "parity": "FAIL max_err=3.1 > 0.002"}]
-    rows, blocking = regression.compare_rows(base, wrong)
-    assert blocking == ["c / triton: latest run failed parity (FAIL max_err=3.1 > 0.002)"]
-    torch_base = [{**base[0], "method": "sdpa", "ours": False}]
-    assert regression.compare_rows(torch_base, [{**wrong[0], "method": "sdpa", "ours": False}])[1] == []
-
-
 def test_a_slowdown_within_the_intervals_overlap_does_not_block():
     base = [
         {"config": "c", "method": "sdpa", "ours": True, "status": "ok", "ms": 2.04, "ms_lo": 1.98, "ms_hi": 2.43, "iters": 10}
@@ -244,12 +235,12 @@ def test_graph_rows_beyond_the_threshold_are_re_timed_and_the_median_kept():
 
 def test_a_failed_re_timing_keeps_the_first_timing_and_the_sweep():
     base = [{"config": "c", "method": "cuda", "ours": True, "status": "ok", "ms": 0.1, "graph_ms": 0.0036}]
-    latest = [{**base[0], "graph_ms": 0.0078, "note": "parity ok"}]
+    latest = [{**base[0], "graph_ms": 0.0078, "note": "an earlier note"}]
 
     def retime(r):
         raise RuntimeError("CUDA out of memory\nmore")
 
     assert regression.recheck_graph(latest, base, retime) == 0
     assert latest[0]["graph_ms"] == 0.0078
-    assert latest[0]["note"] == "parity ok; graph re-time failed (RuntimeError: CUDA out of memory), first timing kept"
+    assert latest[0]["note"] == "an earlier note; graph re-time failed (RuntimeError: CUDA out of memory), first timing kept"
     assert len(regression.compare_rows(base, latest)[1]) == 1  # unconfirmed, still blocking

@@ -14,7 +14,8 @@ import torch
 from selgate.conformance import triage
 from selgate.conformance.cases import select
 from selgate.conformance.compare import ConformanceFailure
-from selgate.conformance.families import FAMILIES, check_bad_input
+from selgate.conformance.families import FAMILIES
+from selgate.conformance.families.bad_input import check as check_bad_input
 from selgate.conformance.registry import REGISTRY, fit, load_user_impl
 from selgate.reports.results import CaseResult
 
@@ -106,7 +107,9 @@ def test_fla_like_failures_collapse_to_their_root_causes():
         lambda cid, i: (
             f"RuntimeError: shape '[{i + 2}, 9]' is invalid for input of size {1152 * (i + 1)} at 0x7f{i}a in /tmp/k{i}/x.py"
         ),
-        lambda cid, i: f"worker 'gw{i}' crashed while running 'selgate/conformance/test_parity.py::test_parity[{IMPL}-{cid}]'",
+        lambda cid, i: (
+            f"worker 'gw{i}' crashed while running 'selgate/conformance/test_conformance.py::test_parity[{IMPL}-{cid}]'"
+        ),
         lambda cid, i: f"Failed: Timeout >{300 + i}.0s",
     ],
 )
@@ -197,7 +200,7 @@ def test_the_smallest_case_represents_its_cause():
     # varlen ids are parsed too; a result with no case id comes last
     varlen = next(c for c in select("small") if c.mode == "varlen" and c.size == "tiny")
     bigger = next(c for c in CASES if c.size == "small")
-    crash = CaseResult("check", "conformance/test_parity.py", "parity", "error", "TypeError: x")
+    crash = CaseResult("check", "conformance/test_conformance.py", "parity", "error", "TypeError: x")
     (cause,) = triage.group([crash, result("parity", bigger.id, "TypeError: x"), result("varlen", varlen.id, "TypeError: x")])
     assert cause.smallest.family == "varlen" and cause.dtypes == (triage.CASE_ID.search(varlen.id)["dtype"],)
 
@@ -301,7 +304,7 @@ def test_a_varlen_reproducer_calls_the_varlen_entry(tmp_path):
 
 def test_write_reproducers_numbers_the_causes_and_skips_what_is_no_case(tmp_path):
     cid = CASES[0].id
-    collection_error = CaseResult("check", "conformance/test_parity.py", "parity", "error", "ImportError: no module x")
+    collection_error = CaseResult("check", "conformance/test_conformance.py", "parity", "error", "ImportError: no module x")
     causes = triage.group(
         [
             result("parity", cid, over(cid, "o", 1e-3)),

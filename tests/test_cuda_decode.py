@@ -1,5 +1,6 @@
 """The CUDA decode backend: why it declines a call (reason codes), input errors, the wrapper's
-plumbing into the extension, the build cache, and (GPU only) parity with the fp64 reference.
+plumbing into the extension, the build cache, and (GPU only) the conformance families on the
+kernel variants and launch overrides the registered `cuda` implementation does not reach.
 
 CPU machines cannot run the kernel; there the extension is replaced by a stand-in that
 records what the wrapper passes it, so the wrapper's normalisation, scale and kernel choice
@@ -7,6 +8,7 @@ are still checked, and build/launch failures are injected to check their reason 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -19,6 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from selgate.conformance.cases import Case, Shape
+from selgate.conformance.families import FAMILIES
+from selgate.conformance.registry import REGISTRY
 from selgate.kernels.cuda import DecodeLaunch, Pdl, Prefetch, Schedule, build, decode, selection_attention_cuda
 from selgate.kernels.cuda.launch import EXT_ORDER
 from selgate.kernels.errors import BackendUnavailable
@@ -407,7 +412,7 @@ def test_the_probes_edits_still_fit_the_kernel(tmp_path):
 def test_the_floor_probe_reads_exactly_the_selected_keys():
     """decode_floor's read-only kernels bound the decode kernels only if they read the bytes
     the kernels read: each program sums its 64 selection positions' K and V rows."""
-    from selgate.bench.check_cuda_decode import nsa_inputs
+    from selgate.bench.cuda_decode import nsa_inputs
 
     floor = _probe("decode_floor")
     dev = torch.device("cuda" if ON_GPU else "cpu")
@@ -427,19 +432,50 @@ def test_the_floor_probe_reads_exactly_the_selected_keys():
 gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a CUDA device")
 
 
+# The families whose cases a decode kernel variant takes: parity (o, lse), bounds (keys outside
+# the selection NaN, outputs poisoned first), empty rows, and repeated runs bitwise equal.
+VARIANT_FAMILIES = ("parity", "bounds", "empty_ranges", "determinism")
+
+
+def cuda_variant(kernel: str, launch: DecodeLaunch | None = None):
+    """The registered `cuda` implementation (its declarations) calling one kernel with `launch`."""
+
+    def call(q, k, v, ranges, *, scale=None, want_lse=True):
+        return selection_attention_cuda(q, k, v, ranges, scale=scale, return_lse=want_lse, kernel=kernel, launch=launch)
+
+    return dataclasses.replace(REGISTRY["cuda"], name=f"cuda-{kernel}", call=call)
+
+
+def decode_case(h, Dk, Dv, S_kv, n, pattern, dtype) -> Case:
+    """A decode case of the conformance matrix's kind (B=3, G=2) at a shape its declared cases lack."""
+    shape = Shape(mode="decode", B=3, S=1, S_kv=S_kv, G=2, h=h, Dk=Dk, Dv=Dv, n=n)
+    return Case(shape=shape, pattern=pattern, dtype=dtype, seed=h + n, size="small")
+
+
+def assert_conforms(impl, case):
+    for name in VARIANT_FAMILIES:
+        family = FAMILIES[name]
+        assert family.applies(case) and family.skip(impl, case, "cuda") is None, f"{name} does not run {case.id}"
+        family.check(impl, case, "cuda")
+
+
 @gpu
 @pytest.mark.parametrize(
     "dtype, kernel", [(torch.float16, "mma"), (torch.bfloat16, "mma"), (torch.float32, "simt"), (torch.bfloat16, "simt")]
 )
 @pytest.mark.parametrize(
-    "h, Dk, Dv, L, dist",
-    [(1, 64, 64, 0, "few"), (4, 128, 128, 1000, "many"), (16, 192, 64, 333, "mixed"), (20, 72, 40, 129, "mixed")],
+    "h, Dk, Dv, S_kv, n, pattern",
+    [
+        (1, 64, 64, 2051, 4, "full"),  # one head, the whole prefix: a long row
+        (4, 128, 128, 4000, 16, "builder"),
+        (16, 192, 64, 1332, 16, "mixed"),
+        (20, 72, 40, 516, 8, "mixed"),  # odd head dims (pad paths), h > 16 (several blocks per row)
+    ],
 )
-def test_gpu_parity_with_poisoned_keys_and_outputs(dtype, kernel, h, Dk, Dv, L, dist):
-    from selgate.bench.check_cuda_decode import run_case
-
-    res = run_case(h, Dk, Dv, L, dist, dtype, kernel, seed=L + h, device=torch.device("cuda"))
-    assert res["ok"], res
+def test_gpu_kernel_variants_conform(dtype, kernel, h, Dk, Dv, S_kv, n, pattern):
+    """Both kernels, CUDA cores ("simt") in fp16/bf16 too, which the registered `cuda`
+    implementation (tensor cores for fp16/bf16) never runs."""
+    assert_conforms(cuda_variant(kernel), decode_case(h, Dk, Dv, S_kv, n, pattern, dtype))
 
 
 SHARED, PER_WARP = Schedule.SHARED_SLABS, Schedule.PER_WARP_SLABS
@@ -468,16 +504,30 @@ AFTER_LOOP, AFTER_WAIT = Pdl.TRIGGER_AFTER_LOOP, Pdl.TRIGGER_AFTER_WAIT
     ],
     ids=DecodeLaunch.label,
 )
-@pytest.mark.parametrize("h, Dk, Dv, L, dist", [(4, 64, 64, 1000, "few"), (20, 72, 40, 129, "mixed"), (2, 256, 256, 333, "many")])
-def test_gpu_parity_of_launch_overrides(launch, h, Dk, Dv, L, dist):
+@pytest.mark.parametrize(
+    "h, Dk, Dv, S_kv, n, pattern",
+    [(4, 64, 64, 4000, 16, "builder"), (20, 72, 40, 516, 8, "mixed"), (2, 256, 256, 1332, 8, "builder")],
+)
+def test_gpu_launch_overrides_conform(launch, h, Dk, Dv, S_kv, n, pattern):
     """Warps, ring depth, cluster split, PDL, keys per warp step and per-warp or shared slabs change the
     schedule, never the function."""
-    from selgate.bench.check_cuda_decode import run_case
-
     if launch.needs_sm90() and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("clusters and PDL need SM 9.0")
-    res = run_case(h, Dk, Dv, L, dist, torch.bfloat16, "mma", seed=L + h, device=torch.device("cuda"), launch=launch)
-    assert res["ok"], res
+    assert_conforms(cuda_variant("mma", launch), decode_case(h, Dk, Dv, S_kv, n, pattern, torch.bfloat16))
+
+
+@gpu
+@pytest.mark.parametrize("dtype, kernel", [(torch.bfloat16, "mma"), (torch.float32, "simt")])
+def test_gpu_positions_before_the_last_key_clamp_every_read(dtype, kernel):
+    """Rows decoding at t < S_kv - 1 (explicit positions, int32) whose ranges reach past t give
+    the reference's result; every key a row does not select, those past its t included, is NaN."""
+    q, k, v, r = (t.cuda() for t in decode_inputs(dtype=dtype, h=8, Dk=64, Dv=64, S_kv=300, n=6, B=3, G=2, seed=9))
+    positions = torch.tensor([[299], [261], [40]], dtype=torch.int32, device="cuda")
+    norm = normalize_ranges(r, k.shape[2], positions)
+    kp, vp = poison_unselected(k, v, norm)
+    assert kp[2, :, 41:].isnan().all()
+    o, lse = selection_attention_cuda(q, kp, vp, r, positions=positions, return_lse=True, kernel=kernel)
+    assert_matches_reference(q, k, v, norm, o, lse, positions=positions)
 
 
 @gpu

@@ -18,7 +18,7 @@ import torch
 from selgate.kernels import capability_override, reset_stats, selection_attention, stats
 from selgate.kernels import config as config_mod
 from selgate.kernels.errors import StrictModeError
-from selgate.kernels.policy import ENV_FLAGS, settings
+from selgate.kernels.policy import ENV_FLAGS, dispatch_policy
 from selgate.reference import RangeError, normalize_ranges, selected_lengths, selection_attention_ref
 from tests.helpers import clean_dispatcher, random_inputs  # noqa: F401 (a fixture)
 
@@ -148,12 +148,12 @@ def config_dir(monkeypatch, tmp_path):
 def test_config_precedence_base_profile_env(monkeypatch, config_dir):
     """base.yaml < configs/profiles/<device>.yaml < env, and each layer is really read."""
     folder = config_dir("sel_triton_min_L: 64", "sel_triton_min_L: 11")
-    assert settings("cpu").min_L == 11
+    assert dispatch_policy("cpu").min_L == 11
     (folder / "profiles" / "cpu.yaml").write_text("runtime:\n  sel_triton_min_L: 22\n")
     config_mod.load_config.cache_clear()
-    assert settings("cpu").min_L == 22
+    assert dispatch_policy("cpu").min_L == 22
     monkeypatch.setenv("SELGATE_TRITON_MIN_L", "33")
-    assert settings("cpu").min_L == 33
+    assert dispatch_policy("cpu").min_L == 33
 
 
 def test_sdpa_budget_from_config_reaches_the_sdpa_and_reference_paths(monkeypatch, config_dir):

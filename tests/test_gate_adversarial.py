@@ -32,7 +32,7 @@ from .test_reports_gate import (
     write_policy,
 )
 
-TRITON = [(f"conformance/test_parity.py::test_parity[triton-case{i}]", "pass", "parity", i) for i in range(3)]
+TRITON = [(f"conformance/test_conformance.py::test_parity[triton-case{i}]", "pass", "parity", i) for i in range(3)]
 
 
 def gate_lines(tmp_path, capsys, *extra, policy=None):
@@ -114,7 +114,7 @@ def test_an_impl_narrowed_run_blocks_naming_what_it_left_out(tmp_path, capsys):
     assert rc == 1 and line.startswith("GATE BLOCKED: required lane cpu narrowed: run with --impl sdpa"), line
     assert (
         "required lane cpu ran another set than its selection collects: 3 without a result "
-        "(parity/triton 3; e.g. conformance/test_parity.py::test_parity[triton-case0])"
+        "(parity/triton 3; e.g. conformance/test_conformance.py::test_parity[triton-case0])"
     ) in blocking
 
 
@@ -133,7 +133,7 @@ def test_a_narrowing_no_option_records_still_blocks_on_the_inventory(tmp_path, c
     [
         (None, "required lane cpu has no inventory.json"),
         (
-            {"command": [], "exitstatus": 2, "ids": [], "output": "ERROR collecting conformance/test_parity.py"},
+            {"command": [], "exitstatus": 2, "ids": [], "output": "ERROR collecting conformance/test_conformance.py"},
             "required lane cpu: collecting its inventory failed (pytest exit 2): ERROR collecting",
         ),
     ],
@@ -163,7 +163,7 @@ def test_the_stamp_records_impl_and_the_runner_names_its_plugins_and_configurati
             "sdpa",
             "--junitxml",
             str(tmp_path / "junit.xml"),
-            "conformance/test_policy.py",
+            "conformance/test_conformance.py",
         ],
         cwd=runner.ROOT,
         capture_output=True,
@@ -303,7 +303,7 @@ def test_a_tree_that_names_no_commit_cannot_be_gated(tmp_path, capsys, monkeypat
 
 def _entry(**change):
     entry = {
-        "test": "conformance/test_parity.py::test_parity[triton-*]",
+        "test": "conformance/test_conformance.py::test_parity[triton-*]",
         "owner": "kernels-team",
         "reason": "fp32 drift on the interpreter, #12",
         "expires": TODAY + datetime.timedelta(days=7),
@@ -316,10 +316,10 @@ def _entry(**change):
     "entry, expected",
     [
         (_entry(test="*"), "test: expected a pytest node id"),
-        (_entry(test="conformance/test_parity.py::*"), "test: a pattern may cover one family and one implementation"),
-        (_entry(test="conformance/test_parity.py::test_parity[*]"), "a pattern may cover one family and one implementation"),
+        (_entry(test="conformance/test_conformance.py::*"), "test: a pattern may cover one family and one implementation"),
+        (_entry(test="conformance/test_conformance.py::test_parity[*]"), "a pattern may cover one family and one implementation"),
         (_entry(test="conformance/test_*.py::test_parity[triton-*]"), "a pattern may cover one family"),
-        (_entry(test="conformance/test_parity.py::test_parity[tri*-*]"), "a pattern may cover one family"),
+        (_entry(test="conformance/test_conformance.py::test_parity[tri*-*]"), "a pattern may cover one family"),
         (_entry(test="tests/test_x.py::*"), "a pattern may cover one family and one implementation"),
         (_entry(expires=datetime.date(9999, 12, 31)), "expires: at most 30 days ahead"),
         (_entry(lanes="xcpux"), "lanes: expected a list of lanes among"),
@@ -329,7 +329,7 @@ def _entry(**change):
         (_entry(owner=...), "missing ['owner']"),
         (_entry(reason="flaky"), "reason: expected a link to the tracked problem"),
         (_entry(extra="x"), "unknown ['extra']"),
-        ("conformance/test_parity.py::test_parity[triton-case0]", "quarantine[0]: expected a mapping"),
+        ("conformance/test_conformance.py::test_parity[triton-case0]", "quarantine[0]: expected a mapping"),
     ],
 )
 def test_a_quarantine_entry_outside_the_guard_rails_is_a_policy_error(tmp_path, capsys, entry, expected):

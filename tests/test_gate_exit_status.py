@@ -25,9 +25,9 @@ from .test_reports_gate import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-FAILING = ("conformance/test_parity.py::test_parity[triton-case0]", "fail", "parity", 0)
+FAILING = ("conformance/test_conformance.py::test_parity[triton-case0]", "fail", "parity", 0)
 QUARANTINE = {
-    "test": "conformance/test_parity.py::test_parity[triton-*]",
+    "test": "conformance/test_conformance.py::test_parity[triton-*]",
     "owner": "kernels-team",
     "reason": "fp32 drift on the interpreter, #12",
     "expires": TODAY + datetime.timedelta(days=7),
@@ -106,7 +106,7 @@ def test_exit_1_on_quarantined_failures_alone_passes(tmp_path, capsys):
 
 
 def test_exit_1_with_a_failure_outside_quarantine_blocks_naming_it(tmp_path, capsys):
-    other = ("conformance/test_parity.py::test_parity[sdpa-case0]", "fail", "parity", 0)
+    other = ("conformance/test_conformance.py::test_parity[sdpa-case0]", "fail", "parity", 0)
     write_lane(tmp_path / "res", "cpu", passing_cases() + [FAILING, other], exitstatus=1)
     state_counts(tmp_path / "res" / "cpu", 2)
     rc, line, _ = gate(tmp_path, capsys, policy=write_policy(tmp_path, [QUARANTINE]))

@@ -159,7 +159,7 @@ def test_a_lane_of_this_checkout_loads_nothing_the_gate_refuses(tmp_path):
     """The lane's own plugins, conftests and this interpreter's startup hooks pass: no false alarm."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *runner.plugin_args(), *runner.CONFIG_ARGS, "-n", "2", "-p", "no:cacheprovider"]
-        + ["--junitxml", str(tmp_path / "junit.xml"), "tests/test_settings_names.py"],
+        + ["--junitxml", str(tmp_path / "junit.xml"), "tests/test_env_var_names.py"],
         cwd=runner.ROOT,
         env=runner.run_env({}),
         capture_output=True,

@@ -33,7 +33,7 @@ from .test_reports_gate import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-PARITY = "conformance/test_parity.py::test_parity"
+PARITY = "conformance/test_conformance.py::test_parity"
 
 
 def gate(tmp_path, capsys, *extra, policy=None):

@@ -10,7 +10,9 @@ import torch
 from selgate.conformance.badimpls import BAD_IMPLS
 from selgate.conformance.cases import TINY_DECODE, TINY_PREFILL, TINY_VARLEN, select
 from selgate.conformance.compare import ConformanceFailure, assert_close
-from selgate.conformance.families import BAD_INPUTS, FAMILIES, check_bad_input
+from selgate.conformance.families import FAMILIES
+from selgate.conformance.families.bad_input import BAD_INPUTS
+from selgate.conformance.families.bad_input import check as check_bad_input
 from selgate.conformance.registry import REGISTRY, Xfail, known_bug, load_user_impl, skip_reason
 from selgate.conformance.tolerances import ENV, tolerance
 from tests.helpers import running_lane_device
@@ -83,7 +85,7 @@ def test_known_bad_implementation_is_flagged(bad, seed):
 
 
 @pytest.mark.skipif(IN_A_GPU_LANE, reason=CPU_LANE_ONLY)
-@pytest.mark.parametrize("family", list(FAMILIES) + ["bad_input"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "policy"])
 @pytest.mark.parametrize("name", ["reference", "sdpa"])
 def test_good_implementation_passes(name, family):
     impl = REGISTRY[name]
@@ -127,7 +129,7 @@ def test_user_implementation_declares_capabilities_by_attributes():
     FAMILIES["parity"].check(impl, case, DEVICE)
     big = next(c for c in select("tiny") if c.shape.Dk > 64)
     assert "up to 64" in skip_reason(impl, big, DEVICE)
-    assert "does not declare backward" in skip_reason(impl, case, DEVICE, needs_backward=True)
+    assert "does not declare backward" in FAMILIES["backward"].skip(impl, case, DEVICE)
     with pytest.raises(ValueError, match="package.module:callable"):
         load_user_impl("no_colon")
 

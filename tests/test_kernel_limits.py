@@ -12,7 +12,7 @@ from selgate.conformance.registry import REGISTRY
 from selgate.kernels import capability_override, triton_limits
 from selgate.kernels.cuda import decode as cuda_limits
 from selgate.kernels.errors import BackendUnavailable
-from selgate.kernels.policy import device_capability
+from selgate.kernels.policy import capability_text, device_capability
 from tests.helpers import random_inputs
 
 CAN_LAUNCH = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
@@ -51,6 +51,11 @@ def test_an_override_does_not_change_the_hardware_capability():
     with capability_override("8.9"):
         assert device_capability(DEVICE) == real
     assert device_capability("cpu") is None
+
+
+def test_the_current_device_has_a_capability_only_on_a_gpu():
+    assert device_capability() == device_capability(DEVICE)  # None where no CUDA device is visible
+    assert capability_text((9, 0)) == "9.0" and capability_text(None) is None
 
 
 @pytest.mark.skipif(not CAN_LAUNCH, reason="Triton needs a GPU or TRITON_INTERPRET=1")

@@ -171,7 +171,7 @@ def test_durations_are_recorded_from_a_lanes_junit(tmp_path, monkeypatch, capsys
     cases = [
         ("tests/test_a.py::test_slow", 283.2),
         ("tests/test_a.py::test_fast", 0.2),
-        ("conformance/test_parity.py::test_parity[triton-case1]", 7.04),
+        ("conformance/test_conformance.py::test_parity[triton-case1]", 7.04),
     ]
     body = "".join(
         f'<testcase classname="x" name="y" time="{t}"><properties><property name="nodeid" value="{n}" /></properties></testcase>'
@@ -189,7 +189,7 @@ def test_durations_are_recorded_from_a_lanes_junit(tmp_path, monkeypatch, capsys
     data = json.loads((tmp_path / "durations" / "cpu.json").read_text())
     assert list(data["tests"].items()) == [
         ("tests/test_a.py::test_slow", 283.2),
-        ("conformance/test_parity.py::test_parity[triton-case1]", 7.0),
+        ("conformance/test_conformance.py::test_parity[triton-case1]", 7.0),
     ]
     assert data["gpu"] == "NVIDIA H100 80GB HBM3" and data["lane"] == "cpu" and data["commit"] == "a" * 40
     assert "2 tests of >= 5.0 s (290 s in all)" in capsys.readouterr().out

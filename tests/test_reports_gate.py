@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from selgate.reports.__main__ import main
-from selgate.reports.families import FAMILIES
+from selgate.reports.families import names
 
 REQUIRED = ["parity", "bounds", "policy"]
 TODAY = datetime.datetime.now(datetime.timezone.utc).date()
@@ -113,7 +113,7 @@ def write_lane(root, lane, cases, env=True, exitstatus=0, commit="abc123", selec
 def passing_cases(
     families=REQUIRED + ["backward", "gradcheck", "determinism", "decode", "group", "varlen", "empty_ranges", "bad_input"],
 ):
-    return [(f"conformance/test_{f}.py::test_{f}[case0]", "pass", f, 7) for f in families]
+    return [(f"conformance/test_conformance.py::test_{f}[case0]", "pass", f, 7) for f in families]
 
 
 def write_policy(tmp_path, quarantine=(), required_lanes=("cpu",)):
@@ -156,24 +156,28 @@ def test_all_required_results_pass(tmp_path, capsys):
 
 
 def test_a_failing_case_blocks_and_is_named(tmp_path, capsys):
-    cases = passing_cases() + [("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity", 3)]
+    cases = passing_cases() + [("conformance/test_conformance.py::test_parity[fp16-case3]", "fail", "parity", 3)]
     write_lane(tmp_path / "res", "cpu", cases)
     rc, line = gate(tmp_path, capsys)
     assert rc == 1
-    assert line == ("GATE BLOCKED: lane cpu: FAIL conformance/test_parity.py::test_parity[fp16-case3] (seed 3): assert 1 == 2")
+    assert line == (
+        "GATE BLOCKED: lane cpu: FAIL conformance/test_conformance.py::test_parity[fp16-case3] (seed 3): assert 1 == 2"
+    )
 
 
 def test_a_crashed_case_blocks(tmp_path, capsys):
-    write_lane(tmp_path / "res", "cpu", passing_cases() + [("conformance/test_bounds.py::test_oob", "error", "bounds", None)])
+    write_lane(
+        tmp_path / "res", "cpu", passing_cases() + [("conformance/test_conformance.py::test_oob", "error", "bounds", None)]
+    )
     rc, line = gate(tmp_path, capsys)
-    assert rc == 1 and "ERROR conformance/test_bounds.py::test_oob" in line
+    assert rc == 1 and "ERROR conformance/test_conformance.py::test_oob" in line
 
 
 def test_a_failure_in_a_present_optional_lane_blocks(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
-    write_lane(tmp_path / "res", "sm90", [("conformance/test_dtype.py::test_bf16", "fail", "dtype", 1)])
+    write_lane(tmp_path / "res", "sm90", [("conformance/test_conformance.py::test_bf16", "fail", "dtype", 1)])
     rc, line = gate(tmp_path, capsys)
-    assert rc == 1 and line.startswith("GATE BLOCKED: lane sm90: FAIL conformance/test_dtype.py::test_bf16")
+    assert rc == 1 and line.startswith("GATE BLOCKED: lane sm90: FAIL conformance/test_conformance.py::test_bf16")
 
 
 def test_a_missing_required_lane_blocks(tmp_path, capsys):
@@ -193,7 +197,7 @@ def test_lanes_flag_replaces_the_profile(tmp_path, capsys):
     "cases,env,exitstatus,expected",
     [
         ([], True, 5, "required lane cpu empty"),
-        ([("conformance/test_parity.py::test_p", "skip", "parity", None)], True, 0, "required lane cpu skipped: all 1"),
+        ([("conformance/test_conformance.py::test_p", "skip", "parity", None)], True, 0, "required lane cpu skipped: all 1"),
         (passing_cases(), False, 0, "required lane cpu unstamped"),
         (passing_cases(), True, 2, "required lane cpu aborted: pytest exit 2 (interrupted)"),
         (passing_cases(REQUIRED[:-1]), True, 0, "required lane cpu: family policy has no passing test"),
@@ -232,12 +236,12 @@ def test_results_written_by_another_lane_block(tmp_path, capsys):
     assert rc == 1 and line.startswith("GATE BLOCKED: required lane cpu foreign:") and "'sm90'" in line, line
 
 
-def _quarantine(expires, test="conformance/test_parity.py::test_parity[fp16-*]", lanes=("cpu",)):
+def _quarantine(expires, test="conformance/test_conformance.py::test_parity[fp16-*]", lanes=("cpu",)):
     return {"test": test, "owner": "kernels-team", "reason": "fp16 drift, #12", "expires": expires, "lanes": list(lanes)}
 
 
 def test_a_live_quarantine_lets_its_failure_through(tmp_path, capsys):
-    cases = passing_cases() + [("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity", 3)]
+    cases = passing_cases() + [("conformance/test_conformance.py::test_parity[fp16-case3]", "fail", "parity", 3)]
     write_lane(tmp_path / "res", "cpu", cases)
     policy = write_policy(tmp_path, [_quarantine(TODAY + datetime.timedelta(days=7))])
     rc, line = gate(tmp_path, capsys, policy=policy)
@@ -248,9 +252,9 @@ def test_a_live_quarantine_lets_its_failure_through(tmp_path, capsys):
 @pytest.mark.parametrize(
     "failing, entry",
     [
-        ("conformance/test_bounds.py::test_bounds[fp16-case3]", {}),  # another test than the entry names
-        ("conformance/test_parity.py::test_parity[fp16-case3]", {"lanes": ["sm90"]}),  # the entry covers sm90 only
-        ("conformance/test_parity.py::test_parity[sdpa-case3]", {}),  # another implementation
+        ("conformance/test_conformance.py::test_bounds[fp16-case3]", {}),  # another test than the entry names
+        ("conformance/test_conformance.py::test_parity[fp16-case3]", {"lanes": ["sm90"]}),  # the entry covers sm90 only
+        ("conformance/test_conformance.py::test_parity[sdpa-case3]", {}),  # another implementation
     ],
 )
 def test_a_quarantine_lets_through_only_what_it_names(tmp_path, capsys, failing, entry):
@@ -267,7 +271,7 @@ def test_an_expired_quarantine_blocks_even_with_every_test_passing(tmp_path, cap
     rc, line = gate(tmp_path, capsys, policy=policy)
     assert rc == 1
     assert line.startswith(
-        "GATE BLOCKED: quarantine of conformance/test_parity.py::test_parity[fp16-*] (owner kernels-team) expired on"
+        "GATE BLOCKED: quarantine of conformance/test_conformance.py::test_parity[fp16-*] (owner kernels-team) expired on"
     )
 
 
@@ -277,14 +281,14 @@ def test_a_quarantine_entry_without_owner_is_a_policy_error(tmp_path, capsys):
     del entry["owner"]
     rc = run_gate(tmp_path, policy=write_policy(tmp_path, [entry]))
     assert rc == 2
-    assert "quarantine[0] ('conformance/test_parity.py::test_parity[fp16-*]'): missing ['owner']" in capsys.readouterr().err
+    assert "quarantine[0] ('conformance/test_conformance.py::test_parity[fp16-*]'): missing ['owner']" in capsys.readouterr().err
 
 
 def test_the_shipped_policy_requires_known_families_and_the_cpu_lane_for_merges():
     from selgate.reports.gate import load_policy, required_lanes
 
     policy = load_policy()
-    assert set(policy["required_families"]) <= set(FAMILIES)
+    assert set(policy["required_families"]) <= set(names())
     assert required_lanes(policy, None, None) == ["cpu"]
     assert required_lanes(policy, "release", None) == ["cpu", "sm90"]
 

@@ -2,32 +2,34 @@
 
 from junitparser import JUnitXml
 
-from selgate.reports.gate import Verdict
+from selgate.reports.gate import GateVerdict
 from selgate.reports.markdown import render, repro_command, write_report
 from selgate.reports.results import load_results, merge
 
 from .test_reports_gate import gated_tree, passing_cases, run_gate, write_lane  # noqa: F401 (fixture)
 
-FAIL = ("conformance/test_parity.py::test_parity[fp16-case3]", "fail", "parity", 3)
+FAIL = ("conformance/test_conformance.py::test_parity[fp16-case3]", "fail", "parity", 3)
 
 
 def _results(tmp_path):
-    write_lane(tmp_path / "res", "cpu", passing_cases() + [FAIL, ("conformance/test_dtype.py::test_bf16", "skip", "dtype", None)])
-    write_lane(tmp_path / "res", "sm90", passing_cases() + [("conformance/test_dtype.py::test_bf16", "xfail", "dtype", 0)])
+    write_lane(
+        tmp_path / "res", "cpu", passing_cases() + [FAIL, ("conformance/test_conformance.py::test_bf16", "skip", "dtype", None)]
+    )
+    write_lane(tmp_path / "res", "sm90", passing_cases() + [("conformance/test_conformance.py::test_bf16", "xfail", "dtype", 0)])
     return load_results([tmp_path / "res"])
 
 
 def test_report_has_the_matrix_failures_with_repro_and_environment(tmp_path):
     results = _results(tmp_path)
-    text = render(results, Verdict(["cpu"], blocking=["lane cpu: FAIL x"]))
+    text = render(results, GateVerdict(required_lanes=["cpu"], blocking=["lane cpu: FAIL x"]))
     assert "| family | cpu | sm90 |" in text
     assert "| parity | **1/1/0/0/0** | 1/0/0/0/0 |" in text
     assert "| dtype | 0/0/0/1/0 | 0/0/0/0/1 |" in text
     assert "| **all** | **11/1/0/1/0** | 11/0/0/0/1 |" in text
     assert (
-        "- **cpu** fail `conformance/test_parity.py::test_parity[fp16-case3]` (seed 3): assert 1 == 2\n"
+        "- **cpu** fail `conformance/test_conformance.py::test_parity[fp16-case3]` (seed 3): assert 1 == 2\n"
         "  `SELGATE_LANE=cpu TRITON_INTERPRET=1 python -m pytest "
-        "'conformance/test_parity.py::test_parity[fp16-case3]' --size tiny -p no:xdist`"
+        "'conformance/test_conformance.py::test_parity[fp16-case3]' --size tiny -p no:xdist`"
     ) in text
     assert "| torch | 2.13.0 | 2.13.0 |" in text and "| commit | abc123 | abc123 |" in text
 
@@ -44,9 +46,9 @@ def test_repro_carries_the_emulated_capability_and_overrides(tmp_path):
 
 
 def test_report_stays_under_the_byte_limit(tmp_path):
-    many = [(f"conformance/test_parity.py::test_parity[case{i}]", "fail", "parity", i) for i in range(400)]
+    many = [(f"conformance/test_conformance.py::test_parity[case{i}]", "fail", "parity", i) for i in range(400)]
     write_lane(tmp_path / "res", "cpu", many)
-    text = render(load_results([tmp_path / "res"]), Verdict(["cpu"], blocking=["x"]), max_bytes=20_000)
+    text = render(load_results([tmp_path / "res"]), GateVerdict(required_lanes=["cpu"], blocking=["x"]), max_bytes=20_000)
     assert len(text.encode()) <= 20_000
     assert "more failures omitted to stay under 20000 bytes" in text
     assert "## Environment" in text
@@ -84,7 +86,7 @@ def test_release_report_includes_benchmarks_and_their_blocking(tmp_path, capsys,
     seen = []
     monkeypatch.setattr(regression, "compare_to_baseline", lambda device: seen.append(device) or Cmp())
     write_lane(tmp_path / "res", "cpu", passing_cases())
-    write_lane(tmp_path / "res", "sm90", passing_cases() + [("conformance/test_dtype.py::test_bf16", "pass", "dtype", 1)])
+    write_lane(tmp_path / "res", "sm90", passing_cases() + [("conformance/test_conformance.py::test_bf16", "pass", "dtype", 1)])
     (tmp_path / "res" / "sm90" / "environment.json").write_text(
         (tmp_path / "res" / "sm90" / "environment.json").read_text().replace('"gpu": "none"', '"gpu": "Fake GPU"')
     )

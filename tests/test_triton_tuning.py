@@ -22,7 +22,7 @@ from selgate.bench import tables, thresholds
 from selgate.bench.__main__ import main
 from selgate.bench.inputs import decode_problem, make_ranges, prefill_problem
 from selgate.bench.tune import launch_bucket, range_slots
-from selgate.kernels import config, settings
+from selgate.kernels import config
 from selgate.kernels.triton import tuning
 from selgate.kernels.triton import bwd as bwd_mod
 from selgate.kernels.triton import fwd as fwd_mod
@@ -34,18 +34,14 @@ CAN_LAUNCH = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
 launches = pytest.mark.skipif(not CAN_LAUNCH, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DATA = Path(__file__).parent / "data" / "bench"
-ENVS = tuple(
-    name
-    for var in (
-        tuning.ENV_FWD,
-        tuning.ENV_BWD,
-        tuning.ENV_AUTOTUNE,
-        tuning.ENV_TUNED,
-        tuning.ENV_TUNED_DIR,
-        tuning.ENV_RANGE_LEN,
-        "SELGATE_TRITON_MIN_L",
-    )
-    for name in settings.names(var)
+ENVS = (
+    tuning.ENV_FWD,
+    tuning.ENV_BWD,
+    tuning.ENV_AUTOTUNE,
+    tuning.ENV_TUNED,
+    tuning.ENV_TUNED_DIR,
+    tuning.ENV_RANGE_LEN,
+    "SELGATE_TRITON_MIN_L",
 )
 
 

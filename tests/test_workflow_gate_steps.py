@@ -30,7 +30,7 @@ from .test_reports_gate import write_lane
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
-FAILING = ("conformance/test_parity.py::test_parity[triton-case0]", "fail", "parity", 0)
+FAILING = ("conformance/test_conformance.py::test_parity[triton-case0]", "fail", "parity", 0)
 
 pytestmark = pytest.mark.skipif(
     not (ROOT / ".git").exists() or shutil.which("git") is None, reason="needs a git checkout of selgate"
@@ -180,7 +180,7 @@ def job_of(workflow: str, job: str) -> dict:
 
 def lane_cases(lane: str) -> list:
     """A passing test in every family the lane must pass."""
-    return [(f"conformance/test_{f}.py::test_{f}[case0]", "pass", f, 7) for f in lane_families(load_policy(), lane)]
+    return [(f"conformance/test_conformance.py::test_{f}[case0]", "pass", f, 7) for f in lane_families(load_policy(), lane)]
 
 
 def evidence(checkout: Path, lanes: list, failing: bool):

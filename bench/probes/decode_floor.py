@@ -1,4 +1,4 @@
-"""What a decode kernel that does no attention at all can reach at the decode check grid points (N, D, n of bench/check_cuda_decode.py).
+"""What a decode kernel that does no attention at all can reach at the decode benchmark grid points (N, D, n of bench/cuda_decode.py).
 
 Why: the CUDA decode kernel misses 1.3x of the HBM floor only at N=256 (about 11-22 us
 of bytes), where fixed costs weigh most. These read-only Triton kernels move exactly the
@@ -15,8 +15,8 @@ ranges read (as the CUDA kernel does where the next grid lands evenly). `merge s
 pdl` split into s programs a row that each write an [h, Dv] fp32 partial, the last to arrive
 (a release/acquire counter) summing them in slot order into `o`: the least a split decode
 kernel with a one-kernel merge (FlashDecoding without a second launch) pays. Timed by CUDA-graph replay over the
-same rotating input sets as `check_cuda_decode`, beside the same-size copy, the CUDA kernel
-(automatic launch, which triggers right after the wait at every decode check grid point, and
+same rotating input sets as `bench/cuda_decode.py`, beside the same-size copy, the CUDA kernel
+(automatic launch, which triggers right after the wait at every decode benchmark grid point, and
 `cuda pdl`: DecodeLaunch(pdl=Pdl.TRIGGER_AFTER_LOOP), triggered after its loop) and the Triton decode kernel.
 Usage on a GPU machine: python3 bench/probes/decode_floor.py
 """
@@ -30,7 +30,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from selgate.bench.timing import measure_limits
 from selgate.kernels.cuda import DecodeLaunch, Pdl, selection_attention_cuda
-from selgate.bench.check_cuda_decode import L_SEL, copy_us, graph_us, grid_sets, triton_method
+from selgate.bench.cuda_decode import L_SEL, copy_us, graph_us, grid_sets, triton_method
 from selgate.kernels.triton.tiles import gather_keys
 
 

@@ -4,7 +4,7 @@ Nsight Compute showed the tensor-core kernel reading twice as many L2 sectors as
 decode kernel for the same DRAM bytes (L2 hit rate 50% against 2%). This probe builds
 private copies of the extension whose 16-byte `cp.async` differs only in its cache and
 L2-prefetch qualifiers, checks each copy's output bitwise against the unpatched one, and
-times them side by side (graph replay over rotating inputs, as check_cuda_decode does), variants
+times them side by side (graph replay over rotating inputs, as bench/cuda_decode.py does), variants
 interleaved and repeated. Usage on a GPU machine: python3 bench/probes/decode_load_variants.py
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from selgate.bench.timing import rotation_count, time_graph
 from selgate.kernels.cuda import build
-from selgate.bench.check_cuda_decode import L_SEL, nsa_inputs
+from selgate.bench.cuda_decode import L_SEL, nsa_inputs
 
 BASE = "cp.async.ca.shared.global"  # what sel_decode.cu issues (`.cg` before the load flavours were measured, docs/design/cuda-decode.md)
 ANCHOR = 'asm volatile("' + BASE + ' [%0], [%1], 16, %2;\\n"'

@@ -2,7 +2,7 @@
 elementwise copy of the same bytes, side by side, for Nsight Compute.
 
 Why: in graph time the Triton decode kernel streams about 5% faster than the CUDA one at
-every decode check grid point, with the same bytes to move; the counters say whether the CUDA
+every decode benchmark grid point, with the same bytes to move; the counters say whether the CUDA
 kernel reads more DRAM bytes, keeps fewer requests in flight, or stalls elsewhere.
 Inputs are built and every method is called once (compile, build) before the profiler
 window opens, so only the calls inside it are profiled, in the order printed.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from selgate.kernels.cuda import selection_attention_cuda
-from selgate.bench.check_cuda_decode import L_SEL, nsa_inputs, triton_method
+from selgate.bench.cuda_decode import L_SEL, nsa_inputs, triton_method
 
 POINTS = [(256, 4, 64, 16), (256, 4, 128, 8), (1024, 4, 128, 16)]  # N, h, D, n
 

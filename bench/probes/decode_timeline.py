@@ -2,8 +2,8 @@
 
 Builds a private copy of the extension whose kernel stamps %globaltimer at seven points per
 warp (entry, griddepcontrol.wait returned, ranges and q ready, first slab landed, loop done,
-merge done, stores issued) into a device buffer, replays the decode check grid from a CUDA
-graph over rotating inputs (as check_cuda_decode does), and prints per call: span from first warp
+merge done, stores issued) into a device buffer, replays the decode benchmark grid from a CUDA
+graph over rotating inputs (as bench/cuda_decode.py does), and prints per call: span from first warp
 entry to last store, the gap to the next call, the time from the previous call's last store to
 this call's first wait return, and median / 90th-percentile phase lengths over warps. With PDL
 a block may enter long before its wait returns (its `pre-wait` phase).
@@ -19,7 +19,7 @@ import torch
 
 from selgate.bench.timing import time_graph
 from selgate.kernels.cuda import DecodeLaunch, Prefetch, build
-from selgate.bench.check_cuda_decode import nsa_inputs
+from selgate.bench.cuda_decode import nsa_inputs
 
 HEADER = r"""
 __device__ unsigned long long sel_tl[1 << 20];

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from selgate.kernels import settings as env
+from selgate.kernels import env_vars
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("sel_decode.cu", "sel_decode_bind.cpp")
@@ -45,7 +45,7 @@ def cache_dir(arch: str, source_dir: Path = SOURCE_DIR) -> Path:
     (default ~/.cache/selgate/cuda) / `<hash16>-sm<arch>-torch<version>`."""
     import torch
 
-    base = env.get("SELGATE_CUDA_CACHE")
+    base = env_vars.get("SELGATE_CUDA_CACHE")
     return base / f"{source_hash(source_dir)[:16]}-sm{arch}-torch{torch.__version__.replace('+', '_')}"
 
 
@@ -80,7 +80,7 @@ def _build(arch: str):
     start = time.perf_counter()
     try:
         ext = _load_in(
-            out, f"selgate_sel_decode_{out.name[:16]}_sm{arch}", SOURCE_DIR, arch, verbose=env.get("SELGATE_CUDA_VERBOSE")
+            out, f"selgate_sel_decode_{out.name[:16]}_sm{arch}", SOURCE_DIR, arch, verbose=env_vars.get("SELGATE_CUDA_VERBOSE")
         )
     except Exception as exc:  # lock, compiler, linker or import failure: keep the reason, fall back
         return BuildError(f"building the CUDA decode extension in {out} failed: {exc}")
@@ -101,7 +101,7 @@ def _load_in(out: Path, name: str, source_dir: Path, arch: str, *, verbose: bool
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(out.name + ".lock"), "w") as guard:
-        _take_turn(guard, out, env.get("SELGATE_CUDA_BUILD_WAIT"))
+        _take_turn(guard, out, env_vars.get("SELGATE_CUDA_BUILD_WAIT"))
         (out / "lock").unlink(missing_ok=True)
         return load(
             name=name,
@@ -125,8 +125,7 @@ def _take_turn(guard, out: Path, wait_s: float) -> None:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"another process has been building into {out} for more than {wait_s:g} s "
-                    f"({env.source('SELGATE_CUDA_BUILD_WAIT')})"
+                    f"another process has been building into {out} for more than {wait_s:g} s (SELGATE_CUDA_BUILD_WAIT)"
                 ) from None
             time.sleep(0.2)
 

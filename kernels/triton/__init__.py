@@ -7,7 +7,7 @@ import torch
 
 from selgate.kernels.errors import BackendUnavailable
 from selgate.kernels import triton_limits
-from selgate.kernels.policy import capability, interpreting, settings, triton_unsupported
+from selgate.kernels.policy import capability, dispatch_policy, interpreting, triton_unsupported
 from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 
@@ -24,7 +24,7 @@ def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, r
     the caller already did it. Inputs that require grad run the autograd Function of
     `autograd.py` (Triton backward) unless SELGATE_TRITON_ALLOW_GRAD=0, which refuses them ("grad")."""
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
-    st = settings()
+    st = dispatch_policy()
     why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
     if why is not None:
         raise BackendUnavailable(*why)

@@ -47,7 +47,7 @@ import torch
 
 from selgate.kernels import config as _config
 from selgate.kernels.config import current_device_name, device_slug, load_config
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 from selgate.kernels.errors import ConfigError
 
 log = logging.getLogger("selgate.kernels")
@@ -99,7 +99,7 @@ def l_bucket(L: int) -> int:
 def range_len(cfg: dict | None = None) -> int:
     """Longest range the host assumes (NSA's l_sel): env SELGATE_TRITON_RANGE_LEN > configs > 64."""
     cfg = load_config() if cfg is None else cfg
-    return int(settings.get(ENV_RANGE_LEN, (cfg.get("triton_tuning") or {}).get("range_len", DEFAULT_RANGE_LEN)))
+    return int(env_vars.get(ENV_RANGE_LEN, (cfg.get("triton_tuning") or {}).get("range_len", DEFAULT_RANGE_LEN)))
 
 
 def shape_bucket(S_kv: int, n: int, rl: int | None = None) -> int:
@@ -142,7 +142,7 @@ def nearest_bucket(buckets, b: int):
 
 
 def tuned_dir() -> Path:
-    return settings.get(ENV_TUNED_DIR) or _config.CONFIG_DIR / "tuned"
+    return env_vars.get(ENV_TUNED_DIR) or _config.CONFIG_DIR / "tuned"
 
 
 def tuned_path(device_name: str | None = None, folder: Path | None = None) -> Path:
@@ -232,14 +232,14 @@ class _State:
         self.path: Path | None = None
         self.reason: str | None = None
         self.last: dict = {}
-        self.env_fwd = settings.get(ENV_FWD)  # read once per state: no environ access per call
-        self.env_bwd = settings.get(ENV_BWD)
+        self.env_fwd = env_vars.get(ENV_FWD)  # read once per state: no environ access per call
+        self.env_bwd = env_vars.get(ENV_BWD)
         for text, keys, name in ((self.env_fwd, FWD_KEYS, ENV_FWD), (self.env_bwd, BWD_KEYS, ENV_BWD)):
             if text:  # malformed is an error on every path, also those (TMA, pairs) that never apply it
                 parse_override(text, keys, name)
         kinds = {kind: raw for kind, raw in owner["triton_fwd"].items() if isinstance(raw, dict) and "block_l" in raw}
-        self.tma = {kind: settings.get(ENV_TMA, bool(raw.get("tma", False))) for kind, raw in kinds.items()}  # read once
-        self.pairs = {kind: settings.get(ENV_PAIRS, bool(raw.get("pairs", False))) for kind, raw in kinds.items()}
+        self.tma = {kind: env_vars.get(ENV_TMA, bool(raw.get("tma", False))) for kind, raw in kinds.items()}  # read once
+        self.pairs = {kind: env_vars.get(ENV_PAIRS, bool(raw.get("pairs", False))) for kind, raw in kinds.items()}
 
 
 _state: _State | None = None
@@ -262,7 +262,7 @@ def clear_cache() -> None:
 
 def _tuned(st: _State) -> dict:
     if st.table is None:
-        if not settings.get(ENV_TUNED):
+        if not env_vars.get(ENV_TUNED):
             st.table, st.reason = {}, f"{ENV_TUNED}=0"
         else:
             name = current_device_name()
@@ -314,7 +314,7 @@ def _select(op, key, resolve, tune, keys, env_name, env):
     if hit is None:
         cfg, source = resolve(st)
         tuned = source.startswith(("tuned", "autotuned"))
-        if tune is not None and not env and not tuned and settings.get(ENV_AUTOTUNE):
+        if tune is not None and not env and not tuned and env_vars.get(ENV_AUTOTUNE):
             if _capturing():
                 log.info("sel.triton.autotune_skipped reason=cuda graph capture key=%s", key)
                 st.last[op] = (key, cfg, source)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from selgate.kernels import settings
+from selgate.kernels import env_vars
 from selgate.kernels.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +23,8 @@ def package_dirs() -> list[Path]:
 
 
 def test_docs_are_the_generated_text():
-    assert (ROOT / "docs" / "configuration.md").read_text() == settings.markdown(), (
-        "regenerate: python -m selgate.kernels.settings --markdown > docs/configuration.md"
+    assert (ROOT / "docs" / "configuration.md").read_text() == env_vars.markdown(), (
+        "regenerate: python -m selgate.kernels.env_vars --markdown > docs/configuration.md"
     )
 
 
@@ -37,13 +37,13 @@ def test_every_variable_the_package_names_is_declared():
             found.setdefault(name, str(path.relative_to(ROOT)))
     assert found
     # selgate reads its own namespace only: another project's NSA_* variable is never declared
-    assert {n: p for n, p in found.items() if n not in settings.VARS} == {}
+    assert {n: p for n, p in found.items() if n not in env_vars.VARS} == {}
 
 
-@pytest.mark.parametrize("var", settings.VARS.values(), ids=lambda v: v.name)
+@pytest.mark.parametrize("var", env_vars.VARS.values(), ids=lambda v: v.name)
 def test_declared_readers_exist_and_one_names_the_variable(var):
     """Some readers take the name through a constant (e.g. tolerances.ENV), so one literal suffices."""
-    assert var.type in settings.PARSERS and var.group in settings.GROUPS and var.meaning
+    assert var.type in env_vars.PARSERS and var.group in env_vars.GROUPS and var.meaning
     texts = [(ROOT / reader).read_text() for reader in var.readers]
     assert any(var.name in text for text in texts)
 
@@ -53,16 +53,16 @@ def test_declared_readers_exist_and_one_names_the_variable(var):
     [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False), ("NO", False), ("off", False)],
 )
 def test_flags_take_every_spelling(raw, value):
-    assert settings.get("SELGATE_STRICT", environ={"SELGATE_STRICT": raw}) is value
+    assert env_vars.get("SELGATE_STRICT", environ={"SELGATE_STRICT": raw}) is value
 
 
 def test_unset_or_empty_is_the_default():
-    assert settings.get("SELGATE_TRITON_NORMALIZE", environ={}) is True
-    assert settings.get("SELGATE_TRITON_NORMALIZE", environ={"SELGATE_TRITON_NORMALIZE": ""}) is True
-    assert settings.get("SELGATE_TRITON_MIN_L", 512, environ={}) == 512
-    assert settings.get("SELGATE_TRITON_MIN_L", 512, environ={"SELGATE_TRITON_MIN_L": "64"}) == 64
-    assert settings.get("SELGATE_CUDA_BUILD_WAIT", environ={"SELGATE_CUDA_BUILD_WAIT": "2.5"}) == 2.5
-    assert settings.get("SELGATE_CONFIG_DIR", environ={"SELGATE_CONFIG_DIR": "/x"}) == Path("/x")
+    assert env_vars.get("SELGATE_TRITON_NORMALIZE", environ={}) is True
+    assert env_vars.get("SELGATE_TRITON_NORMALIZE", environ={"SELGATE_TRITON_NORMALIZE": ""}) is True
+    assert env_vars.get("SELGATE_TRITON_MIN_L", 512, environ={}) == 512
+    assert env_vars.get("SELGATE_TRITON_MIN_L", 512, environ={"SELGATE_TRITON_MIN_L": "64"}) == 64
+    assert env_vars.get("SELGATE_CUDA_BUILD_WAIT", environ={"SELGATE_CUDA_BUILD_WAIT": "2.5"}) == 2.5
+    assert env_vars.get("SELGATE_CONFIG_DIR", environ={"SELGATE_CONFIG_DIR": "/x"}) == Path("/x")
 
 
 @pytest.mark.parametrize(
@@ -76,15 +76,15 @@ def test_unset_or_empty_is_the_default():
 )
 def test_a_malformed_value_names_the_variable_and_the_value(name, raw, expected):
     with pytest.raises(ConfigError, match=rf"^{name}: {expected}.*{raw!r}"):
-        settings.get(name, environ={name: raw})
+        env_vars.get(name, environ={name: raw})
 
 
 def test_the_process_environment_is_read(monkeypatch):
     monkeypatch.setenv("SELGATE_VALIDATE_RANGES", "nope")
     with pytest.raises(ConfigError, match="SELGATE_VALIDATE_RANGES"):
-        settings.get("SELGATE_VALIDATE_RANGES")
+        env_vars.get("SELGATE_VALIDATE_RANGES")
 
 
 def test_an_undeclared_name_is_refused():
     with pytest.raises(KeyError, match="SELGATE_NOPE"):
-        settings.get("SELGATE_NOPE")
+        env_vars.get("SELGATE_NOPE")

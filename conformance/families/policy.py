@@ -1,4 +1,5 @@
-"""Family policy: the dispatcher's ADR and fallback rules, proven by its counters.
+"""Family policy: the dispatcher's ADR and fallback rules, proven by its counters. selgate's
+own dispatcher, so never claimed by a kernel under `selgate check`.
 
 ADR-0001: on SM 8.9 the Triton selection kernel never launches unless
 SELGATE_TRITON_FORCE=1. Every rung that leaves Triton records its reason, and whatever
@@ -9,13 +10,13 @@ Capabilities are simulated with `capability_override`; on CPU Triton runs in its
 import pytest
 import torch
 
-from selgate.conformance.cases import Case, Shape, make_inputs
-from selgate.conformance.compare import assert_close
-from selgate.conformance.registry import REGISTRY, skip_reason
 from selgate.kernels.policy import ENV_FLAGS
 from selgate.reference import selection_attention_ref
 
-pytestmark = [pytest.mark.conformance, pytest.mark.policy]
+from ..cases import Case, Shape, make_inputs
+from ..compare import assert_close
+from ..family import Family
+from ..registry import REGISTRY
 
 CASE = Case(
     shape=Shape(mode="prefill", B=1, S=4, S_kv=40, G=2, h=2, Dk=16, Dv=16, n=3),
@@ -24,7 +25,7 @@ CASE = Case(
     seed=0,
     size="tiny",
 )
-TRITON_SKIP = skip_reason(REGISTRY["triton"], None, "cuda" if torch.cuda.is_available() else "cpu")
+TRITON_SKIP = REGISTRY["triton"].unavailable() and f"triton unavailable: {REGISTRY['triton'].unavailable()}"
 
 # (capability, env, backend that must serve the call, fallback reason that must be counted)
 SCENARIOS = {
@@ -97,3 +98,12 @@ def test_policy_cpu_without_override_uses_sdpa(dispatcher, monkeypatch):
     st = dispatcher.stats()
     assert st["calls"] == {"sdpa": 1} and st["fallback_reasons"].get("triton:cpu") == 1, st
     assert_close("o", o, selection_attention_ref(inp.q, inp.k, inp.v, inp.ranges), precision=CASE.dtype, case_id="policy cpu")
+
+
+FAMILY = Family(
+    "policy",
+    "the dispatcher's ADR and fallback rules (selgate's own dispatcher)",
+    rank=12,
+    claimed=False,
+    tests=(dispatcher, test_policy, test_policy_strict_triton_on_sm89_refuses, test_policy_cpu_without_override_uses_sdpa),
+)

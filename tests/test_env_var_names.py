@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from selgate.kernels import policy, settings
+from selgate.kernels import env_vars, policy
 from selgate.kernels.policy import ENV_FLAGS
 
 # nsa-vibe's own flags (its Triton selection on, its min-L threshold 1, its CUDA path, a
@@ -35,7 +35,7 @@ NSA_VIBE = {
 def nsa_vibe(monkeypatch, caplog):
     """The process environment of someone validating nsa-vibe, selgate's own variables unset,
     with the `selgate` logger captured."""
-    for name in settings.VARS:
+    for name in env_vars.VARS:
         monkeypatch.delenv(name, raising=False)
     for name, value in NSA_VIBE.items():
         monkeypatch.setenv(name, value)
@@ -44,57 +44,36 @@ def nsa_vibe(monkeypatch, caplog):
 
 
 def test_every_variable_follows_the_scheme():
-    assert [name for name in settings.VARS if not re.fullmatch(r"SELGATE_[A-Z0-9]+(_[A-Z0-9]+)*", name)] == []
-
-
-def test_every_variable_is_read_under_its_own_name_only():
-    for name in settings.VARS:
-        assert settings.names(name) == (name,) and settings.VARS[name].names == (name,)
+    assert [name for name in env_vars.VARS if not re.fullmatch(r"SELGATE_[A-Z0-9]+(_[A-Z0-9]+)*", name)] == []
 
 
 def test_another_projects_flags_leave_selgates_settings_at_their_defaults(nsa_vibe):
     """NSA_USE_TRITON_SEL=1 and NSA_SEL_TRITON_MIN_L=1 are nsa-vibe's: selgate's dispatcher reads
     what it reads without them, and no warning (or any line) is logged."""
-    for name, var in settings.VARS.items():
-        assert settings.get(name) == var.default, name
-        assert settings.source(name) == name
+    for name, var in env_vars.VARS.items():
+        assert env_vars.get(name) == var.default, name
     assert policy.capability_overridden() is None
     assert [r.getMessage() for r in nsa_vibe.records if r.name.startswith("selgate")] == []
 
 
-def test_the_dispatchers_settings_are_those_of_a_clean_environment(nsa_vibe, monkeypatch):
-    with_them = policy.settings()
+def test_the_dispatch_policy_is_that_of_a_clean_environment(nsa_vibe, monkeypatch):
+    with_them = policy.dispatch_policy()
     for name in NSA_VIBE:
         monkeypatch.delenv(name)
-    assert with_them == policy.settings()
+    assert with_them == policy.dispatch_policy()
     assert nsa_vibe.records == []
 
 
 def test_the_tests_clear_only_selgates_dispatcher_flags():
-    assert set(ENV_FLAGS) == {name for name, var in settings.VARS.items() if var.group == "dispatcher"}
+    assert set(ENV_FLAGS) == {name for name, var in env_vars.VARS.items() if var.group == "dispatcher"}
 
 
 def test_another_projects_names_are_no_registry_keys():
-    with pytest.raises(KeyError, match=r"^'NSA_USE_TRITON_SEL is not in selgate.kernels.settings.VARS; declare it there'$"):
-        settings.get("NSA_USE_TRITON_SEL")
+    with pytest.raises(KeyError, match=r"^'NSA_USE_TRITON_SEL is not in selgate.kernels.env_vars.VARS; declare it there'$"):
+        env_vars.get("NSA_USE_TRITON_SEL")
 
 
 # --- handing the environment on ---------------------------------------------------------
-
-
-def test_children_get_the_environment_as_given():
-    given = {**NSA_VIBE, "PATH": "/bin", "SELGATE_LANE": "cpu", "SELGATE_TRITON_ENABLE": "0"}
-    env = settings.current_environ(given)
-    assert env == given and env is not given
-
-
-def test_current_environ_copies_the_process_environment(nsa_vibe):
-    import os
-
-    env = settings.current_environ()
-    assert env == dict(os.environ) and env["NSA_USE_TRITON_SEL"] == "1"
-    env["SELGATE_LANE"] = "x"
-    assert "SELGATE_LANE" not in os.environ
 
 
 def test_a_lane_worker_gets_the_lanes_values_and_another_projects_flags_untouched(nsa_vibe):

@@ -1,0 +1,79 @@
+"""Family bounds: keys outside every selection and beyond t hold NaN; no read of them may show."""
+
+from __future__ import annotations
+
+import torch
+
+from selgate.reference import query_positions, selected_keys
+
+from ..cases import Case, make_inputs
+from ..compare import assert_equal
+from ..evaluation import Result, batched, compare, evaluate, impl_fn, reference_run
+from ..family import Family, batched_lowp
+from ..inputs import Inputs
+from ..registry import Impl
+
+POISON_TAIL = 3  # keys appended beyond every query's position, all NaN
+
+
+def _poisoned(inp: Inputs, tail: int):
+    """Inputs whose keys no row selects are NaN, plus `tail` NaN keys beyond every query's
+    position, reached by `tail` extra queries that select nothing (so `t` of the original
+    rows is unchanged) and by an extra range `(t+1, S_kv + tail + 2)` on every original row."""
+    q, k, v, r = inp.q, inp.k, inp.v, inp.ranges
+    B, S, G, h, Dk = q.shape
+    S_kv = k.shape[2]
+    unsel = ~selected_keys(r, S_kv)[..., None]
+    k = torch.where(unsel, float("nan"), k)
+    v = torch.where(unsel, float("nan"), v)
+    if not tail:
+        return q, k, v, r
+    nan = float("nan")
+    k = torch.cat([k, k.new_full((B, G, tail, Dk), nan)], 2)
+    v = torch.cat([v, v.new_full((B, G, tail, v.shape[3]), nan)], 2)
+    q = torch.cat([q, torch.ones_like(q[:, :1]).expand(B, tail, G, h, Dk)], 1)
+    t = query_positions(B, S, S_kv, r.device)[:, :, None, None, None]
+    past = torch.cat([t + 1, torch.full_like(t, S_kv + tail + 2)], -1).expand(B, S, G, 1, 2)
+    r = torch.cat([r.to(torch.int64), past], 3)
+    r = torch.cat([r, torch.zeros_like(r[:, :1]).expand(B, tail, G, r.shape[3], 2)], 1)
+    return q, k, v, r.to(inp.ranges.dtype)
+
+
+def check(impl: Impl, case: Case, device) -> None:
+    """Keys outside every selection and beyond `t` hold NaN: any read of them shows up, in
+    the output or the gradients. Outputs are poisoned before the call (CUDA caching
+    allocator); every element must be finite where the golden result is."""
+    inp = make_inputs(case, device)
+    S, S_kv = inp.q.shape[1], inp.k.shape[2]
+    tail = POISON_TAIL if "prefill" in impl.modes else 0
+    judged = impl.judged_as(case.dtype)
+    gold, plain, up = reference_run(batched(inp, judged), inp, case, judged, grads=impl.backward, lse=impl.lse)
+    q, k, v, r = _poisoned(inp, tail)
+    up_p = None
+    if up is not None:
+        do, dlse = up
+        up_p = (
+            torch.cat([do, torch.ones_like(do[:, :1]).expand(-1, tail, -1, -1, -1)], 1),
+            torch.cat([dlse, torch.zeros_like(dlse[:, :1]).expand(-1, tail, -1, -1)], 1),
+        )
+    got = evaluate(impl_fn(impl, r, inp.scale), q, k, v, up_p)
+    rows = slice(0, S)
+    main = Result(got.o[:, rows], None if got.lse is None else got.lse[:, rows], None)
+    if got.grads is not None:
+        dq, dk, dv = got.grads
+        main.grads = (dq[:, rows], dk[:, :, :S_kv], dv[:, :, :S_kv])
+        for name, g in (("dq[tail queries]", dq[:, S:]), ("dk[tail keys]", dk[:, :, S_kv:]), ("dv[tail keys]", dv[:, :, S_kv:])):
+            assert_equal(name, g, torch.zeros_like(g), case_id=case.id, why="nothing selects them")
+    if tail:
+        o_t = got.o[:, S:]
+        assert_equal("o[tail queries]", o_t, torch.zeros_like(o_t), case_id=case.id, why="they select nothing")
+    compare(case, judged, main, gold, plain)
+
+
+FAMILY = Family(
+    "bounds",
+    "NaN-poisoned keys outside the selection and beyond t",
+    rank=6,
+    check=check,
+    applies=lambda c: batched_lowp(c) and (c.size != "tiny" or c.dtype == torch.float32 or c.smoke),
+)

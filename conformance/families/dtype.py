@@ -1,0 +1,57 @@
+"""Family dtype: output dtypes, shapes and device; int32 and int64 ranges; strided and shared-buffer inputs."""
+
+from __future__ import annotations
+
+import torch
+
+from ..cases import Case, make_inputs
+from ..compare import assert_equal, fail
+from ..evaluation import batched, compare, evaluate, impl_fn, reference_run
+from ..family import Family, tiny_subset
+from ..registry import Impl
+
+
+def check(impl: Impl, case: Case, device) -> None:
+    """Output dtypes, shapes and device of SPEC.md; int32 and int64 ranges give bitwise-equal
+    results; non-contiguous q, k, v give correct results, and so do k, v whose rows share one
+    buffer (each key's K row then its V row: the storage README recommends for the prefill),
+    where the implementation declares those layouts."""
+    inp = make_inputs(case, device)
+    B, S, G, h, Dk = inp.q.shape
+    Dv = inp.v.shape[3]
+    judged = impl.judged_as(case.dtype)
+    gold, plain, up = reference_run(batched(inp, judged), inp, case, judged, grads=impl.backward, lse=impl.lse)
+    r64, r32 = inp.ranges.to(torch.int64), inp.ranges.to(torch.int32)
+    got = evaluate(impl_fn(impl, r64, inp.scale), inp.q, inp.k, inp.v, up)
+    want_o = impl.result_dtype or inp.v.dtype
+    want_lse = impl.result_dtype or torch.float32
+    checks = [("o", got.o, want_o, (B, S, G, h, Dv))]
+    if got.lse is not None:
+        checks.append(("lse", got.lse, want_lse, (B, S, G, h)))
+    if got.grads is not None:
+        checks += [(n, g, x.dtype, tuple(x.shape)) for n, g, x in zip(("dq", "dk", "dv"), got.grads, (inp.q, inp.k, inp.v))]
+    for name, t, dt, shape in checks:
+        if t.dtype != dt or tuple(t.shape) != shape or t.device != inp.q.device:
+            fail(case.id, f"{name}: got {t.dtype} {tuple(t.shape)} on {t.device}, expected {dt} {shape} on {inp.q.device}")
+    got32 = evaluate(impl_fn(impl, r32, inp.scale), inp.q, inp.k, inp.v, up)
+    for name, a, b in [("o", got32.o, got.o), ("lse", got32.lse, got.lse)] + (
+        list(zip(("dq", "dk", "dv"), got32.grads, got.grads)) if up is not None else []
+    ):
+        if a is not None:
+            assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges")
+    if "strided" in impl.layouts:
+        strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
+        compare(case, judged, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
+    if "kv_shared" in impl.layouts:
+        kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
+        packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))
+        compare(case, judged, evaluate(impl_fn(impl, r64, inp.scale), *packed, up), gold, plain)
+
+
+FAMILY = Family(
+    "dtype",
+    "output dtypes, index dtypes, strided inputs",
+    rank=7,
+    check=check,
+    applies=lambda c: tiny_subset(("mixed",))(c) and c.seed in (0, 7),
+)
