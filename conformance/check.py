@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from selgate.lanes.cut import Cut, default_sigint, mark_signal
+from selgate.lanes.pytest_command import pytest_args, pytest_command
 from selgate.reports.environment import ENV_FILE
 
 from .cases import SIZES
@@ -67,20 +68,25 @@ def default_workers() -> int:
     return gpus * workers_per_gpu(smallest_gpu_memory(), cpus, gpus) if gpus else cpus
 
 
-def pytest_command(args, out: Path, inifile: Path) -> list:
+def check_command(args, out: Path, inifile: Path) -> list:
     """The child pytest: the matrix of one implementation, isolated from the caller's
     pytest configuration (an empty ini file) and plugins (autoload off, named with -p)."""
-    cmd = [sys.executable, "-m", "pytest", *[a for p in PLUGINS for a in ("-p", p)]]
-    cmd += ["--pyargs", "selgate.conformance", "-c", str(inifile), "--rootdir", str(inifile.parent)]
-    cmd += ["-m", MARKERS, "--impl", args.impl, "--size", args.size]
-    cmd += ["-n", str(args.workers), "--max-worker-restart", "100000"]
-    cmd += ["--timeout", str(args.timeout), "--timeout-method", "thread"]
-    cmd += ["--junitxml", str(out / "junit.xml"), "-o", "junit_family=xunit2", "-p", "no:cacheprovider", "-q", "-rN", "--tb=no"]
+    select = ["--pyargs", "selgate.conformance", "-m", MARKERS, "--impl", args.impl, "--size", args.size]
     if args.declare:
-        cmd += ["--declare", str(Path(args.declare).resolve())]
-    if args.k:
-        cmd += ["-k", args.k]
-    return cmd
+        select += ["--declare", str(Path(args.declare).resolve())]
+    return pytest_command(
+        pytest_args(
+            plugins=(*PLUGINS, "no:cacheprovider"),
+            config=("-c", str(inifile), "--rootdir", str(inifile.parent)),
+            select=select,
+            workers=args.workers,
+            max_worker_restart=100000,  # a crashed case is reported, never rerun (check_plugin)
+            timeout=args.timeout,
+            junit=out / "junit.xml",
+            k=args.k,
+            output=("-q", "-rN", "--tb=no"),
+        )
+    )
 
 
 def child_env(workers: int) -> dict:
@@ -199,7 +205,7 @@ def _run(args, out: Path) -> CheckVerdict:
             inifile = Path(tmp) / "pytest.ini"
             inifile.write_text("[pytest]\n")
             print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
-            runner.start(pytest_command(args, out, inifile), env, graceful=True)
+            runner.start(check_command(args, out, inifile), env, graceful=True)
             status = _wait_for_results(runner, cut)
     if status is None:  # nothing ran: the import failed or was cut
         write_stub_junit(out, args.impl, load_error or f"cut by {cut.signal} while importing the implementation")

@@ -1,7 +1,5 @@
-"""NaN left in the CUDA caching allocator before a call, so unwritten outputs show up.
-
-Its own module, importing only torch: the benchmarks and the CUDA device check use it
-without importing the conformance registry (which looks for Triton)."""
+"""NaN left in the CUDA caching allocator before a call, so unwritten outputs show up
+(every family's evaluation does it, `conformance/evaluation.py`)."""
 
 from __future__ import annotations
 

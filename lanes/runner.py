@@ -17,7 +17,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from selgate.kernels.policy import capability_text, device_capability
 from .config import LANE_DIR, tolerance_env
 from .cut import Cut, default_sigint, mark_signal, raise_interrupt
 from .detect import lane_for
+from .pytest_command import pytest_args, pytest_command
 from .ordering import DURATIONS_DIR, DURATIONS_ENV
 
 ROOT = LANE_DIR.parent
@@ -112,11 +112,10 @@ def refused_arg(arg: str, value: str | None) -> str | None:
     return None
 
 
-def plugin_args(names=PLUGINS) -> list:
-    """`-p name` for each plugin a lane needs (autoloading is off), the matrix's plugin included
-    once the package provides it."""
-    present = [*names, CONFORMANCE_PLUGIN] if importlib.util.find_spec(CONFORMANCE_PLUGIN) else list(names)
-    return [arg for name in present for arg in ("-p", name)]
+def lane_plugins(names=PLUGINS) -> list:
+    """The plugins a lane names (autoloading is off), the matrix's plugin included once the
+    package provides it."""
+    return [*names, CONFORMANCE_PLUGIN] if importlib.util.find_spec(CONFORMANCE_PLUGIN) else list(names)
 
 
 def selection_args(lane: dict, *, policy_only: bool = False) -> list:
@@ -133,18 +132,10 @@ def selection_args(lane: dict, *, policy_only: bool = False) -> list:
 def inventory_command(lane: dict) -> list:
     """`pytest --collect-only` of the lane's whole selection, under the lane's configuration
     and nothing else: the inventory a run of the lane must match."""
-    return [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--collect-only",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        *plugin_args(("pytest_timeout",)),
-        *CONFIG_ARGS,
-        *selection_args(lane),
-    ]
+    plugins = ("no:cacheprovider", *lane_plugins(("pytest_timeout",)))
+    return pytest_command(
+        ["--collect-only", "-q", *pytest_args(plugins=plugins, config=CONFIG_ARGS, select=selection_args(lane))]
+    )
 
 
 def run_env(extra: dict) -> dict:
@@ -305,31 +296,18 @@ def plan_lane(
         env[DURATIONS_ENV] = os.path.relpath(durations, ROOT)
 
     junit = f"reports/out/{out_name}/junit.xml"
-    args = [
-        *selection_args(lane, policy_only=policy_only),
-        *plugin_args(),
-        *CONFIG_ARGS,
-        "-n",
-        str(workers),
-        "--dist",
-        DIST,
-        "--max-worker-restart",
-        str(lane["max_worker_restart"]),
-        "--timeout",
-        str(lane["timeout"]),
-        "--timeout-method",
-        "thread",
-        "--junitxml",
-        junit,
-        "-o",
-        "junit_family=xunit2",
-        "-o",
-        "console_output_style=progress",
-        "-rfE",
-    ]
-    if k:
-        args += ["-k", k]
-    args += list(extra)
+    args = pytest_args(
+        plugins=lane_plugins(),
+        config=CONFIG_ARGS,
+        select=selection_args(lane, policy_only=policy_only),
+        workers=workers,
+        dist=DIST,
+        max_worker_restart=lane["max_worker_restart"],
+        timeout=lane["timeout"],
+        junit=junit,
+        k=k,
+        output=("-o", "console_output_style=progress", "-rfE", *extra),
+    )
     return LanePlan(lane, out_name, args, env, cache_dir, workers, extension_cache_dir)
 
 
@@ -360,7 +338,7 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
                 extension_cache_dir=plan.extension_cache_dir,
             )
     else:
-        cmd = [sys.executable, "-m", "pytest", *plan.pytest_args]
+        cmd = pytest_command(plan.pytest_args)
         print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env(plan.env), start_new_session=True, preexec_fn=default_sigint)
         with Cut(lambda: proc.send_signal(signal.SIGINT)) as cut:

@@ -18,6 +18,7 @@ import yaml
 from selgate.conformance import tolerances
 from selgate.lanes import __main__ as lanes_main
 from selgate.lanes import runner
+from selgate.lanes.pytest_command import pytest_args
 from selgate.lanes.config import load_lane
 from selgate.reports import tree as tree_mod
 
@@ -155,7 +156,7 @@ def test_the_stamp_records_impl_and_the_runner_names_its_plugins_and_configurati
             sys.executable,
             "-m",
             "pytest",
-            *runner.plugin_args(("selgate.reports.stamp",)),
+            *pytest_args(plugins=runner.lane_plugins(("selgate.reports.stamp",)), config=()),
             *runner.CONFIG_ARGS,
             "--collect-only",
             "-q",

@@ -15,6 +15,7 @@ import pytest
 
 from selgate.lanes import __main__ as lanes_main
 from selgate.lanes import runner
+from selgate.lanes.pytest_command import pytest_args
 from selgate.lanes.config import load_lane
 from selgate.reports import tree as tree_mod
 from selgate.reports.gate import loaded_code_blocking
@@ -63,7 +64,14 @@ def run_stamped(root, tmp_path, *args, pythonpath=()):
     env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])
     out = tmp_path / "lane"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "rootshim", *runner.plugin_args(("xdist.plugin", "selgate.reports.stamp"))]
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "rootshim",
+            *pytest_args(plugins=runner.lane_plugins(("xdist.plugin", "selgate.reports.stamp")), config=()),
+        ]
         + ["--rootdir", str(root), "-c", str(root / "pyproject.toml"), "-n", "2", "-p", "no:cacheprovider"]
         + ["--junitxml", str(out / "junit.xml"), *args, "tests"],
         cwd=root,
@@ -158,7 +166,17 @@ def test_a_clean_run_records_what_it_loaded_and_passes(kernel_repo, tmp_path, ca
 def test_a_lane_of_this_checkout_loads_nothing_the_gate_refuses(tmp_path):
     """The lane's own plugins, conftests and this interpreter's startup hooks pass: no false alarm."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *runner.plugin_args(), *runner.CONFIG_ARGS, "-n", "2", "-p", "no:cacheprovider"]
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *pytest_args(plugins=runner.lane_plugins(), config=()),
+            *runner.CONFIG_ARGS,
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+        ]
         + ["--junitxml", str(tmp_path / "junit.xml"), "tests/test_env_var_names.py"],
         cwd=runner.ROOT,
         env=runner.run_env({}),

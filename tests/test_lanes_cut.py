@@ -28,7 +28,8 @@ from selgate.lanes import runner
 from selgate.lanes.config import load_lane
 out_root, test_file = Path(sys.argv[1]), sys.argv[2]
 runner.OUT_ROOT = out_root
-args = [test_file, *runner.plugin_args(), *runner.CONFIG_ARGS, "--rootdir", str(Path(test_file).parent),
+plugins = [a for p in runner.lane_plugins() for a in ("-p", p)]
+args = [test_file, *plugins, *runner.CONFIG_ARGS, "--rootdir", str(Path(test_file).parent),
         "-p", "no:cacheprovider", "-n", "2",
         "--junitxml", str(out_root / "cpu" / "junit.xml"), "-o", "junit_family=xunit2"]
 plan = runner.LanePlan(load_lane("cpu"), "cpu", args, {"SELGATE_LANE": "cpu"}, out_root / "cache", 2)
