@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from unittest import mock
 import tomllib
 from pathlib import Path
 
@@ -188,12 +189,12 @@ def evidence(checkout: Path, lanes: list, failing: bool):
     from selgate.reports.tree import tree_stamp
 
     def place(results: Path):
-        old = os.environ.get("GITHUB_SHA")
-        os.environ["GITHUB_SHA"] = git(checkout, "rev-parse", "HEAD").strip()  # as the lane's runner has it
-        try:
+        # as the lane's runner has it: the checkout's commit in GITHUB_SHA, and no SELGATE_COMMIT
+        # of the machine running this test (a GPU host stamping a copy without git sets one)
+        env = {k: v for k, v in os.environ.items() if k != "SELGATE_COMMIT"}
+        env["GITHUB_SHA"] = git(checkout, "rev-parse", "HEAD").strip()
+        with mock.patch.dict(os.environ, env, clear=True):
             stamp = tree_stamp(checkout)
-        finally:
-            os.environ.pop("GITHUB_SHA") if old is None else os.environ.__setitem__("GITHUB_SHA", old)
         for lane in lanes:
             cases = lane_cases(lane) + ([FAILING] if failing else [])
             write_lane(results, lane, cases, tree=stamp, exitstatus=1 if failing else 0)

@@ -1,5 +1,5 @@
 # Reproduces root cause `dk[tail keys]: NaN where 0 is expected (nothing selects them)` (28 failure(s)) of `selgate check fla_nsa:selection`
-# on its smallest case, `test_bounds.py::test_bounds[fla_nsa:selection-decode-B2S1Skv37-G2h16-D16x16-n4-adjacent-bs64-fp32-s0]`.
+# on its smallest case, `test_conformance.py::test_bounds[fla_nsa:selection-decode-B2S1Skv37-G2h16-D16x16-n4-adjacent-bs64-fp32-s0]`.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
 import os
 import sys

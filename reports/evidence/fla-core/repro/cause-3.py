@@ -1,5 +1,5 @@
 # Reproduces root cause `dk: not bitwise identical across runs` (4 failure(s)) of `selgate check fla_nsa:selection`
-# on its smallest case, `test_determinism.py::test_determinism_backward[fla_nsa:selection-prefill-B1S256Skv512-G2h16-D64x64-n8-full-bs64-bf16-s0]`.
+# on its smallest case, `test_conformance.py::test_determinism_backward[fla_nsa:selection-prefill-B1S256Skv512-G2h16-D64x64-n8-full-bs64-bf16-s0]`.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
 import os
 import sys

@@ -1,5 +1,5 @@
 # Reproduces root cause `o: NaN where the reference is finite` (3 failure(s)) of `selgate check fla_nsa:selection`
-# on its smallest case, `test_varlen.py::test_varlen[fla_nsa:selection-varlen-q3.1.5.4-k20.33.5.17-G2h16-D16x16-n4-mixed-bs64-bf16-s0]`.
+# on its smallest case, `test_conformance.py::test_varlen[fla_nsa:selection-varlen-q3.1.5.4-k20.33.5.17-G2h16-D16x16-n4-mixed-bs64-bf16-s0]`.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
 import os
 import sys
