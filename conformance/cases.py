@@ -17,8 +17,8 @@ import torch
 from selgate.reference import build_ranges, pack_sequences
 
 from .inputs import Inputs, random_qkv
+from .sizes import SIZES
 
-SIZES = ("tiny", "small", "large")
 PATTERNS = (
     "empty",
     "padding",

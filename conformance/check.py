@@ -19,7 +19,6 @@ The families required for a pass follow the declarations. Exit 0 passed, 1 block
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -32,12 +31,10 @@ from selgate.lanes.cut import Cut, default_sigint, mark_signal
 from selgate.lanes.pytest_command import pytest_args, pytest_command
 from selgate.reports.environment import ENV_FILE
 
-from .cases import SIZES
 from .check_plugin import COLLECTED_FILE, verdict_environ
 from .check_report import CheckVerdict, judge, render, write_stub_junit
 from .registry import described_impl
 
-DEFAULT_OUT = "selgate-check"
 MARKERS = "conformance and not policy"  # policy is selgate's own dispatcher, not the kernel's
 PLUGINS = (
     "xdist.plugin",
@@ -227,25 +224,16 @@ def _wait_for_results(runner: Run, cut: Cut) -> int:
             return -signal.SIGKILL
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="selgate check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("impl", help="the implementation: package.module:callable, fn(q, k, v, ranges, *, scale=None)")
-    p.add_argument("--declare", help="YAML file of declarations and expected failures (see `declarations.py`)")
-    p.add_argument("--size", default="tiny", choices=SIZES, help="largest case size class (default tiny)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default ./{DEFAULT_OUT})")
-    p.add_argument("--workers", type=int, default=None, help="isolated worker processes (default: the lanes' sizing)")
-    p.add_argument("--timeout", type=int, default=300, help="seconds one case may take before it is an error")
-    p.add_argument("--import-timeout", type=int, default=300, help="seconds importing the implementation may take")
-    p.add_argument("-k", help="pytest -k expression (debugging: the verdict is then BLOCKED as narrowed)")
-    args = p.parse_args(argv)
-    if ":" not in args.impl:
-        p.error(f"impl: expected package.module:callable, got {args.impl!r}")
-    if (args.workers is not None and args.workers < 1) or args.timeout < 1 or args.import_timeout < 1:
-        p.error("--workers, --timeout and --import-timeout must be >= 1 (a crashing case needs a worker to die in)")
+def main(args) -> int:
+    """The check of parsed, validated `args` (check_cli.main): exit 0 passed, 1 blocked, 2 usage."""
     refused = verdict_environ()
     if refused:
         names = ", ".join(refused)
-        p.error(f"{names}: set in the environment; it changes tolerances or what runs, so the check refuses it: unset it")
+        print(
+            f"error: {names}: set in the environment; it changes tolerances or what runs, so the check refuses it: unset it",
+            file=sys.stderr,
+        )
+        return 2
     if args.workers is None:
         args.workers = default_workers()
     try:
@@ -261,4 +249,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .check_cli import main as cli
+
+    sys.exit(cli())

@@ -151,7 +151,7 @@ def _fp32_matmul(value, where):
 
 
 def _sizes(value, where):
-    from .cases import SIZES
+    from .sizes import SIZES
 
     if value not in SIZES:
         raise ValueError(f"{where}: expected one of {SIZES}, got {value!r}")
@@ -200,7 +200,7 @@ def parse(mapping: dict, where: str) -> dict:
     return out
 
 
-def from_callable(fn, spec: str) -> dict:
+def from_callable(fn, spec: str, what: str = "--impl") -> dict:
     """Declarations set as attributes on a plain function (`fn.dtypes = ...`). Every
     public attribute of a function is taken as one, so a misspelt one is an error."""
     if isinstance(fn, types.FunctionType):
@@ -208,8 +208,8 @@ def from_callable(fn, spec: str) -> dict:
     else:  # a class instance or a JIT wrapper has attributes of its own: read only known keys
         attrs = {k: getattr(fn, k) for k in (*PARSERS, *ALIASES) if k != "xfail" and hasattr(fn, k)}
     if "xfail" in attrs:
-        raise ValueError(f"--impl {spec}: expected failures go in a --declare file, not on the callable")
-    return parse(attrs, f"--impl {spec}")
+        raise ValueError(f"{what} {spec}: expected failures go in a --declare file, not on the callable")
+    return parse(attrs, f"{what} {spec}")
 
 
 def from_yaml(path) -> dict:

@@ -6,21 +6,26 @@ reason, a declared known bug is `xfail(strict=True)`. Markers, tests and their p
 come from the family declarations (selgate.conformance.families: `Family.params`).
 
     pytest --pyargs selgate.conformance -m conformance --impl mypkg.mod:fn [--declare fn.yaml]
+
+A run that does not use the matrix pays for the options alone: torch, the families and the
+implementations are imported only when a selgate option is given or the run's paths or `-m`
+expression name the conformance matrix. `--impl pkg.mod:fn` imports from the directory pytest
+was invoked in, as `python -m pytest` does. A run given `--impl` in which none of an
+implementation's cases ran (all skipped or deselected) fails: a skip-only run is not a pass.
 """
 
 from __future__ import annotations
 
+import sys
+
 import pytest
-import torch
+
+from .sizes import SIZES
 
 # the families' own tests (policy's) use plain asserts: rewritten, as in a test module
 pytest.register_assert_rewrite("selgate.conformance.families")
 
-from . import families  # noqa: E402
-from .cases import SIZES, select  # noqa: E402
-from .registry import resolve  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MATRIX = "conformance"  # in a path or -m expression, the run uses the matrix
 
 
 def pytest_addoption(parser):
@@ -35,7 +40,7 @@ def pytest_addoption(parser):
     )
     group.addoption(
         "--size",
-        default="tiny",
+        default=None,
         choices=SIZES,
         help="largest case size class to run (cumulative: small also runs tiny); default tiny",
     )
@@ -48,27 +53,92 @@ def pytest_addoption(parser):
     )
 
 
+def uses_matrix(config) -> bool:
+    """A selgate option is given, or the run's paths or `-m` expression name the matrix."""
+    opt = config.option
+    if opt.impl or opt.declare or opt.size:
+        return True
+    return MATRIX in (opt.markexpr or "") or any(MATRIX in str(a) for a in config.args)
+
+
 def pytest_configure(config):
-    """Registers the markers; a bad --impl or --declare is a usage error, reported once."""
-    config.addinivalue_line("markers", "conformance: the conformance matrix; --impl and --size select what it runs")
+    """Registers the markers and resolves the implementations, when the run uses the matrix;
+    a bad --impl or --declare is a usage error, reported once."""
+    config._selgate_impls = None
+    if not uses_matrix(config):
+        return
+    from . import families
+    from .registry import resolve
+
+    config.addinivalue_line("markers", f"{MATRIX}: the conformance matrix; --impl and --size select what it runs")
     for name, what in families.reported().items():
         config.addinivalue_line("markers", f"{name}: conformance family: {what}")
+    spec = config.getoption("--impl")
+    here = str(config.invocation_params.dir)
+    if spec and ":" in spec and here not in sys.path:
+        sys.path.insert(0, here)  # as `python -m pytest` has it: the kernel's module beside the caller
     try:
-        config._selgate_impls = resolve(config.getoption("--impl"), declare=config.getoption("--declare"))
+        config._selgate_impls = resolve(spec, declare=config.getoption("--declare"))
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
         raise pytest.UsageError(str(e)) from e
+    if spec:
+        config.pluginmanager.register(RanCount(impl.name for impl in config._selgate_impls), "selgate-ran-count")
+
+
+def run_device() -> str:
+    """The device the matrix runs on: the GPU when there is one."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
 def device():
-    return DEVICE
+    return run_device()
 
 
 def pytest_generate_tests(metafunc):
     if "impl" not in metafunc.fixturenames:
         return
+    from . import families
+    from .cases import select
+
     family = families.of_test(metafunc.function.__name__)
     if family is None:
         raise pytest.UsageError(f"{metafunc.function.__name__}: takes impl but is no conformance family's test")
-    cases = select(metafunc.config.getoption("--size"))
-    metafunc.parametrize(*family.params(metafunc.config._selgate_impls, cases, DEVICE))
+    impls = metafunc.config._selgate_impls
+    if impls is None:
+        raise pytest.UsageError(f"{metafunc.function.__name__}: collected, but the run names no conformance option or path")
+    cases = select(metafunc.config.getoption("--size") or "tiny")
+    metafunc.parametrize(*family.params(impls, cases, run_device()))
+
+
+class RanCount:
+    """Counts the cases each implementation named by --impl ran (passed, failed or xfailed;
+    on the xdist controller, from the workers' reports), and fails a run in which one ran none."""
+
+    def __init__(self, names):
+        self.ran = dict.fromkeys(names, 0)
+        self.idle = []
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
+            param = report.nodeid.partition("[")[2]
+            for name in self.ran:
+                if param.startswith(f"{name}-"):
+                    self.ran[name] += 1
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if hasattr(session.config, "workerinput") or exitstatus not in (0, 1):
+            return
+        self.idle = [name for name, n in self.ran.items() if n == 0]
+        if self.idle:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.idle:
+            terminalreporter.write_line(
+                f"selgate: no case of {', '.join(self.idle)} ran (every one skipped or deselected: see the skip "
+                "reasons); a run of --impl that runs none of its cases fails",
+                red=True,
+            )

@@ -36,11 +36,11 @@ def probe(spec: str, declare: str | None) -> dict:
             importlib.import_module(module)
     except BaseException as e:  # noqa: BLE001 - an import may raise anything, SystemExit included
         if isinstance(e, ModuleNotFoundError) and _missing(e, module):
-            return {"ok": False, "usage": True, "error": f"--impl {spec}: no module named {e.name!r}"}
+            return {"ok": False, "usage": True, "error": f"impl {spec}: no module named {e.name!r}"}
         what = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
         return {"ok": False, "usage": False, "error": f"importing {module} ended in {what}"}
     try:  # the module is imported: what fails now is the spec or the declarations
-        impl = load_user_impl(spec, declare)
+        impl = load_user_impl(spec, declare, what="impl")
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
         return {"ok": False, "usage": True, "error": str(e)}
     return {"ok": True, "declared": declarations.to_json(impl.declared)}

@@ -28,7 +28,8 @@ from selgate.kernels import policy, triton_limits
 from selgate.kernels.cuda import decode as cuda_limits
 
 from . import declarations
-from .cases import SIZES, Case
+from .cases import Case
+from .sizes import SIZES
 from .tolerances import Precision, judged_as
 
 LOW_AND_FP32 = (torch.float16, torch.bfloat16, torch.float32)
@@ -387,11 +388,11 @@ REGISTRY = {
 # --- user implementations (--impl) ----------------------------------------------------------
 
 
-def load_user_impl(spec: str, declare=None) -> Impl:
+def load_user_impl(spec: str, declare=None, what: str = "--impl") -> Impl:
     """The Impl of `--impl package.module:callable`: declarations from its attributes, then
-    from the `declare` YAML file, which wins key by key."""
-    fn = declarations.load_callable(spec)
-    declared = declarations.from_callable(fn, spec)
+    from the `declare` YAML file, which wins key by key. `what` names the argument in errors."""
+    fn = declarations.load_callable(spec, what)
+    declared = declarations.from_callable(fn, spec, what)
     if declare:
         declared.update(declarations.from_yaml(declare))
     return user_impl(spec, declared, fn)

@@ -283,9 +283,9 @@ def find_case(impl: Impl, case_id: str, size: str) -> Case:
 def find_bad_input(impl: Impl, name: str) -> tuple:
     """(BadInput, Case): the bad input `name` and the case the matrix calls it on."""
     from .families import FAMILIES
-    from .plugin import DEVICE
+    from .plugin import run_device
 
-    for param in FAMILIES["bad_input"].params([impl], select("tiny"), DEVICE)[1]:
+    for param in FAMILIES["bad_input"].params([impl], select("tiny"), run_device())[1]:
         if param.id == f"{impl.name}-{name}":
             return param.values[1], param.values[2]
     raise LookupError(f"no bad input {name} for {impl.name}")

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from selgate.conformance.cases import SIZES
+from selgate.conformance.sizes import SIZES
 from selgate.conformance.tolerances import ENV as TOL_ENV  # the variable the matrix reads overrides from
 from selgate.conformance.tolerances import parse_overrides, check_bound
 from selgate.reports import strict_yaml

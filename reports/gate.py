@@ -231,7 +231,7 @@ def narrowing(lane: str, selection: dict) -> list:
     """How a run's recorded selection falls short of its lane's own (lanes/<lane>.yaml): a
     missing path, a -k, an --impl, another -m, a smaller --size, --deselect, --ignore or --lf. A lane
     without a YAML (an ad-hoc result) has nothing to fall short of."""
-    from selgate.conformance.cases import SIZES
+    from selgate.conformance.sizes import SIZES
     from selgate.lanes.runner import POLICY_TESTS
 
     cfg = _lane_config(lane)

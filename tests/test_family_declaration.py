@@ -18,7 +18,8 @@ from selgate.conformance.registry import REGISTRY, fit, load_user_impl
 
 from . import test_reports_gate as gate_tests
 
-pytestmark = pytest.mark.filterwarnings("ignore:Unknown pytest.mark.toy:pytest.PytestUnknownMarkWarning")
+# the families mark their tests when asked for them; this process registered no family marker
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")
 
 TOY = """
     import torch
@@ -102,7 +103,8 @@ def test_a_family_added_by_a_plugin_runs_in_the_matrix(toy, tmp_path):
         cwd=tmp_path,
         timeout=300,
     )
-    assert run.returncode == 0, run.stdout[-3000:]
+    # triton-gather does not declare backward: none of its toy cases runs, which fails the run
+    assert run.returncode == 1 and "selgate: no case of triton-gather ran" in run.stdout, run.stdout[-3000:]
     cases = [c for suite in JUnitXml.fromfile(str(xml)) for c in suite]
     assert cases and all(c.name.startswith("test_toy[") for c in cases)
     ran = [c for c in cases if c.name.startswith("test_toy[reference-")]
