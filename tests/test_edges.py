@@ -223,6 +223,9 @@ def nonfinite_case(kind):
     return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), r.to(DEVICE), bad.to(DEVICE)
 
 
+# non-finite inputs are the point here: numpy, under Triton's interpreter, warns on each
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("kind", ["nan_q", "inf_key", "all_minus_inf"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_non_finite_row_has_nan_lse_in_every_backend(backend, kind):
