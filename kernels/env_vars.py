@@ -328,7 +328,7 @@ VARS: dict[str, Var] = {
             "SELGATE_PROGRESS_S",
             "float",
             30.0,
-            "Seconds between progress lines of a lane run (0: none).",
+            "Seconds without a progress line before one is printed (lanes, bin/test); 0: a line per result, no timer.",
             ("lanes/progress.py",),
             "lanes",
         ),

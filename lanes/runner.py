@@ -34,6 +34,7 @@ ROOT = LANE_DIR.parent
 OUT_ROOT = ROOT / "reports" / "out"
 POLICY_TESTS = "lanes/test_lane_policy.py"
 REFUSED_FILE = "refused.json"
+COMMAND_FILE = "command.txt"  # a local run's full pytest command line, with its environment
 PLUGINS = (
     "xdist.plugin",
     "pytest_timeout",
@@ -311,19 +312,30 @@ def plan_lane(
     return LanePlan(lane, out_name, args, env, cache_dir, workers, extension_cache_dir)
 
 
+def shown_path(path: Path) -> str:
+    """`path` relative to the checkout where it lies inside it: shorter to read."""
+    return os.path.relpath(path, ROOT) if path.resolve().is_relative_to(ROOT) else str(path)
+
+
+def run_summary(plan: LanePlan, out_dir: Path) -> str:
+    """The line a lane run starts with: what it runs and where its results go. The full command
+    (about 900 characters of environment and arguments) goes to COMMAND_FILE instead."""
+    threads = plan.env.get(THREADS_ENV, os.environ.get(THREADS_ENV, "torch's default"))  # the caller's, where it set it
+    lane = plan.lane
+    text = f"lane {plan.out_name}: {plan.workers} worker(s) of {threads} CPU thread(s), size {lane['size']}"
+    if lane["markers"]:
+        text += f", markers {lane['markers']!r}"
+    return text + f", JUnit {shown_path(out_dir / 'junit.xml')}"
+
+
 def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
     """Run the plan; returns pytest's exit status (the gate reads the JUnit, not this). A
     SIGINT or SIGTERM cuts the run: pytest still writes the results it has (`selgate.lanes.cut`)."""
     out_dir = clear_out(plan.out_name)
     plan.cache_dir.mkdir(parents=True, exist_ok=True)
-    threads = plan.env.get(THREADS_ENV, os.environ.get(THREADS_ENV, "torch's default"))  # the caller's, where it set it
-    print(
-        f"lane {plan.out_name}: {plan.workers} worker(s) of {threads} CPU thread(s), "
-        f"JUnit -> {out_dir / 'junit.xml'}, "
-        f"TRITON_CACHE_DIR={plan.cache_dir}, SELGATE_CUDA_CACHE={plan.extension_cache_dir}",
-        flush=True,
-    )
+    summary = run_summary(plan, out_dir)
     if docker:
+        print(summary, flush=True)
         from .docker_backend import run_lane_in_docker
 
         # the image has its own paths for both caches, which the backend mounts
@@ -339,7 +351,9 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
             )
     else:
         cmd = pytest_command(plan.pytest_args)
-        print("+ " + shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd), flush=True)
+        command_file = out_dir / COMMAND_FILE
+        command_file.write_text(shlex.join([f"{k}={v}" for k, v in {**plan.env, **CLEAN_ENV}.items()] + cmd) + "\n")
+        print(f"{summary}; full command in {shown_path(command_file)}", flush=True)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env(plan.env), start_new_session=True, preexec_fn=default_sigint)
         with Cut(lambda: proc.send_signal(signal.SIGINT)) as cut:
             status = proc.wait()
