@@ -390,7 +390,7 @@ def test_patched_copy_refuses_an_anchor_that_moved(tmp_path, edits, match):
 
 
 def _probe(name):
-    path = Path(__file__).resolve().parents[1] / "bench" / "probes" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / "probes" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"probe_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

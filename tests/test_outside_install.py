@@ -97,6 +97,14 @@ def test_the_wheel_carries_its_configs_and_no_checkout_is_used(outside):
     assert str(ROOT) not in log and "site-packages" in log, log
 
 
+def test_the_wheel_holds_no_probes(outside):
+    """The one-off GPU probes are scripts of the checkout (probes/), not part of what ships."""
+    py, _, work = outside
+    rc, log = _run([str(py), "-c", "import importlib.metadata as md; print(*md.files('selgate'), sep='\\n')"], work)
+    assert rc == 0 and "selgate/bench/__init__.py" in log.splitlines(), log
+    assert not [f for f in log.splitlines() if "probes" in f.split("/")], log
+
+
 def test_the_pytest_plugin_runs_the_matrix_from_any_directory(outside):
     py, _, work = outside
     rc, log = _run(

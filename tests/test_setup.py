@@ -90,6 +90,7 @@ def test_setup_reuses_a_torch_that_lives_in_a_venv_and_installs_no_second_one(tm
     venv = tmp_path / "selgate-venv"
     proc = run_setup(python, venv)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"setup: creating {venv} from {python} (torch {FAKE_VERSION} found)" in proc.stdout
     assert f"reusing the torch of {python}: {FAKE_VERSION}" in proc.stdout
 
     # The venv imports the host's torch: the same file, the same version.
@@ -170,3 +171,86 @@ def test_selgate_is_installed_even_where_the_host_holds_every_other_requirement(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = planned_installs(proc.stdout)
     assert any(" -e " in line for line in plan), plan
+
+
+def hide(folder: Path, *names: str) -> Path:
+    """Stand-ins that fail to import, for PYTHONPATH: they hide what the base interpreter holds."""
+    for name in names:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError('no {name} here')\n")
+    return folder
+
+
+def plan_with_build_tools(tmp_path, host, pip: str, setuptools: str | None, wheel: str | None) -> list[str]:
+    """setup's output where the host's environment (which .venv sees first) holds these
+    versions of pip, setuptools and wheel; None: the module does not import."""
+    python, _ = host
+    site = site_packages(python)
+    fake_package(site, "pip", pip)
+    for name, version in (("setuptools", setuptools), ("wheel", wheel)):
+        if version is not None:
+            fake_package(site, name, version)
+    hidden = hide(tmp_path / "hidden", *(name for name, v in (("setuptools", setuptools), ("wheel", wheel)) if v is None))
+    venv = tmp_path / "selgate-venv"
+    make_venv(venv, "--system-site-packages")  # what setup makes, less pip: faster
+    proc = run_setup(python, venv, PYTHONPATH=str(hidden))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.splitlines()
+
+
+def editable_install(lines: list[str]) -> int:
+    return next(i for i, line in enumerate(lines) if line.startswith("setup: would run:") and " -e " in line)
+
+
+@pytest.mark.parametrize(
+    "setuptools, wheel, says",
+    [
+        ("65.5.0", None, "upgrading setuptools 65.5.0 -> >=70.1"),  # what Python 3.11's venv bundles
+        ("65.5.0", "0.43.0", "upgrading setuptools 65.5.0 -> >=70.1"),  # below pyproject's build requirement
+        ("69.5.1", None, "upgrading setuptools 69.5.1 -> >=70.1"),
+        (None, None, "installing setuptools>=70.1"),  # Python 3.12's venv bundles none
+        ("69.5.1", "0.43.0", None),  # bdist_wheel from the wheel package
+        ("70.1.0", None, None),  # bdist_wheel built in
+        ("84.2.1", None, None),
+    ],
+)
+def test_setuptools_that_cannot_build_the_editable_wheel_is_upgraded_first(tmp_path, host, setuptools, wheel, says):
+    """`import setuptools` succeeding is not enough: the editable install runs without build
+    isolation, and setuptools before 70.1 without the wheel package fails on bdist_wheel."""
+    lines = plan_with_build_tools(tmp_path, host, "24.0", setuptools, wheel)
+    upgrades = [i for i, line in enumerate(lines) if line.startswith("setup: would run:") and "setuptools>=70.1" in line]
+    if says is None:
+        said = [line for line in lines if line.startswith(("setup: upgrading setuptools", "setup: installing setuptools"))]
+        assert not upgrades and not said, lines
+    else:
+        assert any(line.startswith(f"setup: {says} (") for line in lines), lines
+        assert len(upgrades) == 1 and upgrades[0] < editable_install(lines), lines
+
+
+@pytest.mark.parametrize("pip, upgraded", [("21.2.4", True), ("9.0.1", True), ("21.3", False), ("24.0", False)])
+def test_pip_too_old_for_editable_pyproject_installs_is_upgraded_first(tmp_path, host, pip, upgraded):
+    lines = plan_with_build_tools(tmp_path, host, pip, "84.2.1", None)
+    upgrades = [i for i, line in enumerate(lines) if line.startswith("setup: would run:") and line.endswith(" pip>=21.3")]
+    if upgraded:
+        assert f"setup: upgrading pip {pip} -> >=21.3 (editable installs of a pyproject) ..." in lines, lines
+        assert len(upgrades) == 1 and upgrades[0] < editable_install(lines), lines
+    else:
+        assert not upgrades, lines
+
+
+def test_each_step_says_what_it_installs(tmp_path):
+    """A newcomer's first run takes minutes: every pip install is announced by one line saying
+    what it installs, and pip itself stays quiet."""
+    python = make_venv(tmp_path / "host")
+    venv = tmp_path / "selgate-venv"
+    make_venv(venv, "--system-site-packages")  # what setup makes, less pip: faster
+    proc = run_setup(python, venv, PYTHONPATH=str(hide(tmp_path / "hidden", "torch", "triton")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "setup: installing torch==2.13.0 ..." in lines
+    assert "setup: installing selgate (editable) and its test requirements ..." in lines
+    for i, line in enumerate(lines):
+        if line.startswith("setup: would run:"):
+            assert " -q " in line, line
+            said = next(s for s in reversed(lines[:i]) if not s.startswith("setup: would run:"))
+            assert said.startswith(("setup: installing ", "setup: upgrading ")) and said.endswith(" ..."), (said, line)

@@ -10,7 +10,7 @@ argument stores K and V in another layout (`bench.inputs.KV_LAYOUTS`), same valu
 Usage on a GPU machine:
     ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section WarpStateStats \\
-        python3 bench/probes/prefill_ncu.py [separate|group|key]
+        python3 probes/prefill_ncu.py [separate|group|key]
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ kernel with a one-kernel merge (FlashDecoding without a second launch) pays. Tim
 same rotating input sets as `bench/cuda_decode.py`, beside the same-size copy, the CUDA kernel
 (automatic launch, which triggers right after the wait at every decode benchmark grid point, and
 `cuda pdl`: DecodeLaunch(pdl=Pdl.TRIGGER_AFTER_LOOP), triggered after its loop) and the Triton decode kernel.
-Usage on a GPU machine: python3 bench/probes/decode_floor.py
+Usage on a GPU machine: python3 probes/decode_floor.py
 """
 
 from __future__ import annotations

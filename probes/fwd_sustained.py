@@ -8,7 +8,7 @@ buffer, while back-to-back calls took 15.8 ms separate and 15.4 ms in the one bu
 different things happen between calls: nothing, a 256 MiB read (leaves L2 clean), a 256 MiB
 write (leaves it dirty), or an idle 20 ms; for K/V stored separately and per key
 (`with_kv_layout`).
-Run on a GPU: python3 bench/probes/fwd_sustained.py"""
+Run on a GPU: python3 probes/fwd_sustained.py"""
 
 import statistics
 import time

@@ -2,7 +2,8 @@
 launch, strict wrapper, dispatcher; CUDA: the extension's own entry, the Python wrapper on
 normalised ranges) against the kernels' own device time, whether a whole dispatcher call can
 be captured in a CUDA graph (no host synchronisation), and profiles of the dispatcher's and
-the CUDA wrapper's host time. A probe for a measured gap, not a benchmark."""
+the CUDA wrapper's host time. A probe for a measured gap, not a benchmark.
+Run on a GPU: python3 probes/launch_overhead.py"""
 
 from __future__ import annotations
 

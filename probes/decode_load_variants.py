@@ -5,7 +5,7 @@ decode kernel for the same DRAM bytes (L2 hit rate 50% against 2%). This probe b
 private copies of the extension whose 16-byte `cp.async` differs only in its cache and
 L2-prefetch qualifiers, checks each copy's output bitwise against the unpatched one, and
 times them side by side (graph replay over rotating inputs, as bench/cuda_decode.py does), variants
-interleaved and repeated. Usage on a GPU machine: python3 bench/probes/decode_load_variants.py
+interleaved and repeated. Usage on a GPU machine: python3 probes/decode_load_variants.py
 """
 
 from __future__ import annotations

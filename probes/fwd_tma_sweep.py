@@ -3,7 +3,7 @@
 The bench's `triton@BxWxS` variants time the gather path only; this probe times the tensor-
 descriptor path the H100 profile uses for prefill, against the gather path (first row), so
 the profile's `triton_fwd.prefill` values come from a measurement (docs/design/triton-forward.md).
-Run on a GPU: python3 bench/probes/fwd_tma_sweep.py"""
+Run on a GPU: python3 probes/fwd_tma_sweep.py"""
 
 import torch
 

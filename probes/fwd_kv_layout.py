@@ -9,7 +9,7 @@ and checks every output equals the separate-tensor one bit for bit:
   - gap X: K and V in one buffer, V starting 64 MiB + X after K ([2, G, S_kv, D] for X = 0);
   - group-interleaved: [G, 2, S_kv, D]; key-interleaved: [G, S_kv, 2, D] (K, V rows adjacent);
   - `repack + run`: copying separate K, V into the group-interleaved layout inside the call.
-Run on a GPU: python3 bench/probes/fwd_kv_layout.py"""
+Run on a GPU: python3 probes/fwd_kv_layout.py"""
 
 import torch
 

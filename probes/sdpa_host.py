@@ -1,7 +1,8 @@
 """Why some packed-SDPA decode rows of the full sweep cost 50-130 ms of host time per call
 while the same rows cost 2-4 ms in another run: per-call wall time over rotating input sets
 with each SDPA backend allowed in turn, and the top host-time ops of the slowest calls.
-A probe for a measured gap, not a benchmark."""
+A probe for a measured gap, not a benchmark.
+Run on a GPU: python3 probes/sdpa_host.py"""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ for one isolated call of each (docs/design/triton-forward.md). This probe times 
 with the bench timer (`bench.timing.time_calls`: back-to-back calls over two rotating input
 sets, CUDA events) while nvidia-smi samples SM clock, power and throttle reasons every 50 ms;
 per layout it prints the samples' medians.
-Run on a GPU: python3 bench/probes/fwd_kv_power.py"""
+Run on a GPU: python3 probes/fwd_kv_power.py"""
 
 import statistics
 import subprocess

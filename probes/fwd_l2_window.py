@@ -11,7 +11,7 @@ address range as persisting in L2 for every kernel launched on it. This probe ti
   - `per group`: one launch per KV group on that layout;
   - `per group + window r`: the same with the group's K and V in a persisting window, hitRatio r.
 Outputs of the layout and window variants must equal the profile launch's bit for bit.
-Run on a GPU: python3 bench/probes/fwd_l2_window.py"""
+Run on a GPU: python3 probes/fwd_l2_window.py"""
 
 import ctypes
 

@@ -9,7 +9,7 @@ window opens, so only the calls inside it are profiled, in the order printed.
 Usage on a GPU machine:
     ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
-        python3 bench/probes/decode_ncu.py
+        python3 probes/decode_ncu.py
 """
 
 from __future__ import annotations

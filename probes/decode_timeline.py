@@ -8,7 +8,7 @@ entry to last store, the gap to the next call, the time from the previous call's
 this call's first wait return, and median / 90th-percentile phase lengths over warps. With PDL
 a block may enter long before its wait returns (its `pre-wait` phase).
 The stamps are patched into the copy by exact-text anchors, so the probe fails loudly when
-the kernel's text moves. Usage on a GPU machine: python3 bench/probes/decode_timeline.py
+the kernel's text moves. Usage on a GPU machine: python3 probes/decode_timeline.py
 """
 
 from __future__ import annotations
