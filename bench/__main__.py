@@ -11,6 +11,7 @@ plot        draw the decode and prefill PNGs from results CSVs (needs matplotlib
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import sys
 import time
@@ -244,6 +245,13 @@ def cmd_plot(a) -> int:
     return 0
 
 
+# Benchmarks of one kernel on the device, each a module with options of its own.
+DEVICE_BENCHES = {
+    "triton-bwd": ("triton_bwd", "the Triton backward at 64k tokens: forward+backward, launch configs, memory"),
+    "cuda-decode": ("cuda_decode", "the CUDA decode kernel's grid against the HBM floor and packed SDPA"),
+}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m selgate.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -271,6 +279,11 @@ def main(argv=None) -> int:
     from . import tune
 
     tune.add_parser(sub, int_list, choice_list, DTYPES)
+    for name, (_, what) in DEVICE_BENCHES.items():  # listed here; their options are their own
+        sub.add_parser(name, help=what)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DEVICE_BENCHES:
+        return importlib.import_module(f".{DEVICE_BENCHES[argv[0]][0]}", __package__).main(argv[1:]) or 0
     a = parser.parse_args(argv)
     if a.command == "tune":
         tune.normalise_args(a, DTYPES)

@@ -17,7 +17,7 @@
 Whether the kernel is right is the conformance matrix's question
 (`pytest --pyargs selgate.conformance -m conformance --impl cuda --size large`).
 
-Usage on a GPU machine: python -m selgate.bench.cuda_decode [--out FILE.md]
+Usage on a GPU machine: selgate bench cuda-decode [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def markdown(env: dict, build_s: float, rows: list[dict], copy_gbps: float) -> s
     out = [
         "# CUDA selection decode kernel on the H100",
         "",
-        "Produced by `python -m selgate.bench.cuda_decode` in one process.",
+        "Produced by `selgate bench cuda-decode` in one process.",
         "",
         "| " + " | ".join(f"{k}: {env.get(k)}" for k in ("gpu", "driver", "cuda", "torch", "triton", "nvcc", "commit")) + " |",
         "",
@@ -292,7 +292,7 @@ def markdown(env: dict, build_s: float, rows: list[dict], copy_gbps: float) -> s
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="selgate bench cuda-decode", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the Markdown report here")
     ap.add_argument("--skip-bench", action="store_true", help="time only the launch variants (with --sweep)")
     ap.add_argument("--sweep", action="store_true", help="also time the tensor-core kernel's launch variants")

@@ -6,7 +6,7 @@ memory of the backward and the device time per kernel. Whether the backward is r
 conformance matrix's question (`pytest --pyargs selgate.conformance -m "conformance and
 backward" --impl triton --size large`).
 
-    python -m selgate.bench.triton_bwd --out DIR
+    selgate bench triton-bwd --out DIR
 
 Writes DIR/triton_bwd.md and DIR/results.json; prints the tables last.
 """
@@ -185,11 +185,13 @@ def bench(out: dict, deadline: float) -> list:
     ]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="selgate bench triton-bwd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=135.0, help="stop starting new sweep entries after this many seconds")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = collect_environment()
     out = {"stamp": {k: env.get(k) for k in STAMP}}

@@ -165,3 +165,19 @@ def test_launch_preset_sweeps_triton_variants():
     decode, prefill = PRESETS["launch"]()
     assert decode.methods[:2] == ("sdpa", "triton") and "triton@64x4x3" in decode.methods
     assert {p.L for p in decode.problems} == {16, 32, 64, 128, 256, 512, 1024}
+
+
+def test_the_device_benchmarks_are_bench_subcommands(capsys):
+    """`selgate bench triton-bwd` and `cuda-decode` are listed and hand their options to the
+    benchmark module; on a machine without CUDA the decode benchmark says so (exit 2)."""
+    from selgate.bench.__main__ import DEVICE_BENCHES
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and all(name in out for name in DEVICE_BENCHES)
+    with pytest.raises(SystemExit) as e:
+        main(["triton-bwd", "--help"])
+    assert e.value.code == 0 and "usage: selgate bench triton-bwd" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert main(["cuda-decode"]) == 2 and "no CUDA device" in capsys.readouterr().err
