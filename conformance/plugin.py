@@ -81,7 +81,7 @@ def pytest_configure(config):
         config._selgate_impls = resolve(spec, declare=config.getoption("--declare"))
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
         raise pytest.UsageError(str(e)) from e
-    if spec:
+    if spec and not config.option.collectonly:  # a collection runs nothing, by design
         config.pluginmanager.register(RanCount(impl.name for impl in config._selgate_impls), "selgate-ran-count")
 
 
