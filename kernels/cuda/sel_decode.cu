@@ -161,7 +161,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // `.ca` (through L1) rather than `.cg`: with `.cg` the kernel read each K/V sector twice
 // from L2 (Nsight Compute: 4.2M sectors for 67 MB, L2 hit rate 50%; the Triton kernel's
 // `.cg` copies did not, and why is not established), and on the H100 `.ca` was 0.7-5%
-// faster at N=256 with bitwise-equal output (bench/probes/decode_load_variants.py). With
+// faster at N=256 with bitwise-equal output (probes/decode_load_variants.py). With
 // `.ca` the count matches the Triton kernel's (2.10M sectors at N=256 D=64 n=16).
 // K, V and q are read-only while the kernel runs, so L1's lack of coherence does not matter.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
