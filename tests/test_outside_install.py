@@ -105,6 +105,17 @@ def test_the_wheel_holds_no_probes(outside):
     assert not [f for f in log.splitlines() if "probes" in f.split("/")], log
 
 
+def test_the_wheels_selgate_command_offers_what_works_outside_a_checkout(outside):
+    """`selgate --help` lists check and bench and exits 0; the checkout's own tools (lanes,
+    reports) are not offered: asking for one exits 2 saying what to do instead."""
+    _, bin_dir, work = outside
+    rc, log = _run([str(bin_dir / "selgate"), "--help"], work)
+    assert rc == 0 and "  check " in log and "  bench " in log and "  lanes " not in log, log
+    rc, log = _run([str(bin_dir / "selgate"), "lanes", "run", "cpu"], work)
+    assert rc == 2 and "installed from a wheel" in log, log
+    assert not list(work.glob("reports")), "nothing written"
+
+
 def test_the_pytest_plugin_runs_the_matrix_from_any_directory(outside):
     py, _, work = outside
     rc, log = _run(
