@@ -1,7 +1,9 @@
 """How `selgate check` hands cases to workers: whole kernel variants, costliest first."""
 
+from types import SimpleNamespace
+
 from selgate.conformance import cases
-from selgate.conformance.check_plugin import compile_cost, variant_of
+from selgate.conformance.check_plugin import pytest_collection_modifyitems, variant_of
 
 
 def _ids():
@@ -19,11 +21,17 @@ def test_a_variant_is_packed_or_not_heads_head_dims_and_dtype():
 
 
 def test_costliest_variants_are_handed_out_first():
-    ordered = sorted(_ids(), key=compile_cost, reverse=True)
-    first = variant_of(ordered[0])
-    assert first == "h2-D192x128-fp32", first
-    widths = [sum(compile_cost(i)[:1]) for i in ordered]
-    assert widths == sorted(widths, reverse=True)
-    # within a variant, cases keep their declared order (a stable sort)
-    d192 = [i for i in _ids() if variant_of(i) == first]
-    assert [i for i in ordered if variant_of(i) == first] == d192
+    """The check's collection hook puts the widest head dims first, then the widest elements;
+    cases of one variant keep their declared order."""
+    ids = _ids()
+    items = [SimpleNamespace(nodeid=i) for i in reversed(ids)]
+    pytest_collection_modifyitems(None, items)
+    ordered = [i.nodeid for i in items]
+    assert sorted(ordered) == sorted(ids)
+    assert variant_of(ordered[0]) == "h2-D192x128-fp32", ordered[0]
+    assert variant_of(next(i for i in ordered if "D192x128" not in i)) == "h2-D128x64-fp32"
+    assert ordered.index(next(i for i in ordered if i.endswith("-fp16-s0]") and "D192x128" in i)) < ordered.index(
+        next(i for i in ordered if "D128x64" in i)
+    )
+    d192 = [i for i in reversed(ids) if variant_of(i) == "h2-D192x128-fp32"]
+    assert [i for i in ordered if variant_of(i) == "h2-D192x128-fp32"] == d192
