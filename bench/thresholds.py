@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from selgate.kernels.config import load_config, profile_path
+from selgate.kernels.policy import reload_settings
 
 from .baselines import variant_config
 from .timing import MIN_SAMPLES
@@ -220,5 +221,5 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
         "# Values override configs/base.yaml on this device; environment variables override both.\n"
     )
     path.write_text(header + yaml.safe_dump(profile, sort_keys=False))
-    load_config.cache_clear()
+    reload_settings()
     return path

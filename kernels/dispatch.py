@@ -26,7 +26,6 @@ from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
 from .errors import BackendUnavailable, ConfigError, StrictModeError
-from . import env_vars
 from .policy import capability, capability_overridden, dispatch_policy, interpreting, triton_unsupported
 from .sdpa import selection_attention_sdpa
 from .stats import debug, device_counter, record_call, record_fallback
@@ -34,13 +33,13 @@ from .stats import debug, device_counter, record_call, record_fallback
 BACKENDS = ("auto", "triton", "sdpa", "reference", "cuda")
 
 
-def _normalize(ranges, d, positions, bytes_per_key: int):
+def _normalize(ranges, d, positions, bytes_per_key: int, st):
     """`(normalised ranges, counted)`. CUDA tensors take one Triton launch that also adds
     the call's selected tokens and K/V bytes to the device counters (`counted`); the torch
     formulation's ~30 small ops cost ~1 ms of host time per decode step on the H100 host.
     SELGATE_TRITON_NORMALIZE=0 keeps the torch formulation on CUDA too, and so does an S_kv
     past the launch's packed sort key (MAX_S_KV)."""
-    if ranges.is_cuda and env_vars.get("SELGATE_TRITON_NORMALIZE"):
+    if ranges.is_cuda and st.triton_normalize:
         from .triton.normalize import MAX_S_KV, normalize_ranges_triton
 
         if d.S_kv <= MAX_S_KV:
@@ -61,10 +60,10 @@ def _run(name: str, q, k, v, norm, scale, positions, d, st, need_lse: bool):
         return run_triton(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions, allow_grad=st.allow_grad)
     if name == "cuda":
         try:
-            from .cuda import selection_attention_cuda
+            from .cuda.decode import run_cuda
         except ImportError as e:
             raise BackendUnavailable("unavailable", f"selgate.kernels.cuda cannot be imported: {e}") from e
-        return selection_attention_cuda(q, k, v, norm, scale=scale, positions=positions, return_lse=True, normalized=True)
+        return run_cuda(q, k, v, norm, d, scale=scale, positions=positions)
     if name == "sdpa":
         out = selection_attention_sdpa(
             q, k, v, norm, scale=scale, positions=positions, return_lse=need_lse, normalized=True, budget_bytes=st.budget_bytes
@@ -76,13 +75,19 @@ def _run(name: str, q, k, v, norm, scale, positions, d, st, need_lse: bool):
     return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
 
 
-def _plan(q, d, backend: str, st) -> list:
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _plan(q, k, v, d, backend: str, st) -> list:
     """Backends to try in order. The Triton rung's own checks run only when the walk
     reaches it, so a call the CUDA kernel serves pays for none of them (min-L's host read)."""
     if backend in ("sdpa", "reference"):
         return [backend]
     chain = []
-    if backend == "cuda" or (backend == "auto" and st.use_cuda and d.S == 1 and q.device.type == "cuda"):
+    if backend == "cuda" or (
+        backend == "auto" and st.use_cuda and d.S == 1 and q.device.type == "cuda" and not _needs_grad(q, k, v)
+    ):
         chain.append("cuda")
     return chain + ["triton", "sdpa"]
 
@@ -95,7 +100,7 @@ def _triton_skip(q, k, v, d, norm, st, explicit: bool):
     why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
     if why is not None:
         return why
-    if not st.allow_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if not st.allow_grad and _needs_grad(q, k, v):
         return "grad", "inputs require grad and SELGATE_TRITON_ALLOW_GRAD is off"
     if explicit or st.force_triton:
         return None
@@ -110,13 +115,48 @@ def _triton_skip(q, k, v, d, norm, st, explicit: bool):
 
 
 def selection_attention(
-    q, k, v, ranges, *, scale=None, backend: str = "auto", return_lse: bool = False, positions=None, strict=None
+    q,
+    k,
+    v,
+    ranges,
+    *,
+    scale=None,
+    backend: str = "auto",
+    return_lse: bool = False,
+    positions=None,
+    strict=None,
+    normalized: bool = False,
 ):
     """NSA selection attention (SPEC.md) through the fallback ladder (module docstring).
 
     `strict` (default SELGATE_STRICT) turns every departure from the requested backend, or
-    from the one the policy chose for `auto`, into `StrictModeError`. Returns `o`, or
-    `(o, lse)` with `return_lse`."""
+    from the one the policy chose for `auto`, into `StrictModeError`. `normalized=True` is the
+    caller's word that `ranges` already meet the producer contract (sorted by start, merged,
+    clamped to `t + 1`, padded with `(0, 0)`: what `selgate.reference.build_ranges` emits): the
+    normalising launch is skipped, so a decode call is one kernel launch, and its selected
+    tokens are not counted in `stats()` (the normaliser counts them). SELGATE_VALIDATE_RANGES=1
+    checks that word on every call. Returns `o`, or `(o, lse)` with `return_lse`."""
+    if torch.compiler.is_compiling():  # traced as one op (op.py): no graph break, autograd included
+        from .op import selection_attention_op
+
+        o, lse = selection_attention_op(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse)
+        return (o, lse) if return_lse else o
+    return eager_selection_attention(
+        q,
+        k,
+        v,
+        ranges,
+        scale=scale,
+        backend=backend,
+        return_lse=return_lse,
+        positions=positions,
+        strict=strict,
+        normalized=normalized,
+    )
+
+
+def eager_selection_attention(q, k, v, ranges, *, scale, backend, return_lse, positions, strict, normalized):
+    """The ladder itself, in Python: every eager call, and the op's implementation."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
@@ -127,10 +167,10 @@ def selection_attention(
         validate_ranges(ranges, d.S_kv, positions)
         norm, counted = ranges, False
     else:
-        norm, counted = _normalize(ranges, d, positions, bytes_per_key)
+        norm, counted = (ranges, True) if normalized else _normalize(ranges, d, positions, bytes_per_key, st)
     if backend == "auto" and st.force_parity:
         backend = "reference"
-    chain = _plan(q, d, backend, st)
+    chain = _plan(q, k, v, d, backend, st)
     debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
         if name == "triton":
@@ -155,7 +195,17 @@ def selection_attention(
 
 
 def selection_attention_varlen(
-    q, k, v, ranges, cu_seqlens_q, cu_seqlens_k, *, scale=None, backend: str = "auto", return_lse: bool = False, strict=None
+    q,
+    k,
+    v,
+    ranges,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    *,
+    scale=None,
+    backend: str = "auto",
+    return_lse: bool = False,
+    strict=None,
 ):
     """Packed sequences (FlashAttention's cu_seqlens; layout of `reference/varlen.py`:
     q [1,T_q,G,h,Dk], k/v [1,G,T_kv,D], sequence-local ranges [1,T_q,G,n,2]), served as

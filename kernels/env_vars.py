@@ -16,6 +16,7 @@ rest of selgate; everything else may import it.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -460,6 +461,34 @@ def get(name: str, default=_UNSET, environ=None):
     if raw in (None, ""):
         return var.default if default is _UNSET else default
     return PARSERS[var.type](name, raw)
+
+
+@functools.lru_cache(maxsize=None)
+def _encoded(names: tuple) -> tuple:
+    return tuple(map(os.environ.encodekey, names))
+
+
+def raw(names: tuple) -> tuple:
+    """The raw text of each variable in `names` as the environment holds it now, one dictionary
+    lookup each (os.environ's own mapping, past its per-key encoding): about a microsecond for
+    the dispatcher's flags, so a caller can tell per call whether values it parsed still hold."""
+    data = getattr(os.environ, "_data", None)
+    if data is None or not hasattr(os.environ, "encodekey"):
+        return tuple(map(os.environ.get, names))
+    return tuple(map(data.get, _encoded(names)))
+
+
+_parsed: dict = {}  # name -> (raw text, parsed value)
+
+
+def current(name: str):
+    """`get(name)` parsed again only when the variable's text changed: what a per-call reader
+    (a debug switch on the call path) uses instead of parsing on every call."""
+    text = raw((name,))[0]
+    hit = _parsed.get(name)
+    if hit is None or hit[0] != text:
+        hit = _parsed[name] = (text, get(name))
+    return hit[1]
 
 
 def _default_text(var: Var) -> str:

@@ -8,7 +8,9 @@ environment variable. The SM 8.9 rule of ADR-0001 is data
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +28,8 @@ ENV_FLAGS = tuple(name for name, var in env_vars.VARS.items() if var.group == "d
 
 @dataclass(frozen=True)
 class DispatchPolicy:
-    """One call's view of config and flags (env over device profile over base.yaml)."""
+    """The dispatcher's view of config and flags (env over device profile over base.yaml),
+    resolved once per (device, flag values) and cached (`dispatch_policy`)."""
 
     use_triton: bool  # SELGATE_TRITON_ENABLE
     force_triton: bool  # SELGATE_TRITON_FORCE: ignore ADR policy, min-L and SELGATE_TRITON_ENABLE
@@ -39,11 +42,23 @@ class DispatchPolicy:
     disabled_caps: tuple  # policy.triton_sel_disabled_capabilities
     min_cap: str  # policy.triton_sel_min_capability
     budget_bytes: int  # runtime.sdpa_budget_mb: gathered K/V per chunk in the sdpa and reference paths
+    triton_normalize: bool = True  # SELGATE_TRITON_NORMALIZE: normalise CUDA ranges in one Triton launch
+    capability_env: str | None = None  # SELGATE_CAPABILITY, checked
+    interpret: bool = False  # TRITON_INTERPRET=1
 
 
-def dispatch_policy(device_name: str | None = None) -> DispatchPolicy:
+# What a policy is resolved from besides the config files: its cache key, read per call.
+_KEYS = (*ENV_FLAGS, "TRITON_INTERPRET")
+_policies: dict = {}
+_caps: dict = {}  # (device type, index) -> (major, minor)
+
+
+def _resolve(device_name: str | None) -> DispatchPolicy:
     cfg = load_config(device_name)
     rt, pol = cfg["runtime"], cfg["policy"]
+    over = env_vars.get("SELGATE_CAPABILITY")
+    if over is not None:
+        _parse_cap(over, "SELGATE_CAPABILITY")
     return DispatchPolicy(
         use_triton=env_vars.get("SELGATE_TRITON_ENABLE", rt["use_triton_sel"]),
         force_triton=env_vars.get("SELGATE_TRITON_FORCE"),
@@ -56,7 +71,37 @@ def dispatch_policy(device_name: str | None = None) -> DispatchPolicy:
         disabled_caps=tuple(str(c) for c in pol["triton_sel_disabled_capabilities"]),
         min_cap=str(pol["triton_sel_min_capability"]),
         budget_bytes=int(rt["sdpa_budget_mb"]) << 20,
+        triton_normalize=env_vars.get("SELGATE_TRITON_NORMALIZE"),
+        capability_env=over,
+        interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
+
+
+def dispatch_policy(device_name: str | None = None) -> DispatchPolicy:
+    """The policy in force: parsed when a flag's text changed since the last call, else one
+    dictionary lookup per flag (`env_vars.raw`). Config files are read once per process;
+    `reload_settings()` re-reads them."""
+    key = (device_name, env_vars.raw(_KEYS))
+    hit = _policies.get(key)
+    if hit is None:
+        if len(_policies) > 64:  # a test suite walks many flag sets; keep the cache small
+            _policies.clear()
+        hit = _policies[key] = _resolve(device_name)
+    return hit
+
+
+def reload_settings() -> None:
+    """Forget everything resolved once per process: config files and device profiles, the
+    policies built from them, device capabilities and the Triton launch selections. Tests and
+    tools that edit configs/ or a tuned file call it; environment flags need no call (each
+    call sees their current text)."""
+    from . import config
+
+    config.load_config.cache_clear()
+    _policies.clear()
+    _caps.clear()
+    if "selgate.kernels.triton.tuning" in sys.modules:
+        sys.modules["selgate.kernels.triton.tuning"].clear_cache()
 
 
 @contextlib.contextmanager
@@ -71,6 +116,7 @@ def capability_override(cap: str):
         _override.pop()
 
 
+@functools.lru_cache(maxsize=64)
 def _parse_cap(cap: str, name: str) -> tuple:
     try:
         major, minor = (int(x) for x in str(cap).split("."))
@@ -83,22 +129,26 @@ def capability_overridden() -> str | None:
     """The override in force (context manager first, then SELGATE_CAPABILITY), or None."""
     if _override:
         return _override[-1]
-    over = env_vars.get("SELGATE_CAPABILITY")
-    if over is not None:
-        _parse_cap(over, "SELGATE_CAPABILITY")
-    return over
+    return dispatch_policy().capability_env
 
 
 def device_capability(device=None) -> tuple[int, int] | None:
     """The hardware's compute capability, `(major, minor)`, or None off CUDA: what a kernel
     can run on, so overrides do not apply (`capability` is the policy's view). The one place
     that asks torch; `device=None` is the current CUDA device, None when none is visible."""
-    if device is None and not torch.cuda.is_available():
-        return None
-    device = torch.device("cuda" if device is None else device)
+    if device is None:
+        if not torch.cuda.is_available():
+            return None
+        device = torch.device("cuda", torch.cuda.current_device())
+    elif not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type != "cuda":
         return None
-    return tuple(torch.cuda.get_device_capability(device))
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _caps.get(key)
+    if cap is None:
+        cap = _caps[key] = tuple(torch.cuda.get_device_capability(key))
+    return cap
 
 
 def capability_text(cap: tuple[int, int] | None) -> str | None:
@@ -119,7 +169,7 @@ def capability(device: torch.device) -> str | None:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return dispatch_policy().interpret
 
 
 def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: DispatchPolicy):

@@ -29,7 +29,7 @@ _capability: dict = {}
 
 
 def debug_enabled() -> bool:
-    return env_vars.get("SELGATE_DEBUG_LOG")
+    return env_vars.current("SELGATE_DEBUG_LOG")
 
 
 def debug(msg: str) -> None:
@@ -53,7 +53,8 @@ def device_counter(device: torch.device) -> torch.Tensor:
 
 def record_call(backend: str, norm_ranges: torch.Tensor, bytes_per_key: int, *, counted: bool = False) -> None:
     """Count one call served by `backend`; add its selected tokens and the K/V bytes they
-    read unless the range normaliser already `counted` them on the device."""
+    read unless `counted`: the range normaliser counted them on the device, or the caller
+    declared its ranges normal and the call counts them nowhere (no extra launch)."""
     with _lock:
         _calls[backend] += 1
     debugging = debug_enabled()

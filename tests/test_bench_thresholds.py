@@ -9,7 +9,7 @@ import yaml
 
 from selgate.bench import tables, thresholds
 from selgate.bench.__main__ import main
-from selgate.kernels import config, policy
+from selgate.kernels import config, policy, reload_settings
 
 DEVICE = "NVIDIA H100 80GB HBM3"
 
@@ -99,9 +99,9 @@ def config_dir(tmp_path, monkeypatch):
     (tmp_path / "profiles" / "nvidia-h100-80gb-hbm3.yaml").write_text("policy:\n  triton_sel_min_capability: '9.0'\n")
     monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
     monkeypatch.delenv("SELGATE_TRITON_MIN_L", raising=False)
-    config.load_config.cache_clear()
+    reload_settings()
     yield tmp_path
-    config.load_config.cache_clear()
+    reload_settings()
 
 
 def test_profile_is_written_and_read_back_by_the_dispatcher(config_dir):

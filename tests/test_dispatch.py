@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from selgate.kernels import capability_override, reset_stats, selection_attention, stats
+from selgate.kernels import capability_override, reload_settings, reset_stats, selection_attention, stats
 from selgate.kernels import config as config_mod
 from selgate.kernels.errors import StrictModeError
 from selgate.kernels.policy import ENV_FLAGS, dispatch_policy
@@ -103,13 +103,13 @@ def test_validate_flag_rejects_overlaps_instead_of_normalising(monkeypatch):
 
 def test_kernel_error_falls_back_once_logged_and_strict_raises(monkeypatch, caplog):
     """A backend that raises hands over to sdpa with reason 'error', logged once per reason."""
-    fake = types.ModuleType("selgate.kernels.cuda")
+    fake = types.ModuleType("selgate.kernels.cuda.decode")
 
     def broken(*a, **kw):
         raise RuntimeError("boom")
 
-    fake.selection_attention_cuda = broken
-    monkeypatch.setitem(sys.modules, "selgate.kernels.cuda", fake)
+    fake.run_cuda = broken
+    monkeypatch.setitem(sys.modules, "selgate.kernels.cuda.decode", fake)
     q, k, v, r = inputs(S=1, Dv=12)  # Dv=12 keeps Triton out of the chain: cuda > sdpa
     with caplog.at_level(logging.INFO, logger="selgate.kernels"):
         for _ in range(2):
@@ -138,11 +138,11 @@ def config_dir(monkeypatch, tmp_path):
     def edit(old: str, new: str):
         (tmp_path / "base.yaml").write_text((config_mod.CONFIG_DIR / "base.yaml").read_text().replace(old, new))
         monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
-        config_mod.load_config.cache_clear()
+        reload_settings()
         return tmp_path
 
     yield edit
-    config_mod.load_config.cache_clear()
+    reload_settings()
 
 
 def test_config_precedence_base_profile_env(monkeypatch, config_dir):
@@ -150,7 +150,7 @@ def test_config_precedence_base_profile_env(monkeypatch, config_dir):
     folder = config_dir("sel_triton_min_L: 64", "sel_triton_min_L: 11")
     assert dispatch_policy("cpu").min_L == 11
     (folder / "profiles" / "cpu.yaml").write_text("runtime:\n  sel_triton_min_L: 22\n")
-    config_mod.load_config.cache_clear()
+    reload_settings()
     assert dispatch_policy("cpu").min_L == 22
     monkeypatch.setenv("SELGATE_TRITON_MIN_L", "33")
     assert dispatch_policy("cpu").min_L == 33

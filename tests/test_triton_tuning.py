@@ -22,7 +22,7 @@ from selgate.bench import tables, thresholds
 from selgate.bench.__main__ import main
 from selgate.bench.inputs import decode_problem, make_ranges, prefill_problem
 from selgate.bench.tune import launch_bucket, range_slots
-from selgate.kernels import config
+from selgate.kernels import config, reload_settings
 from selgate.kernels.triton import tuning
 from selgate.kernels.triton import bwd as bwd_mod
 from selgate.kernels.triton import fwd as fwd_mod
@@ -53,10 +53,10 @@ def cfg(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
     for name in ENVS:
         monkeypatch.delenv(name, raising=False)
-    config.load_config.cache_clear()
+    reload_settings()
     tuning.clear_cache()
     yield tmp_path
-    config.load_config.cache_clear()
+    reload_settings()
     tuning.clear_cache()
 
 
@@ -66,7 +66,7 @@ def device_name() -> str:
 
 def write_profile(folder: Path, text: str) -> None:
     (folder / "profiles" / f"{config.device_slug(device_name())}.yaml").write_text(text)
-    config.load_config.cache_clear()
+    reload_settings()
 
 
 def fwd_entry(kind, D, bucket, dtype, block_l, warps=4, stages=1, Dv=None):

@@ -14,6 +14,7 @@ from . import build
 from .launch import DecodeLaunch
 
 _AUTOMATIC = DecodeLaunch()
+_AUTO_TUNE = _AUTOMATIC.ext_tune()
 
 # What the kernel takes; the conformance registry declares the `cuda` entry from these.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -62,9 +63,9 @@ def unsupported_reason(q, d) -> BackendUnavailable | None:
         return BackendUnavailable("ranges", f"n={d.n} ranges per row: at most {MAX_RANGES}")
     if d.S_kv > MAX_S_KV:
         return BackendUnavailable("S_kv", f"k: S_kv={d.S_kv} > 2^31 - 1; the kernel counts keys in int32")
-    if not torch.cuda.is_available():
-        return BackendUnavailable("no_cuda", "no CUDA device is visible")
     if q.device.type != "cuda":
+        if not torch.cuda.is_available():
+            return BackendUnavailable("no_cuda", "no CUDA device is visible")
         return BackendUnavailable("device", f"inputs are on {q.device}, not on a CUDA device")
     cap = device_capability(q.device)
     if cap < MIN_CAPABILITY:
@@ -120,6 +121,21 @@ def selection_attention_cuda(
     reason = unsupported_reason(q, d)
     if reason is not None:
         raise reason
+    norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
+    o, lse = run_cuda(q, k, v, norm, d, scale=scale, positions=positions, kernel=kernel, tune=tune)
+    return (o, lse) if return_lse else o
+
+
+def run_cuda(q, k, v, norm, d, *, scale, positions, kernel: str = "auto", tune=None):
+    """`(o, lse)` on inputs the caller checked (`d`, from `check_inputs`) and ranges it
+    normalised: the dispatcher's CUDA rung, so a decode step pays for its checks once.
+    Raises `BackendUnavailable` like `selection_attention_cuda`, and ("grad") for inputs that
+    require grad: the kernel has no backward, and a detached output would drop them silently."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise BackendUnavailable("grad", "inputs require grad and the CUDA decode kernel has no backward")
+    reason = unsupported_reason(q, d)
+    if reason is not None:
+        raise reason
     use_mma = q.dtype != torch.float32 if kernel == "auto" else kernel == "mma"
     if use_mma and q.dtype == torch.float32:
         raise BackendUnavailable("dtype", "the tensor-core kernel takes fp16/bf16; fp32 runs on kernel='simt'")
@@ -127,12 +143,17 @@ def selection_attention_cuda(
         ext = build.load_extension(q.device)
     except build.BuildError as exc:
         raise BackendUnavailable("build", str(exc)) from exc
-    norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
     pos = None if positions is None else positions.contiguous()
     try:
-        o, lse = ext.fwd(
-            aligned(q), rows_view(k), rows_view(v), norm.contiguous(), pos, resolve_scale(scale, d.Dk), use_mma, tune
+        return ext.fwd(
+            aligned(q),
+            rows_view(k),
+            rows_view(v),
+            norm.contiguous(),
+            pos,
+            resolve_scale(scale, d.Dk),
+            use_mma,
+            tune or _AUTO_TUNE,
         )
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
-    return (o, lse) if return_lse else o

@@ -255,7 +255,7 @@ def _current() -> _State:
 
 def clear_cache() -> None:
     """Forget cached selections, the tuned table and the env overrides read (they are read
-    once, at the first selection after this or after `load_config.cache_clear()`)."""
+    once, at the first selection after this or after `policy.reload_settings()`)."""
     global _state
     _state = None
 

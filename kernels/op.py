@@ -1,0 +1,117 @@
+"""Selection attention as a torch op (`torch.ops.selgate.selection_attention`): what
+`torch.compile` traces instead of the dispatcher's Python, so a model that calls
+`selection_attention` compiles with `fullgraph=True`, forward and backward.
+
+The op runs the same dispatcher as an eager call (same ladder, same settings, read when the
+op runs), and its fake implementation gives the output shapes from the input shapes alone.
+Its backward is a second op that recomputes the call with autograd on (the eager path's
+gradients) in a worker thread: an op's implementation runs with autograd's dispatch
+keys excluded for its thread, and a fresh thread starts with them on. The cost is one extra
+forward and a thread hand-off per backward (docs/design/dispatcher.md)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import torch
+
+_grads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="selgate-op-backward")
+
+
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def _call(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse):
+    from .dispatch import eager_selection_attention
+
+    return eager_selection_attention(
+        q,
+        k,
+        v,
+        ranges,
+        scale=scale,
+        backend=backend,
+        return_lse=return_lse,
+        positions=positions,
+        strict=strict,
+        normalized=normalized,
+    )
+
+
+@torch.library.custom_op("selgate::selection_attention", mutates_args=())
+def selection_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ranges: torch.Tensor,
+    positions: Optional[torch.Tensor],
+    scale: Optional[float],
+    backend: str,
+    strict: Optional[bool],
+    normalized: bool,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(o, lse)`; `lse` is an empty tensor unless `return_lse` (the sdpa path is faster without it)."""
+    if not return_lse:
+        return _call(q, k, v, ranges, positions, scale, backend, strict, normalized, False), q.new_empty(0, dtype=_lse_dtype(q))
+    return _call(q, k, v, ranges, positions, scale, backend, strict, normalized, True)
+
+
+@selection_attention_op.register_fake
+def _(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse):
+    B, S, G, h, _ = q.shape
+    lse_shape = (B, S, G, h) if return_lse else (0,)
+    return q.new_empty((B, S, G, h, v.shape[-1]), dtype=v.dtype), q.new_empty(lse_shape, dtype=_lse_dtype(q))
+
+
+def _recompute_grads(stream, q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse):
+    with torch.cuda.stream(stream) if stream is not None else torch.enable_grad(), torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        outs = _call(q, k, v, ranges, positions, scale, backend, strict, normalized, dlse is not None)
+        outs, grads = ((outs[0], outs[1]), (do, dlse)) if dlse is not None else ((outs,), (do,))
+        dq, dk, dv = torch.autograd.grad(outs, (q, k, v), grads, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g for g, x in zip((dq, dk, dv), (q, k, v)))
+
+
+@torch.library.custom_op("selgate::selection_attention_backward", mutates_args=())
+def selection_attention_backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ranges: torch.Tensor,
+    positions: Optional[torch.Tensor],
+    scale: Optional[float],
+    backend: str,
+    strict: Optional[bool],
+    normalized: bool,
+    do: torch.Tensor,
+    dlse: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(dq, dk, dv)` of the call for output gradients `do` (and `dlse`)."""
+    stream = torch.cuda.current_stream(q.device) if q.is_cuda else None
+    args = (stream, q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse)
+    return _grads.submit(_recompute_grads, *args).result()
+
+
+@selection_attention_backward_op.register_fake
+def _(q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse = inputs
+    ctx.save_for_backward(q, k, v, ranges, positions)
+    ctx.args = (scale, backend, strict, normalized)
+    ctx.return_lse = return_lse
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, ranges, positions = ctx.saved_tensors
+    dlse = dlse if ctx.return_lse else None
+    dq, dk, dv = selection_attention_backward_op(q, k, v, ranges, positions, *ctx.args, do, dlse)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+selection_attention_op.register_autograd(_backward, setup_context=_setup_context)
