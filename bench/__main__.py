@@ -6,6 +6,7 @@ baseline    promote a results CSV to the committed baseline of its device
 compare     compare the latest results with the baseline (exit 1 when a config regressed)
 tune        tune the Triton launch parameters ahead of time (writes configs/tuned/<device>.json)
 plot        draw the decode and prefill PNGs from results CSVs (needs matplotlib: selgate[plots])
+host        host time per decode call of each path against SDPA's, eager against CUDA graph (GPU; writes host.csv)
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ def cmd_plot(a) -> int:
 DEVICE_BENCHES = {
     "triton-bwd": ("triton_bwd", "the Triton backward at 64k tokens: forward+backward, launch configs, memory"),
     "cuda-decode": ("cuda_decode", "the CUDA decode kernel's grid against the HBM floor and packed SDPA"),
+    "host": ("host", "host time per decode call of each selection path against SDPA's, eager against CUDA graph"),
 }
 
 

@@ -158,11 +158,15 @@ def write_tables(rows: list[dict], out_dir: Path, name: str) -> tuple[Path, Path
     return csv_path, md_path
 
 
+# CSVs of other layouts in the same date folders (bench/host.py's), never a results table
+OTHER_CSVS = ("host",)
+
+
 def latest_csv(device_name: str, name: str | None = None) -> Path | None:
     """Newest results CSV of a device (by date folder, then modification time), of file stem
-    `name` when given (e.g. 'full' for `--sweep full` runs)."""
+    `name` when given (e.g. 'full' for `--sweep full` runs; without it, not one of OTHER_CSVS)."""
     root = RESULTS_DIR / device_slug(device_name)
-    found = list(root.glob(f"*/{name or '*'}.csv"))
+    found = [p for p in root.glob(f"*/{name or '*'}.csv") if name or p.stem not in OTHER_CSVS]
     return max(found, key=lambda p: (p.parent.name, p.stat().st_mtime), default=None)
 
 

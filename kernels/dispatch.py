@@ -8,7 +8,8 @@ One ladder, walked in this order, each rung leaving the fast path with a reason 
    and a capability override simulate a GPU (policy tests);
 4. dtype, head dims, compute capability and the ADR policy (`policy.triton_unsupported`);
 5. gradients: inputs that require grad use the Triton backward; SELGATE_TRITON_ALLOW_GRAD=0 sends them to sdpa ("grad");
-6. min-L: max selected length below SELGATE_TRITON_MIN_L goes to sdpa ("min_L");
+6. min-L: max selected length below SELGATE_TRITON_MIN_L goes to sdpa ("min_L"); on a device the
+   length is bounded by S_kv instead of read, so no call synchronises;
 7. flags: SELGATE_TRITON_ENABLE=0 goes to sdpa ("disabled").
 SELGATE_TRITON_FORCE=1 skips the ADR rule, min-L and SELGATE_TRITON_ENABLE. For decode, the
 CUDA kernel is tried before Triton when SELGATE_CUDA_ENABLE=1 or `backend="cuda"`. A backend that
@@ -105,8 +106,9 @@ def _triton_skip(q, k, v, d, norm, st, explicit: bool):
     if explicit or st.force_triton:
         return None
     if st.min_L > 0:
-        # The one host read of the ladder; skipped when S_kv alone bounds L below min-L.
-        L_max = d.S_kv if d.S_kv < st.min_L else int(selected_lengths(norm).max())
+        # On a device, S_kv bounds L: reading L would synchronise every call (and break CUDA-graph
+        # capture). Host tensors (the interpreter) are read exactly.
+        L_max = d.S_kv if d.S_kv < st.min_L or norm.is_cuda else int(selected_lengths(norm).max())
         if L_max < st.min_L:
             return "min_L", f"max selected length {L_max} < SELGATE_TRITON_MIN_L={st.min_L}"
     if not st.use_triton:

@@ -204,8 +204,10 @@ def test_capability_env_override_is_logged(monkeypatch, caplog):
 
 @needs_triton
 def test_min_L_routes_both_ways(monkeypatch):
+    """The rung compares the longest selected row with min-L: read exactly from host tensors,
+    bounded by S_kv on a device (a read would synchronise the call)."""
     q, k, v, r = inputs()
-    L = max_L(r, k.shape[2])
+    L = k.shape[2] if r.is_cuda else max_L(r, k.shape[2])
     with capability_override("9.0"):
         monkeypatch.setenv("SELGATE_TRITON_MIN_L", str(L + 1))
         selection_attention(q, k, v, r)

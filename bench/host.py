@@ -1,0 +1,255 @@
+"""Host cost per decode call of each selection path, against SDPA's on the same inputs.
+
+Why: where issuing a decode call takes the host longer than the kernel takes the device, the
+GPU waits on Python (probes/launch_overhead.py found where that time goes). Per shape and path,
+in one process on one device, medians of REPEATS loops of `--calls` back-to-back calls:
+- host_us: perf_counter around the loop, no synchronisation inside (the issue time; past about
+  a thousand queued launches it also waits for the queue); wall_us: up to the sync after it;
+- graph_us: device time per call from CUDA-graph replay (timing.time_graph); why a call could
+  not be captured goes to `note`;
+- host_x_sdpa = host_us / sdpa's host_us of the shape; eager_x_graph = wall_us / graph_us.
+One input set per shape: the question is the host's, not the cache's. A path that cannot run
+here is a row with a status, not a stopped run. `host_checks` holds the bars (release report).
+
+    selgate bench host [--calls 200] [--warmup 20] [--out FILE.csv]   (writes FILE.md beside it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import inspect
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from selgate.kernels import reset_stats, selection_attention, stats
+from selgate.kernels.config import current_device_name
+from selgate.reports.environment import collect_environment
+
+from . import tables
+from .inputs import decode_problem, make_inputs
+from .timing import time_graph
+
+DTYPE = "bfloat16"
+# name -> (problem, keys per range): spaced ranges of that many keys (n = L / keys); 0: the
+# problem's own NSA-builder ranges
+SHAPES = {
+    "a": (decode_problem(1, 16, 128, 128, 8 * 64, "few", DTYPE, G=8, S_kv=8192), 64),
+    "b": (decode_problem(4, 4, 64, 64, 8 * 32, "few", DTYPE, G=8, S_kv=4096), 32),
+    "c": (decode_problem(1024, 8, 128, 128, 512, "many", DTYPE), 0),
+}
+REPEATS = 5
+COLUMNS = ["shape", "B", "G", "h", "D", "S_kv", "n", "path", "status", "host_us", "wall_us", "graph_us", "host_x_sdpa",
+           "eager_x_graph", "note", "device", "torch", "triton", "commit", "date"]  # fmt: skip
+INTS = ("B", "G", "h", "D", "S_kv", "n")
+FLOATS = ("host_us", "wall_us", "graph_us", "host_x_sdpa", "eager_x_graph")
+
+
+def spaced_ranges(B: int, G: int, n: int, keys: int, S_kv: int, gen: torch.Generator) -> torch.Tensor:
+    """Decode ranges [B, 1, G, n, 2] of `keys` keys at n distinct random slots, a gap after each:
+    sorted, disjoint, not adjacent and below S_kv (= t + 1), i.e. already normal."""
+    slots = torch.rand(B, 1, G, S_kv // (2 * keys), generator=gen, device=gen.device)
+    start = slots.argsort(-1)[..., :n].sort(-1).values * (2 * keys)
+    return torch.stack([start, start + keys], -1).to(torch.int32)
+
+
+def shape_inputs(name: str, device):
+    p, keys = SHAPES[name]
+    x = make_inputs(p, seed=0, device=device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    return replace(x, ranges=spaced_ranges(p.B, p.G, p.L // keys, keys, p.S_kv, gen)) if keys else x
+
+
+def paths(x) -> dict:
+    """Per path the call to time, or the status saying why it cannot run. The explicit
+    backends are strict: a fallback would time another backend under their name."""
+    q, k, v, r = x.q, x.k, x.v, x.ranges
+    B, _, G, h, D = q.shape
+    q_sdpa = q.reshape(B, G * h, 1, D)
+    sel = selection_attention
+    unsupported = "unsupported: selection_attention has no `normalized` keyword"
+    normal = "normalized" in inspect.signature(sel).parameters
+    return {
+        "sdpa": lambda: F.scaled_dot_product_attention(q_sdpa, k, v, enable_gqa=True),
+        "auto": lambda: sel(q, k, v, r),
+        "auto_normalized": (lambda: sel(q, k, v, r, normalized=True)) if normal else unsupported,
+        "triton": lambda: sel(q, k, v, r, backend="triton", strict=True),
+        "cuda": lambda: sel(q, k, v, r, backend="cuda", strict=True),
+        "cuda_normalized": (lambda: sel(q, k, v, r, backend="cuda", strict=True, normalized=True)) if normal else unsupported,
+    }
+
+
+def one_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def loop_us(call, calls: int) -> tuple[float, float]:
+    """Median (host, wall) time per call in us over REPEATS loops of `calls` back-to-back calls."""
+    host, wall = [], []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append(t1 - t0)
+        wall.append(time.perf_counter() - t0)
+    return statistics.median(host) * 1e6 / calls, statistics.median(wall) * 1e6 / calls
+
+
+def measure(call, calls: int, warmup: int) -> dict:
+    """host_us, wall_us and graph_us of one path; a path that raises is a status, a call that
+    cannot be captured a note."""
+    try:
+        reset_stats()
+        call()
+        served = ",".join(stats()["calls"])  # the dispatcher's backend for this call (none for sdpa)
+        for _ in range(warmup):
+            call()
+        host, wall = loop_us(call, calls)
+    except Exception as e:  # a path that cannot run here is a finding of the run, not its end
+        return {"status": f"error: {one_line(e)}"}
+    row = {"status": "ok", "host_us": host, "wall_us": wall, "note": f"served by {served}" if served else ""}
+    try:
+        row["graph_us"] = time_graph([call], torch.device("cuda")).median_ms * 1e3
+    except Exception as e:
+        row["note"] = "; ".join(filter(None, [row["note"], f"graph capture failed: {one_line(e)}"]))
+    return row
+
+
+def add_ratios(rows: list[dict]) -> list[dict]:
+    sdpa = {r["shape"]: r["host_us"] for r in rows if r["path"] == "sdpa"}
+    for r in rows:
+        if r["host_us"] is not None and sdpa.get(r["shape"]):
+            r["host_x_sdpa"] = r["host_us"] / sdpa[r["shape"]]
+        if r["wall_us"] is not None and r["graph_us"]:
+            r["eager_x_graph"] = r["wall_us"] / r["graph_us"]
+    return rows
+
+
+def bench(calls: int, warmup: int) -> list[dict]:
+    env = collect_environment()
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    stamp = {"device": current_device_name(), "torch": env["torch"], "triton": env["triton"], "commit": env["commit"]}
+    rows = []
+    for name, (p, _) in SHAPES.items():
+        x = shape_inputs(name, torch.device("cuda"))
+        for path, call in paths(x).items():
+            row = dict.fromkeys(COLUMNS, None) | {"shape": name, "B": p.B, "G": p.G, "h": p.h, "D": p.D}
+            row |= {"S_kv": p.S_kv, "n": x.ranges.shape[3], "path": path, "note": "", **stamp, "date": date}
+            row |= measure(call, calls, warmup) if callable(call) else {"status": call}
+            print(f"{name} / {path}: {row['status']}", flush=True)
+            rows.append(row)
+    return add_ratios(rows)
+
+
+def _unmeasured(r, what: str) -> str | None:
+    """Why row `r` of path `what` has no host time, or None."""
+    if r is None:
+        return f"no {what} row"
+    return None if r["status"] == "ok" and r["host_us"] is not None else f"{what}: {r['status']}"
+
+
+def host_checks(rows: list[dict]) -> list[str]:
+    """PASS/FAIL lines of the host-cost bars: on shapes a and b, auto_normalized issues a call in
+    at most 2x SDPA's host time (plain auto shown as INFO) and cuda_normalized in at most 1.5x;
+    on shape c an eager auto_normalized loop costs at most 1.5x its CUDA-graph device time.
+    A bar without the rows to judge it reads "not measured" and fails."""
+    by = {(r["shape"], r["path"]): r for r in rows}
+    lines = []
+    for shape in ("a", "b"):
+        sdpa = by.get((shape, "sdpa"))
+        for path, bar in (("auto_normalized", 2.0), ("auto", None), ("cuda_normalized", 1.5)):
+            r = by.get((shape, path))
+            kind = "INFO" if bar is None else "FAIL"
+            why = _unmeasured(r, path) or _unmeasured(sdpa, "sdpa")
+            if why:
+                lines.append(f"- {kind} {shape} / {path}: not measured ({why})")
+                continue
+            x = r["host_us"] / sdpa["host_us"]
+            verdict = kind if bar is None else "PASS" if x <= bar else "FAIL"
+            lines.append(
+                f"- {verdict} {shape} / {path}: host {r['host_us']:.1f} us/call = {x:.2f}x sdpa's {sdpa['host_us']:.1f} us"
+                + (f" (bar {bar:g}x)" if bar else "")
+            )
+    r = by.get(("c", "auto_normalized"))
+    why = _unmeasured(r, "auto_normalized") or (None if r["graph_us"] else f"no graph time: {r['note'] or 'none recorded'}")
+    if why:
+        return lines + [f"- FAIL c / auto_normalized: not measured ({why})"]
+    x = r["wall_us"] / r["graph_us"]
+    return lines + [
+        f"- {'PASS' if x <= 1.5 else 'FAIL'} c / auto_normalized: eager {r['wall_us']:.1f} us/call = "
+        f"{x:.2f}x its graph {r['graph_us']:.1f} us (bar 1.5x)"
+    ]
+
+
+def _cell(x) -> str:
+    return "" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x).replace("|", "/")[:120]
+
+
+def markdown(rows: list[dict]) -> str:
+    head = rows[0]
+    shapes = {r["shape"]: f"{r['shape']}: B={r['B']} G={r['G']} h={r['h']} D={r['D']} S_kv={r['S_kv']} n={r['n']}" for r in rows}
+    keys = ("shape", "path", "status", "host_us", "wall_us", "graph_us", "host_x_sdpa", "eager_x_graph", "note")
+    return "\n".join(
+        [
+            f"Host cost per decode call (bf16), {head['device']}, torch {head['torch']}, triton {head['triton']}, "
+            f"commit {head['commit']}, {head['date']}; {'; '.join(shapes.values())}",
+            "",
+            "| " + " | ".join(keys) + " |",
+            "| --- " * len(keys) + "|",
+            *("| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows),
+        ]
+    )
+
+
+def write_csv(rows: list[dict], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def read_csv(path: Path) -> list[dict]:
+    """Rows of a host.csv, numbers parsed (empty cells become None)."""
+    with Path(path).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for key in INTS + FLOATS:
+            r[key] = None if r[key] == "" else int(r[key]) if key in INTS else float(r[key])
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="selgate bench host", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--calls", type=int, default=200, help="timed calls per loop")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed calls before the loops")
+    ap.add_argument("--out", type=Path, help="CSV file (default bench/results/<device>/<date>/host.csv); the .md beside it")
+    a = ap.parse_args(argv)
+    if a.calls < 1 or a.warmup < 0:
+        ap.error("--calls must be >= 1 and --warmup >= 0")
+    if not torch.cuda.is_available():
+        print("selgate bench host: no CUDA device: it times calls issued to a GPU", file=sys.stderr)
+        return 2
+    rows = bench(a.calls, a.warmup)
+    out = write_csv(rows, a.out or tables.results_dir(current_device_name()) / "host.csv")
+    table, bars = markdown(rows), "\n".join(["Bars:", *host_checks(rows)])
+    out.with_suffix(".md").write_text(f"{table}\n\n{bars}\n")
+    print(f"wrote {out} and {out.with_suffix('.md')}\n\n{bars}\n\n{table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
