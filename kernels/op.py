@@ -4,10 +4,12 @@
 
 The op runs the same dispatcher as an eager call (same ladder, same settings, read when the
 op runs), and its fake implementation gives the output shapes from the input shapes alone.
-Its backward is a second op that recomputes the call with autograd on (the eager path's
-gradients) in a worker thread: an op's implementation runs with autograd's dispatch
-keys excluded for its thread, and a fresh thread starts with them on. The cost is one extra
-forward and a thread hand-off per backward (docs/design/dispatcher.md)."""
+Its backward is a second op that gives the eager path's gradients. On a CUDA device that is
+the Triton forward and backward called directly, as the eager autograd Function calls them. On
+the CPU the call is recomputed with autograd on in a worker thread: an op's implementation runs
+with autograd's dispatch keys excluded for its thread, and a fresh thread starts with them on
+(on CUDA that hand-off would deadlock: autograd's device thread would wait on itself). The cost
+is one extra forward per backward (docs/design/dispatcher.md)."""
 
 from __future__ import annotations
 
@@ -66,8 +68,8 @@ def _(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse
     return q.new_empty((B, S, G, h, v.shape[-1]), dtype=v.dtype), q.new_empty(lse_shape, dtype=_lse_dtype(q))
 
 
-def _recompute_grads(stream, q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse):
-    with torch.cuda.stream(stream) if stream is not None else torch.enable_grad(), torch.enable_grad():
+def _recompute_grads(q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse):
+    with torch.enable_grad():
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         outs = _call(q, k, v, ranges, positions, scale, backend, strict, normalized, dlse is not None)
         outs, grads = ((outs[0], outs[1]), (do, dlse)) if dlse is not None else ((outs,), (do,))
@@ -90,9 +92,37 @@ def selection_attention_backward_op(
     dlse: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(dq, dk, dv)` of the call for output gradients `do` (and `dlse`)."""
-    stream = torch.cuda.current_stream(q.device) if q.is_cuda else None
-    args = (stream, q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse)
+    if q.is_cuda:
+        return _triton_grads(q, k, v, ranges, positions, scale, backend, normalized, do, dlse)
+    args = (q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse)
     return _grads.submit(_recompute_grads, *args).result()
+
+
+def _triton_grads(q, k, v, ranges, positions, scale, backend, normalized, do, dlse):
+    """The eager path's gradients on a device: the Triton kernels its autograd Function runs.
+    A call the eager ladder would send elsewhere for gradients is refused, naming why."""
+    from selgate.reference.ranges import normalize_ranges
+    from selgate.reference.validation import check_inputs, resolve_scale
+
+    from .policy import capability, dispatch_policy, triton_unsupported
+    from .triton.bwd import triton_backward
+    from .triton.fwd import triton_forward
+
+    d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
+    st = dispatch_policy()
+    why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
+    if why is None and not st.allow_grad:
+        why = ("grad", "SELGATE_TRITON_ALLOW_GRAD is off")
+    if why is None and (backend not in ("auto", "triton") or st.force_parity):
+        why = ("backend", f"backend={backend!r}")
+    if why is not None:
+        raise NotImplementedError(
+            f"the compiled op's backward on CUDA runs the Triton kernels; this call cannot: {why[0]}: {why[1]}"
+        )
+    norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
+    sc = resolve_scale(scale, d.Dk)
+    o, lse = triton_forward(q, k, v, norm, scale=sc, positions=positions)
+    return triton_backward(q, k, v, o, lse, do, norm, scale=sc, positions=positions, dlse=dlse)
 
 
 @selection_attention_backward_op.register_fake
