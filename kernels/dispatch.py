@@ -27,7 +27,7 @@ from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
 from .errors import BackendUnavailable, ConfigError, StrictModeError
-from .policy import capability, capability_overridden, dispatch_policy, interpreting, triton_unsupported
+from .policy import capability, capability_overridden, dispatch_policy, triton_unsupported
 from .sdpa import selection_attention_sdpa
 from .stats import debug, device_counter, record_call, record_fallback
 
@@ -96,9 +96,9 @@ def _plan(q, k, v, d, backend: str, st) -> list:
 def _triton_skip(q, k, v, d, norm, st, explicit: bool):
     """The first rung that keeps this call off Triton, as `(reason, detail)`, or None.
     An explicit request skips the performance rungs (min-L, SELGATE_TRITON_ENABLE)."""
-    if not explicit and q.device.type != "cuda" and not (interpreting() and capability_overridden()):
+    if not explicit and q.device.type != "cuda" and not (st.interpret and capability_overridden(st)):
         return "cpu", f"q is on {q.device}; auto uses sdpa there"
-    why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device), st)
+    why = triton_unsupported(q, d.Dk, d.Dv, capability(q.device, st), st)
     if why is not None:
         return why
     if not st.allow_grad and _needs_grad(q, k, v):
@@ -173,7 +173,8 @@ def eager_selection_attention(q, k, v, ranges, *, scale, backend, return_lse, po
     if backend == "auto" and st.force_parity:
         backend = "reference"
     chain = _plan(q, k, v, d, backend, st)
-    debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
+    if st.debug:
+        debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
         if name == "triton":
             skip = _triton_skip(q, k, v, d, norm, st, explicit=backend in ("triton", "cuda"))

@@ -45,6 +45,7 @@ class DispatchPolicy:
     triton_normalize: bool = True  # SELGATE_TRITON_NORMALIZE: normalise CUDA ranges in one Triton launch
     capability_env: str | None = None  # SELGATE_CAPABILITY, checked
     interpret: bool = False  # TRITON_INTERPRET=1
+    debug: bool = False  # SELGATE_DEBUG_LOG
 
 
 # What a policy is resolved from besides the config files: its cache key, read per call.
@@ -74,6 +75,7 @@ def _resolve(device_name: str | None) -> DispatchPolicy:
         triton_normalize=env_vars.get("SELGATE_TRITON_NORMALIZE"),
         capability_env=over,
         interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        debug=env_vars.get("SELGATE_DEBUG_LOG"),
     )
 
 
@@ -125,11 +127,11 @@ def _parse_cap(cap: str, name: str) -> tuple:
     return major, minor
 
 
-def capability_overridden() -> str | None:
+def capability_overridden(st: DispatchPolicy | None = None) -> str | None:
     """The override in force (context manager first, then SELGATE_CAPABILITY), or None."""
     if _override:
         return _override[-1]
-    return dispatch_policy().capability_env
+    return (st or dispatch_policy()).capability_env
 
 
 def device_capability(device=None) -> tuple[int, int] | None:
@@ -156,9 +158,9 @@ def capability_text(cap: tuple[int, int] | None) -> str | None:
     return None if cap is None else f"{cap[0]}.{cap[1]}"
 
 
-def capability(device: torch.device) -> str | None:
+def capability(device: torch.device, st: DispatchPolicy | None = None) -> str | None:
     """Compute capability the policy uses for `device`; None for a CPU without override."""
-    over = capability_overridden()
+    over = capability_overridden(st)
     if over is not None:
         record_capability(over, "override")
         return over
@@ -176,7 +178,7 @@ def triton_unsupported(q, Dk: int, Dv: int, cap: str | None, st: DispatchPolicy)
     """Why the Triton kernel cannot (or, by ADR policy, must not) serve this call, as
     `(reason, detail)`, or None when it can: the kernels' own limits (`triton_limits`), then
     capability and the ADR rule, which yields to SELGATE_TRITON_FORCE."""
-    why = triton_limits.unsupported(q, Dk, Dv, interpreting())
+    why = triton_limits.unsupported(q, Dk, Dv, st.interpret)
     if why is not None:
         return why
     if cap is not None:

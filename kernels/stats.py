@@ -92,6 +92,8 @@ def record_fallback(backend: str, reason: str, detail: str = "", *, error: bool 
 
 def record_capability(cap: str | None, source: str) -> None:
     """Remember the compute capability the policy used and where it came from."""
+    if _capability.get("value") == cap and _capability.get("source") == source and not debug_enabled():
+        return  # the per-call case: nothing changed, nothing to log
     with _lock:
         changed = _capability.get("value") != cap or _capability.get("source") != source
         _capability.update(value=cap, source=source)

@@ -58,8 +58,44 @@ def _check_positions_fit(positions: torch.Tensor) -> None:
         raise ValueError(f"positions: max {top} = 2^63 - 1 overflows t + 1 in int64; expected t < 2^63 - 1")
 
 
+_accepted: dict = {}  # (shapes, dtypes, devices) of q, k, v, ranges a check accepted -> their Dims
+
+
 def check_inputs(q, k, v, ranges, *, scale=None, positions=None) -> Dims:
-    """Validate shapes, dtypes and devices of a selection-attention call; return its dims."""
+    """Validate shapes, dtypes and devices of a selection-attention call; return its dims.
+
+    What q, k, v and ranges are checked for depends on their shapes, dtypes and devices alone,
+    so a signature accepted once is a dictionary lookup after (a decode loop repeats one)."""
+    try:
+        key = (q.shape, k.shape, v.shape, ranges.shape, q.dtype, k.dtype, v.dtype, ranges.dtype)
+        key += (q.device, k.device, v.device, ranges.device)
+    except AttributeError:  # not tensors: the full check names the argument
+        key = None
+    exact = type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and type(ranges) is torch.Tensor
+    d = _accepted.get(key) if exact else None
+    if d is None:
+        d = _check_tensors(q, k, v, ranges)
+        if exact and len(_accepted) < 4096:
+            _accepted[key] = d
+    if scale is not None:
+        if isinstance(scale, torch.Tensor) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale: expected a Python float, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale: expected a finite float, got {scale}")
+    if positions is not None:
+        _need_tensor("positions", positions)
+        _need_data("positions", positions)
+        if positions.dtype not in INDEX_DTYPES:
+            raise TypeError(f"positions: expected int32 or int64, got {positions.dtype}")
+        if tuple(positions.shape) != (d.B, d.S):
+            raise ValueError(f"positions: expected shape [B={d.B}, S={d.S}], got {tuple(positions.shape)}")
+        if positions.device != q.device:
+            raise ValueError(f"positions: on {positions.device}, but q is on {q.device}")
+        _check_positions_fit(positions)
+    return d
+
+
+def _check_tensors(q, k, v, ranges) -> Dims:
     for name, t in (("q", q), ("k", k), ("v", v), ("ranges", ranges)):
         _need_tensor(name, t)
         _need_data(name, t)
@@ -92,21 +128,6 @@ def check_inputs(q, k, v, ranges, *, scale=None, positions=None) -> Dims:
         raise ValueError(f"ranges: expected [B={B}, S={S}, G={G}, n, 2] to match q, got {tuple(ranges.shape)}")
     if min(B, S, G, h, Dk, Dv) < 1:
         raise ValueError(f"q/v: every dimension must be >= 1, got q {tuple(q.shape)}, v {tuple(v.shape)}")
-    if scale is not None:
-        if isinstance(scale, torch.Tensor) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale: expected a Python float, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale: expected a finite float, got {scale}")
-    if positions is not None:
-        _need_tensor("positions", positions)
-        _need_data("positions", positions)
-        if positions.dtype not in INDEX_DTYPES:
-            raise TypeError(f"positions: expected int32 or int64, got {positions.dtype}")
-        if tuple(positions.shape) != (B, S):
-            raise ValueError(f"positions: expected shape [B={B}, S={S}], got {tuple(positions.shape)}")
-        if positions.device != q.device:
-            raise ValueError(f"positions: on {positions.device}, but q is on {q.device}")
-        _check_positions_fit(positions)
     return Dims(B=B, S=S, G=G, h=h, Dk=Dk, S_kv=S_kv, Dv=Dv, n=ranges.shape[3])
 
 

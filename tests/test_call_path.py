@@ -118,3 +118,23 @@ def test_a_declared_normal_decode_call_is_one_launch():
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == 1, kernels
+
+
+def test_an_accepted_signature_still_refuses_what_differs():
+    """check_inputs remembers accepted (shape, dtype, device) signatures; scale, positions and
+    any input that differs in one of those are still checked on every call."""
+    from selgate.reference import check_inputs
+
+    q, k, v, r = random_inputs(dtype=torch.float32)
+    d = check_inputs(q, k, v, r)
+    assert check_inputs(q, k, v, r) is d  # the second call is the lookup
+    with pytest.raises(ValueError, match="scale"):
+        check_inputs(q, k, v, r, scale=float("nan"))
+    with pytest.raises(ValueError, match="positions"):
+        check_inputs(q, k, v, r, positions=torch.zeros(d.B, d.S + 1, dtype=torch.int64))
+    with pytest.raises(TypeError, match="k: dtype"):
+        check_inputs(q, k.double(), v, r)
+    with pytest.raises(TypeError, match="ranges"):
+        check_inputs(q, k, v, r.float())
+    with pytest.raises(TypeError, match="v: expected a torch.Tensor"):
+        check_inputs(q, k, v.numpy(), r)
