@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from selgate.lanes.cut import Cut, default_sigint, mark_signal
@@ -33,6 +34,7 @@ from selgate.reports.environment import ENV_FILE
 
 from .check_plugin import COLLECTED_FILE, verdict_environ
 from .check_report import CheckVerdict, judge, render, write_stub_junit
+from .probe import importing_marker
 from .registry import described_impl
 
 MARKERS = "conformance and not policy"  # policy is selgate's own dispatcher, not the kernel's
@@ -161,11 +163,18 @@ def load(args, run: Run, tmp: Path, env: dict):
         cmd += ["--declare", str(Path(args.declare).resolve())]
     module = args.impl.partition(":")[0]
     with open(log, "w") as sink:
-        run.start(cmd, env, graceful=False, stdout=sink, stderr=subprocess.STDOUT)
+        proc = run.start(cmd, env, graceful=False, stdout=sink, stderr=subprocess.STDOUT)
+        started, limit = time.monotonic(), args.import_timeout
+        while not importing_marker(result).exists() and proc.poll() is None:  # selgate's own start-up
+            if time.monotonic() - started > limit:
+                _kill_group(proc)
+                proc.wait()
+                return None, f"the probe process did not start importing {module} within {limit} s (selgate's own start-up)"
+            time.sleep(0.02)
         try:
-            rc = run.wait(timeout=args.import_timeout)
+            rc = run.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            return None, f"importing {module} did not finish within {args.import_timeout} s (--import-timeout)"
+            return None, f"importing {module} did not finish within {limit} s (--import-timeout)"
     tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
     if not result.exists():
         how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"ended the process with exit status {rc}"

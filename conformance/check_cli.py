@@ -35,7 +35,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default ./{DEFAULT_OUT})")
     p.add_argument("--workers", type=int, default=None, help="isolated worker processes (default: the lanes' sizing)")
     p.add_argument("--timeout", type=int, default=300, help="seconds one case may take before it is an error")
-    p.add_argument("--import-timeout", type=int, default=300, help="seconds importing the kernel may take")
+    p.add_argument(
+        "--import-timeout",
+        type=int,
+        default=300,
+        help="seconds importing the kernel's module may take (selgate's own start-up not counted)",
+    )
     p.add_argument("-k", help="pytest -k expression (debugging: the verdict is then BLOCKED as narrowed)")
     return p
 

@@ -4,7 +4,9 @@ so that the process deciding `selgate check`'s verdict never imports or calls th
 
 Whatever the import does is caught here and written as a reason: an exception, `sys.exit`
 with any code, KeyboardInterrupt. What cannot be caught (`os._exit`, a signal, a hang) leaves
-RESULT unwritten, and the caller names it from the exit status or its own timeout.
+RESULT unwritten, and the caller names it from the exit status or its own timeout, which starts
+when the probe begins importing the module (`importing_marker`): selgate's own start-up, torch's
+import among it, is not charged to the kernel.
 
 RESULT holds `{"ok": true, "declared": {...}}` or `{"ok": false, "usage": bool, "error": str}`;
 `usage` marks the caller's mistakes (a malformed spec, a module or callable that does not
@@ -26,10 +28,14 @@ def _missing(error: ModuleNotFoundError, module: str) -> bool:
     return bool(error.name) and (module == error.name or module.startswith(error.name + "."))
 
 
-def probe(spec: str, declare: str | None) -> dict:
+def probe(spec: str, declare: str | None, importing: Path | None = None) -> dict:
+    """The result for `spec`; `importing` is touched once selgate's own modules (torch among
+    them) are in, so the caller's import timeout measures the kernel's module alone."""
     from . import declarations
     from .registry import load_user_impl
 
+    if importing is not None:
+        importing.touch()
     module = spec.partition(":")[0]
     try:
         if module:
@@ -46,13 +52,18 @@ def probe(spec: str, declare: str | None) -> dict:
     return {"ok": True, "declared": declarations.to_json(impl.declared)}
 
 
+def importing_marker(result: Path) -> Path:
+    """The file whose existence says the probe has started importing the kernel's module."""
+    return result.with_name(result.name + ".importing")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m selgate.conformance.probe", description=__doc__)
     p.add_argument("spec")
     p.add_argument("result")
     p.add_argument("--declare")
     args = p.parse_args(argv)
-    result = probe(args.spec, args.declare)
+    result = probe(args.spec, args.declare, importing_marker(Path(args.result)))
     Path(args.result).write_text(json.dumps(result))
     return 0
 

@@ -79,11 +79,11 @@ def test_an_import_that_hangs_is_cut_by_its_timeout_and_its_processes_die(work):
         """,
     )
     start = time.monotonic()
-    # long enough for the probe to import torch and selgate before the module hangs (a GPU
-    # lane's host, busy with its other workers, took more than 5 s)
-    rc, log = _check(work, spec, "--out", "out", "--import-timeout", "40")
-    assert rc == 1 and "did not finish within 40 s" in log, log
-    assert time.monotonic() - start < 120
+    # the timeout counts from the module's import on: selgate's own start-up (torch), which took
+    # more than 5 s on a busy GPU lane host, is not charged to it
+    rc, log = _check(work, spec, "--out", "out", "--import-timeout", "3")
+    assert rc == 1 and "importing kern did not finish within 3 s" in log, log
+    assert time.monotonic() - start < 60
     assert not _alive(int(pidfile.read_text())), "the kernel's own process dies with the check"
 
 
