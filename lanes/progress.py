@@ -233,6 +233,7 @@ class ProgressPlugin:
     def pytest_sessionstart(self, session):
         if self.progress.every_s > 0:  # 0: a line for every result, nothing to wait for
             self.timer.start()
+        quiet_status_once(self.config)
 
     def pytest_collection_finish(self, session):
         if session.items:  # under xdist the controller collects nothing; its workers say the total
@@ -295,6 +296,24 @@ def recorded_durations(config) -> dict:
 def distributed(config) -> bool:
     """Whether xdist workers run the tests (this process only collects their results)."""
     return getattr(config.option, "dist", "no") != "no"
+
+
+def quiet_status_once(config) -> None:
+    """xdist's status line, written as a line when the output is not a terminal, reads "bringing
+    up nodes..." under -q whatever the state; it is written when the workers start and again when
+    their collection ends, where it misleads. Keep the first (this plugin's lines follow)."""
+    trdist = config.pluginmanager.get_plugin("terminaldistreporter")
+    show = getattr(trdist, "ensure_show_status", None)
+    if show is None or getattr(trdist, "_isatty", True) or config.option.verbose >= 0:
+        return
+    shown = []
+
+    def once():
+        if not shown:
+            shown.append(True)
+            show()
+
+    trdist.ensure_show_status = once
 
 
 def worker_count(config) -> int:

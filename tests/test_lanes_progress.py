@@ -115,12 +115,14 @@ def nested_env(**extra) -> dict:
 def test_an_xdist_run_prints_progress_against_what_its_workers_collected(tmp_path):
     (tmp_path / "test_mod.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(8))\ndef test_x(i):\n    pass\n")
     out = run_pytest(
-        tmp_path, "-p", "xdist.plugin", "-p", "selgate.lanes.progress", "-p", "no:cacheprovider", "-n", "2", "test_mod.py",
-        env=nested_env(SELGATE_PROGRESS_S="0"), timeout=170,
+        tmp_path, "-p", "xdist.plugin", "-p", "selgate.lanes.progress", "-p", "no:cacheprovider", "-n", "2", "-q",
+        "test_mod.py", env=nested_env(SELGATE_PROGRESS_S="0"), timeout=170,
     )  # fmt: skip
     lines = re.findall(r"^progress: (\d+)/(\d+) tests \((\d+) %\)", out.stdout, re.MULTILINE)  # on lines of their own
     assert [(int(d), int(t)) for d, t, _ in lines] == [(i, 8) for i in range(1, 9)], out.stdout + out.stderr
     assert "8 passed" in out.stdout
+    # xdist's quiet status line once, when the workers start (it wrote it again after collection)
+    assert out.stdout.count("bringing up nodes...") == 1, out.stdout
 
 
 @pytest.mark.timeout(120)
