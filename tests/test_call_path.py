@@ -138,3 +138,16 @@ def test_an_accepted_signature_still_refuses_what_differs():
         check_inputs(q, k, v, r.float())
     with pytest.raises(TypeError, match="v: expected a torch.Tensor"):
         check_inputs(q, k, v.numpy(), r)
+
+
+def test_the_hosts_tile_arithmetic_is_tritons():
+    """pow2_at_least and ceil_div replace triton.next_power_of_2 and triton.cdiv on the launch
+    path (each of those is a constexpr-function call costing microseconds); same values."""
+    triton = pytest.importorskip("triton")
+    from selgate.kernels.triton.tiles import ceil_div, pow2_at_least
+
+    for x in range(1, 2050):
+        for lo in (1, 2, 16):
+            assert pow2_at_least(x, lo) == max(lo, triton.next_power_of_2(x))
+        for b in (1, 3, 32, 256):
+            assert ceil_div(x, b) == triton.cdiv(x, b)

@@ -43,7 +43,7 @@ from selgate.reference.validation import check_inputs
 
 from . import tuning
 from .fwd import INT32_MAX, tma_descriptors, tma_supported
-from .tiles import block_key, gather_keys
+from .tiles import block_key, ceil_div, gather_keys, pow2_at_least
 
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -670,7 +670,7 @@ class InverseIndex:
     def __init__(self, norm_ranges: torch.Tensor, lim: torch.Tensor, G: int, S_kv: int, block_n: int, chunk: int):
         dev = norm_ranges.device
         B, S, _, n, _ = norm_ranges.shape
-        self.n_tiles = triton.cdiv(S_kv, block_n)
+        self.n_tiles = ceil_div(S_kv, block_n)
         n_seg = B * G * self.n_tiles
         r = norm_ranges.to(torch.int64)
         start = r[..., 0].reshape(-1)
@@ -745,7 +745,7 @@ def _check_like(name: str, t: torch.Tensor, shape: tuple, dtype=None) -> None:
 
 
 def _pow2(x: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(x))
+    return pow2_at_least(x, lo)
 
 
 def launch_config(Dk: int, Dv: int, dtype: torch.dtype, *, S_kv=None, n=None, kind=None, tune=None) -> dict:
@@ -876,7 +876,7 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
     BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     n_rows = d.B * d.S * d.G * d.h
     delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
-    _delta_kernel[(triton.cdiv(n_rows, 32),)](
+    _delta_kernel[(ceil_div(n_rows, 32),)](
         o,
         do,
         dlse.float().contiguous() if dlse is not None else delta,
@@ -953,7 +953,7 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
     selected are never visited), one program per work item, then split tiles' partials summed."""
     bn = cfg["block_n"]
     BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
-    heads_kv = triton.next_power_of_2(d.h)  # block_m // heads_kv rows share one MMA
+    heads_kv = pow2_at_least(d.h)  # block_m // heads_kv rows share one MMA
     qk_scale_log2 = scale * LOG2E
     dk.zero_()
     dv.zero_()

@@ -36,7 +36,7 @@ from selgate.kernels.triton_limits import TMA_MIN_CAPABILITY
 from selgate.kernels.stats import record_launch
 
 from . import tuning
-from .tiles import block_key, gather_keys
+from .tiles import block_key, gather_keys, pow2_at_least
 
 LOG2E = 1.4426950408889634
 MIN_DOT = 16  # tl.dot needs every dimension >= 16
@@ -447,7 +447,7 @@ def smem_fits(block_l: int, stages: int, dk_pad: int, dv_pad: int, item: int, bu
 
 def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
     """Shrink the stage count, then BLOCK_L, until the K/V tiles fit `budget_kb`."""
-    dk_pad, dv_pad = (max(MIN_DOT, triton.next_power_of_2(d)) for d in (Dk, Dv))
+    dk_pad, dv_pad = (pow2_at_least(d, MIN_DOT) for d in (Dk, Dv))
     block_l, stages = int(cfg["BLOCK_L"]), int(cfg["num_stages"])
     while block_l > MIN_DOT and not smem_fits(block_l, stages, dk_pad, dv_pad, item, budget_kb):
         if stages > 2:
@@ -504,8 +504,7 @@ def tma_descriptors(k, v, block_l: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return tuple(
-        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block_l, max(MIN_DOT, triton.next_power_of_2(x.shape[3]))])
-        for x in (k, v)
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block_l, pow2_at_least(x.shape[3], MIN_DOT)]) for x in (k, v)
     )
 
 
@@ -602,10 +601,10 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         HAS_POS=positions is not None,
         IEEE=q.dtype == torch.float32,
         INTERPRET=kind == "interpreter",
-        H_PAD=max(MIN_DOT, triton.next_power_of_2(h)),
-        DK_PAD=max(MIN_DOT, triton.next_power_of_2(Dk)),
-        DV_PAD=max(MIN_DOT, triton.next_power_of_2(Dv)),
-        N_PAD=max(MIN_DOT, triton.next_power_of_2(n)),  # few compiled variants for n <= 16
+        H_PAD=pow2_at_least(h, MIN_DOT),
+        DK_PAD=pow2_at_least(Dk, MIN_DOT),
+        DV_PAD=pow2_at_least(Dv, MIN_DOT),
+        N_PAD=pow2_at_least(n, MIN_DOT),  # few compiled variants for n <= 16
         KEY64=key64,
         **meta,
     )

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .tiles import ceil_div, pow2_at_least
+
 EMPTY = 1 << 62  # sort key of a dropped range: after every real one
 MAX_S_KV = 1 << 30  # a real range's sort key `start * 2^32 + end` stays below EMPTY
 # Range slots per program (rows x padded n): one program per row left a prefill call with
@@ -117,10 +119,10 @@ def normalize_ranges_triton(
         return out
     pos = positions if positions is not None else ranges
     sp = positions.stride() if positions is not None else (0, 0)
-    n_pad = max(2, triton.next_power_of_2(n))
+    n_pad = pow2_at_least(n, 2)
     rows_per = max(1, ROW_SLOTS // n_pad)
     R = B * S * G
-    _normalize_kernel[(triton.cdiv(R, rows_per),)](
+    _normalize_kernel[(ceil_div(R, rows_per),)](
         ranges,
         pos,
         out,

@@ -20,7 +20,6 @@ inputs are narrower (`unsupported`); fwd.py serves the rest.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -29,6 +28,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from selgate.kernels.policy import device_capability
 from selgate.kernels.triton_limits import PAIRS_CAPABILITY_MAJOR, PAIRS_DTYPES, PAIRS_HEAD_DIMS, PAIRS_MAX_HEADS
+
+from .tiles import ceil_div, pow2_at_least
 
 ROWS = 2  # rows a program (one warp each); 4 and 8 were slower (fewer programs fit an SM)
 BLOCK = 32  # keys a tile
@@ -401,7 +402,7 @@ def pair_forward(q, k, v, norm_ranges, *, scale: float, out):
         TensorDescriptor(x, [1, B * G * S_kv, D], [B * G * S_kv * x.stride(2), x.stride(2), 1], [1, BLOCK, D], smem)
         for x in (k, v)
     ]
-    _pair_kernel[(B * G * triton.cdiv(S, ROWS),)](
+    _pair_kernel[(B * G * ceil_div(S, ROWS),)](
         q,
         k,
         v,
@@ -423,7 +424,7 @@ def pair_forward(q, k, v, norm_ranges, *, scale: float, out):
         float(scale) * LOG2E,
         H=HEADS,
         D=D,
-        N_PAD=max(16, triton.next_power_of_2(norm_ranges.shape[3])),
+        N_PAD=pow2_at_least(norm_ranges.shape[3], 16),
         BL=BLOCK,
         STAGES=STAGES,
         TAIL=BLOCK,

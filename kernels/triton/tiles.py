@@ -1,4 +1,5 @@
-"""Where a row's selected keys lie, one tile at a time: shared by the forward and the dq kernel.
+"""Where a row's selected keys lie, one tile at a time: shared by the forward and the dq kernel
+(and the host's tile arithmetic, `pow2_at_least` and `ceil_div`).
 
 A row's ranges, clamped and concatenated, number its selected keys by position: position
 `p` in `[first[j], stop[j])` is key `start[j] + p - first[j]`. Loops over positions instead
@@ -8,6 +9,18 @@ next tile (NSA ranges are mostly one 64-key block: a per-range inner loop would 
 
 import triton
 import triton.language as tl
+
+
+def pow2_at_least(x: int, lo: int = 1) -> int:
+    """The smallest power of two >= max(x, lo): a tile's padded extent, on the host. Plain
+    arithmetic: `triton.next_power_of_2` goes through Triton's constexpr-function call, about
+    10 us a call on the 2-core CPU machine, four of them on every forward launch."""
+    return max(lo, 1 << (int(x) - 1).bit_length())
+
+
+def ceil_div(a: int, b: int) -> int:
+    """`triton.cdiv` in plain arithmetic, for the host (the same constexpr-function cost)."""
+    return -(-int(a) // int(b))
 
 
 @triton.jit
