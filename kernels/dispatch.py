@@ -143,22 +143,12 @@ def selection_attention(
 
         o, lse = selection_attention_op(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse)
         return (o, lse) if return_lse else o
-    return eager_selection_attention(
-        q,
-        k,
-        v,
-        ranges,
-        scale=scale,
-        backend=backend,
-        return_lse=return_lse,
-        positions=positions,
-        strict=strict,
-        normalized=normalized,
-    )
+    return eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse)
 
 
-def eager_selection_attention(q, k, v, ranges, *, scale, backend, return_lse, positions, strict, normalized):
-    """The ladder itself, in Python: every eager call, and the op's implementation."""
+def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse):
+    """The ladder itself, in Python: every eager call, and the op's implementation (arguments in
+    the op's schema order)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)

@@ -18,28 +18,13 @@ from typing import Optional
 
 import torch
 
+from .dispatch import eager_selection_attention
+
 _grads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="selgate-op-backward")
 
 
 def _lse_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.promote_types(q.dtype, torch.float32)
-
-
-def _call(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse):
-    from .dispatch import eager_selection_attention
-
-    return eager_selection_attention(
-        q,
-        k,
-        v,
-        ranges,
-        scale=scale,
-        backend=backend,
-        return_lse=return_lse,
-        positions=positions,
-        strict=strict,
-        normalized=normalized,
-    )
 
 
 @torch.library.custom_op("selgate::selection_attention", mutates_args=())
@@ -56,9 +41,8 @@ def selection_attention_op(
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(o, lse)`; `lse` is an empty tensor unless `return_lse` (the sdpa path is faster without it)."""
-    if not return_lse:
-        return _call(q, k, v, ranges, positions, scale, backend, strict, normalized, False), q.new_empty(0, dtype=_lse_dtype(q))
-    return _call(q, k, v, ranges, positions, scale, backend, strict, normalized, True)
+    out = eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse)
+    return out if return_lse else (out, q.new_empty(0, dtype=_lse_dtype(q)))
 
 
 @selection_attention_op.register_fake
@@ -71,7 +55,7 @@ def _(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse
 def _recompute_grads(q, k, v, ranges, positions, scale, backend, strict, normalized, do, dlse):
     with torch.enable_grad():
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        outs = _call(q, k, v, ranges, positions, scale, backend, strict, normalized, dlse is not None)
+        outs = eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict, normalized, dlse is not None)
         outs, grads = ((outs[0], outs[1]), (do, dlse)) if dlse is not None else ((outs,), (do,))
         dq, dk, dv = torch.autograd.grad(outs, (q, k, v), grads, allow_unused=True)
     return tuple(torch.zeros_like(x) if g is None else g for g, x in zip((dq, dk, dv), (q, k, v)))
