@@ -97,12 +97,13 @@ def decode_inputs(seed: int):
 @pytest.mark.parametrize("normalized", [False, True])
 def test_a_decode_call_never_synchronises(backend, normalized):
     q, k, v, r = decode_inputs(0)
-    selection_attention(q, k, v, r, backend=backend, normalized=normalized)  # warm: builds, compiles, tunes
+    strict = backend != "auto"  # a named kernel must serve, not a fallback
+    selection_attention(q, k, v, r, backend=backend, normalized=normalized, strict=strict)  # warm: builds, compiles, tunes
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):
-            o = selection_attention(q, k, v, r, backend=backend, normalized=normalized)
+            o = selection_attention(q, k, v, r, backend=backend, normalized=normalized, strict=strict)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert (o.double() - selection_attention_ref(q, k, v, r)).abs().max() <= 0.05
@@ -111,10 +112,10 @@ def test_a_decode_call_never_synchronises(backend, normalized):
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 def test_a_declared_normal_decode_call_is_one_launch():
     q, k, v, r = decode_inputs(1)
-    selection_attention(q, k, v, r, backend="triton", normalized=True)
+    selection_attention(q, k, v, r, backend="triton", normalized=True, strict=True)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        selection_attention(q, k, v, r, backend="triton", normalized=True)
+        selection_attention(q, k, v, r, backend="triton", normalized=True, strict=True)
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == 1, kernels
