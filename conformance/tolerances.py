@@ -39,14 +39,14 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
-import torch
 import yaml
 
 from selgate.kernels import env_vars
 
-from .cases import DTYPE_NAMES
+if TYPE_CHECKING:  # torch loads where a precision is first used: the lane runner and the gate parse
+    import torch  # overrides without it
 
 ENV = "SELGATE_TOL_OVERRIDES"
 GRADS = ("dq", "dk", "dv")
@@ -72,6 +72,8 @@ class Precision:
         nearest here, since a tensor core rounds its operands so whatever the shape, while
         cuBLAS takes the TF32 path only for some (a decode's matrix-vector product stays
         IEEE fp32, and the plain run's error then measured 2e-7 beside fla-core's 2e-3)."""
+        import torch
+
         t = t.to(self.dtype)
         if self.name != "tf32":
             return t
@@ -86,6 +88,8 @@ class Precision:
         if self.name != "tf32":
             yield
             return
+        import torch
+
         cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
         saved = cuda.allow_tf32, cudnn.allow_tf32
         cuda.allow_tf32 = cudnn.allow_tf32 = True
@@ -95,16 +99,21 @@ class Precision:
             cuda.allow_tf32, cudnn.allow_tf32 = saved
 
 
-PRECISIONS = {
-    **{name: Precision(name, dt, torch.finfo(dt).eps) for dt, name in DTYPE_NAMES.items()},
-    "tf32": Precision("tf32", torch.float32, 2.0**-10),
-}
+@functools.cache
+def _precisions() -> dict:
+    import torch
+
+    from .cases import DTYPE_NAMES
+
+    names = {dt: Precision(name, dt, torch.finfo(dt).eps) for dt, name in DTYPE_NAMES.items()}
+    return {**names, "tf32": Precision("tf32", torch.float32, 2.0**-10)}
 
 
 def judged_as(dtype: torch.dtype, fp32_matmul: str = "ieee") -> Precision:
     """The precision an implementation declaring `fp32_matmul` (ieee, tf32) is judged in on
     `dtype` inputs."""
-    return PRECISIONS["tf32" if dtype == torch.float32 and fp32_matmul == "tf32" else DTYPE_NAMES[dtype]]
+    precisions = _precisions()
+    return precisions["tf32" if fp32_matmul == "tf32" and precisions[dtype].name == "fp32" else dtype]
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from selgate.kernels.policy import capability_text, device_capability
-
 from .config import LANE_DIR, lane_names, load_lane
 
 
@@ -37,6 +33,10 @@ def lane_for(capability: str | None, lane_dir=LANE_DIR) -> str:
 
 
 def detect_lane() -> Detected:
+    import torch  # here, not above: a lane run that names its lane never needs torch
+
+    from selgate.kernels.policy import capability_text, device_capability
+
     capability = capability_text(device_capability())
     gpu = "none" if capability is None else torch.cuda.get_device_name()
     return Detected(lane_for(capability), capability, gpu)

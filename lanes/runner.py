@@ -22,7 +22,6 @@ from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
 from selgate.kernels import env_vars
-from selgate.kernels.policy import capability_text, device_capability
 
 from .config import LANE_DIR, tolerance_env
 from .cut import Cut, default_sigint, mark_signal, raise_interrupt
@@ -363,5 +362,7 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
 
 def resolve_lane(name: str) -> tuple[str, str | None]:
     """(lane name, device capability); `auto` picks the lane for this machine."""
+    from selgate.kernels.policy import capability_text, device_capability
+
     capability = capability_text(device_capability())
     return (lane_for(capability) if name == "auto" else name), capability

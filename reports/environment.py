@@ -9,7 +9,6 @@ import platform
 import subprocess
 
 from selgate.kernels import env_vars
-from selgate.kernels.policy import capability_text, device_capability
 
 from .tree import commit
 
@@ -26,6 +25,8 @@ def _run(cmd: list[str]) -> str | None:
 
 def collect_environment() -> dict:
     import torch
+
+    from selgate.kernels.policy import capability_text, device_capability
 
     try:
         import triton

@@ -19,15 +19,19 @@ def names() -> tuple:
 def family_of(nodeid: str, markers=()) -> str:
     """The family marker on the test, else the family whose test function it is
     (`...::test_determinism_backward[...]` -> determinism; needed for xdist's crash reports,
-    which carry no markers), else `harness` for tests/ and `other` for anything else."""
-    known = names()
-    for name in markers:
-        if name in known:
-            return name
+    which carry no markers), else `harness` for tests/ and `other` for anything else. A test
+    outside the matrix with no markers is placed without loading the declarations (torch)."""
     module, _, test = nodeid.partition("::")
-    from selgate.conformance import families
+    in_matrix = module.endswith(MODULE)
+    if markers or in_matrix:
+        known = names()
+        for name in markers:
+            if name in known:
+                return name
+    if in_matrix:
+        from selgate.conformance import families
 
-    family = families.of_test(test.split("[", 1)[0]) if module.endswith(MODULE) else None
-    if family is not None:
-        return family.reported_as
+        family = families.of_test(test.split("[", 1)[0])
+        if family is not None:
+            return family.reported_as
     return HARNESS if nodeid.startswith("tests/") else OTHER
