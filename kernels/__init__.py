@@ -6,17 +6,19 @@ costs no torch import, about 2.4 s of CPU on the 2-core CPU lane machine."""
 
 import importlib
 
+# Eager: a function named as its module would otherwise be shadowed by the module once
+# `selgate.kernels.stats` is imported (the import system sets the package attribute).
+from .stats import reset_stats as reset_stats, stats as stats
+
 _EXPORTS = {
     "BACKENDS": ".dispatch",
     "selection_attention": ".dispatch",
     "selection_attention_varlen": ".dispatch",
     "capability_override": ".policy",
     "reload_settings": ".policy",
-    "reset_stats": ".stats",
-    "stats": ".stats",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "reset_stats", "stats"])
 
 
 def __getattr__(name: str):

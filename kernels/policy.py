@@ -94,9 +94,9 @@ def dispatch_policy(device_name: str | None = None) -> DispatchPolicy:
 
 def reload_settings() -> None:
     """Forget everything resolved once per process: config files and device profiles, the
-    policies built from them, device capabilities and the Triton launch selections. Tests and
-    tools that edit configs/ or a tuned file call it; environment flags need no call (each
-    call sees their current text)."""
+    policies built from them, device capabilities, the Triton launch selections and the
+    launches `triton/launch.py` keeps. Tests and tools that edit configs/ or a tuned file call
+    it; environment flags need no call (each call sees their current text)."""
     from . import config
 
     config.load_config.cache_clear()
@@ -104,6 +104,8 @@ def reload_settings() -> None:
     _caps.clear()
     if "selgate.kernels.triton.tuning" in sys.modules:
         sys.modules["selgate.kernels.triton.tuning"].clear_cache()
+    if "selgate.kernels.triton.launch" in sys.modules:
+        sys.modules["selgate.kernels.triton.launch"].clear()
 
 
 @contextlib.contextmanager

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads with the dispatcher; this module is imported by selgate.kernels itself
+    import torch
 
 from . import env_vars
 
@@ -47,6 +49,8 @@ def device_counter(device: torch.device) -> torch.Tensor:
     key = str(device)
     with _lock:
         if key not in _counters:
+            import torch
+
             _counters[key] = torch.zeros(2, dtype=torch.int64, device=device)
         return _counters[key]
 
@@ -60,6 +64,8 @@ def record_call(backend: str, norm_ranges: torch.Tensor, bytes_per_key: int, *, 
     debugging = debug_enabled()
     if counted and not debugging:
         return
+    import torch
+
     tokens = (norm_ranges[..., 1].to(torch.int64) - norm_ranges[..., 0]).clamp(min=0).sum()
     if not counted:
         device_counter(norm_ranges.device).add_(torch.stack((tokens, tokens * bytes_per_key)))

@@ -36,6 +36,7 @@ from selgate.kernels.triton_limits import TMA_MIN_CAPABILITY
 from selgate.kernels.stats import record_launch
 
 from . import tuning
+from .launch import launch
 from .tiles import block_key, gather_keys, pow2_at_least
 
 LOG2E = 1.4426950408889634
@@ -575,7 +576,9 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
     descs = tma_descriptors(k, v, meta["BLOCK_L"]) if meta["TMA"] else (None, None)
-    (_tuner or _sel_fwd_kernel)[(rows,)](
+    launch(
+        _tuner or _sel_fwd_kernel,
+        (rows,),
         q,
         k,
         v,

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
 from .tiles import ceil_div, pow2_at_least
 
 EMPTY = 1 << 62  # sort key of a dropped range: after every real one
@@ -122,7 +123,9 @@ def normalize_ranges_triton(
     n_pad = pow2_at_least(n, 2)
     rows_per = max(1, ROW_SLOTS // n_pad)
     R = B * S * G
-    _normalize_kernel[(ceil_div(R, rows_per),)](
+    launch(
+        _normalize_kernel,
+        (ceil_div(R, rows_per),),
         ranges,
         pos,
         out,
