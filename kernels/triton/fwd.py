@@ -520,6 +520,60 @@ def pair_kernel():
     return pairs
 
 
+def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool) -> tuple:
+    """`(cfg, constexprs)` of a forward launch: the launch parameters (`launch_config`, or
+    `config`) and every constexpr but TMA's final say, which reads the call's strides and
+    alignment. Kept per (dtype, device, kind, Dk, Dv, h, n, L bucket, positions, key64) in
+    the tuning state, so a decode step pays one lookup, and `reload_settings` drops them."""
+    B, S, G, h, Dk = q.shape
+    S_kv, Dv, n = k.shape[2], v.shape[3], norm_ranges.shape[3]
+    st = tuning.current_state()
+    key = None
+    if config is None:
+        key = (q.dtype, q.device, kind, Dk, Dv, h, n, tuning.l_bucket(min(S_kv, n * st.range_len)), positions is None, key64)
+        hit = st.plans.get(key)
+        if hit is not None:
+            return hit
+    cfg = config or launch_config(
+        Dk,
+        Dv,
+        q.element_size(),
+        kind,
+        dtype=q.dtype,
+        S_kv=S_kv,
+        n=n,
+        tune=lambda default: tuning.tune_fwd(
+            lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
+            default=default,
+            do_bench=tuning.device_bench(q.device),
+        )["config"],
+    )
+    meta = {
+        "BLOCK_L": cfg["BLOCK_L"],
+        "num_warps": cfg["num_warps"],
+        "num_stages": cfg["num_stages"],
+        "TMA": False,
+        "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"]))),
+    }
+    meta.update(_constexprs(q, h, Dk, Dv, n, positions, kind, key64))
+    if key is not None and tuning.last_kept("fwd"):
+        st.plans[key] = (cfg, meta)
+    return cfg, meta
+
+
+def _constexprs(q, h: int, Dk: int, Dv: int, n: int, positions, kind: str, key64: bool) -> dict:
+    return {
+        "HAS_POS": positions is not None,
+        "IEEE": q.dtype == torch.float32,
+        "INTERPRET": kind == "interpreter",
+        "H_PAD": pow2_at_least(h, MIN_DOT),
+        "DK_PAD": pow2_at_least(Dk, MIN_DOT),
+        "DV_PAD": pow2_at_least(Dv, MIN_DOT),
+        "N_PAD": pow2_at_least(n, MIN_DOT),  # few compiled variants for n <= 16
+        "KEY64": key64,
+    }
+
+
 def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None, config=None, _tuner=None):
     """Raw launch of the forward kernel on already-normalised ranges (no checks, no autograd).
 
@@ -543,36 +597,18 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
     q, k, v, norm_ranges = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, norm_ranges))
     kind = tuning.kind_of(q.device, S)
     key64 = S_kv > INT32_MAX
-    if _tuner is None:
-        cfg = config or launch_config(
-            Dk,
-            Dv,
-            q.element_size(),
-            kind,
-            dtype=q.dtype,
-            S_kv=S_kv,
-            n=n,
-            tune=lambda default: tuning.tune_fwd(
-                lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
-                default=default,
-                do_bench=tuning.device_bench(q.device),
-            )["config"],
-        )
-        pairs = pair_kernel() if cfg.get("PAIRS") else None
-        if pairs is not None and pairs.unsupported(q, k, v, positions) is None:
-            record_launch("triton_fwd")
-            record_launch("triton_fwd_pairs")
-            return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
-        tma = bool(cfg.get("TMA")) and not key64 and tma_supported(k, v)  # TMA coordinates are int32
-        meta = {
-            "BLOCK_L": cfg["BLOCK_L"],
-            "num_warps": cfg["num_warps"],
-            "num_stages": cfg["num_stages"],
-            "TMA": tma,
-            "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"]))),
-        }
+    if _tuner is not None:
+        meta = {"TMA": False, "TAIL_L": 0, **_constexprs(q, h, Dk, Dv, n, positions, kind, key64)}  # the gather path
     else:
-        meta = {"TMA": False, "TAIL_L": 0}  # the autotuner times the gather path
+        cfg, meta = _plan(q, k, v, norm_ranges, scale, positions, config, kind, key64)
+        if cfg.get("PAIRS"):
+            pairs = pair_kernel()
+            if pairs is not None and pairs.unsupported(q, k, v, positions) is None:
+                record_launch("triton_fwd")
+                record_launch("triton_fwd_pairs")
+                return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
+        if cfg.get("TMA"):
+            meta = {**meta, "TMA": not key64 and tma_supported(k, v)}  # TMA coordinates are int32
     pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
     descs = tma_descriptors(k, v, meta["BLOCK_L"]) if meta["TMA"] else (None, None)
@@ -601,14 +637,6 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         Dv,
         n,
         float(scale) * LOG2E,
-        HAS_POS=positions is not None,
-        IEEE=q.dtype == torch.float32,
-        INTERPRET=kind == "interpreter",
-        H_PAD=pow2_at_least(h, MIN_DOT),
-        DK_PAD=pow2_at_least(Dk, MIN_DOT),
-        DV_PAD=pow2_at_least(Dv, MIN_DOT),
-        N_PAD=pow2_at_least(n, MIN_DOT),  # few compiled variants for n <= 16
-        KEY64=key64,
         **meta,
     )
     return o, lse

@@ -232,6 +232,7 @@ class _State:
         self.path: Path | None = None
         self.reason: str | None = None
         self.last: dict = {}
+        self.plans: dict = {}  # fwd.triton_forward's launch plans, dropped with this state
         self.env_fwd = env_vars.get(ENV_FWD)  # read once per state: no environ access per call
         self.env_bwd = env_vars.get(ENV_BWD)
         for text, keys, name in ((self.env_fwd, FWD_KEYS, ENV_FWD), (self.env_bwd, BWD_KEYS, ENV_BWD)):
@@ -245,7 +246,8 @@ class _State:
 _state: _State | None = None
 
 
-def _current() -> _State:
+def current_state() -> _State:
+    """The selection state of the current config (a new one after `reload_settings()`)."""
     global _state
     cfg = load_config()
     if _state is None or _state.owner is not cfg:
@@ -275,7 +277,7 @@ def _tuned(st: _State) -> dict:
 
 def tuning_status() -> dict:
     """Which tuned file is used (or why not), how many keys it holds, the last selections."""
-    st = _current()
+    st = current_state()
     table = _tuned(st)
     return {
         "path": str(st.path) if st.path else None,
@@ -289,7 +291,7 @@ def tuning_status() -> dict:
 
 def last_choice(op: str = "fwd") -> tuple | None:
     """(key, config, source) of the latest selection for op 'fwd' or 'bwd'."""
-    return _current().last.get(op)
+    return current_state().last.get(op)
 
 
 def _capturing() -> bool:
@@ -308,8 +310,16 @@ def _lookup(st: _State, op, kind, Dk, Dv, dtype, b):
     return None
 
 
+def last_kept(op: str) -> bool:
+    """Whether the last selection of `op` is kept for its key; a default used during CUDA-graph
+    capture is not (the next call outside capture tunes), so a caller must not keep it either."""
+    st = current_state()
+    last = st.last.get(op)
+    return last is not None and last[0] in st.cache
+
+
 def _select(op, key, resolve, tune, keys, env_name, env):
-    st = _current()
+    st = current_state()
     hit = st.cache.get(key)
     if hit is None:
         cfg, source = resolve(st)
@@ -349,7 +359,7 @@ def profile_fwd_config(cfg_all: dict, Dk: int, Dv: int, item: int, kind: str, b:
 def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None, n=None, tune=None) -> dict:
     """Launch parameters {BLOCK_L, num_warps, num_stages} of the forward (module docstring).
     `tune(default) -> config` runs when SELGATE_TRITON_AUTOTUNE=1 and the key has no entry."""
-    st = _current()
+    st = current_state()
     b = l_bucket(min(S_kv, n * st.range_len)) if S_kv is not None and n is not None else None
     env = st.env_fwd
     key = ("fwd", kind, Dk, Dv, item, dtype, b, env)
@@ -376,7 +386,7 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
 def bwd_config(Dk: int, Dv: int, dtype, kind: str, *, S_kv=None, n=None, default, tune=None) -> dict:
     """Backward launch parameters (bwd.launch_config's keys); `default(Dk, Dv, dtype)` gives
     the built-in values."""
-    st = _current()
+    st = current_state()
     b = l_bucket(min(S_kv, n * st.range_len)) if S_kv is not None and n is not None else None
     env = st.env_bwd
     key = ("bwd", kind, Dk, Dv, None, dtype, b, env)
