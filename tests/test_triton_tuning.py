@@ -269,7 +269,7 @@ def test_profile_values_still_fit_the_smem_budget(cfg):
 def test_selection_is_cached_per_bucket_not_per_length(cfg):
     for S_kv in range(65, 129):  # decode: S_kv grows by one per step, all in bucket 128
         pick(S_kv=S_kv, n=16)
-    keys = [k for k in tuning._current().cache if k[0] == "fwd"]
+    keys = [k for k in tuning.current_state().cache if k[0] == "fwd"]
     assert len(keys) == 1 and keys[0][6] == 128
 
 
