@@ -1,7 +1,7 @@
 """Host cost per call of selgate's Triton launches, plain (Triton's JITFunction.run) vs the
 cached launcher (selgate.kernels.triton.launch), on one decode shape.
 
-Run from the repo root on a GPU host:  .venv/bin/python probes/triton_launch.py
+Run from the repo root on a GPU host: python3 probes/triton_launch.py (the set-up's .venv/bin/python)
 Host time = time.perf_counter() around each call, no synchronize inside the loop (one after).
 Every part is independent: a failure prints its traceback and the probe goes on."""
 
