@@ -76,6 +76,24 @@ def _run(name: str, q, k, v, norm, scale, positions, d, st, need_lse: bool):
     return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
 
 
+def _run_fused(q, k, v, ranges, scale, positions, d, bytes_per_key: int):
+    """The Triton forward on the caller's ranges as given: the kernel makes them disjoint and
+    counts the call's tokens itself, so a decode call is one launch (no normalising launch)."""
+    from .triton.fwd import triton_forward
+
+    return triton_forward(
+        q,
+        k,
+        v,
+        ranges,
+        scale=resolve_scale(scale, d.Dk),
+        positions=positions,
+        clip=True,
+        counter=device_counter(ranges.device),
+        kv_bytes_per_key=bytes_per_key,
+    )
+
+
 def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
@@ -158,23 +176,33 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
     if st.validate:
         validate_ranges(ranges, d.S_kv, positions)
         norm, counted = ranges, False
+    elif normalized:
+        norm, counted = ranges, True
+    elif ranges.is_cuda and st.triton_normalize and not st.debug:
+        norm, counted = None, False  # normalised where a backend needs it; the Triton forward clips itself
     else:
-        norm, counted = (ranges, True) if normalized else _normalize(ranges, d, positions, bytes_per_key, st)
+        norm, counted = _normalize(ranges, d, positions, bytes_per_key, st)
     if backend == "auto" and st.force_parity:
         backend = "reference"
     chain = _plan(q, k, v, d, backend, st)
     if st.debug:
         debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
+        fused = norm is None and name == "triton" and not _needs_grad(q, k, v)
+        if norm is None and not fused:
+            norm, counted = _normalize(ranges, d, positions, bytes_per_key, st)
         if name == "triton":
-            skip = _triton_skip(q, k, v, d, norm, st, explicit=backend in ("triton", "cuda"))
+            skip = _triton_skip(q, k, v, d, ranges if fused else norm, st, explicit=backend in ("triton", "cuda"))
             if skip is not None:
                 if strict and backend == "triton":
                     raise StrictModeError(f"backend={backend!r} cannot run: {skip[0]}: {skip[1]}")
                 record_fallback("triton", *skip)
                 continue
         try:
-            o, lse = _run(name, q, k, v, norm, scale, positions, d, st, return_lse)
+            if fused:
+                o, lse = _run_fused(q, k, v, ranges, scale, positions, d, bytes_per_key)
+            else:
+                o, lse = _run(name, q, k, v, norm, scale, positions, d, st, return_lse)
         except Exception as e:
             if strict:
                 raise StrictModeError(f"backend {name!r} failed and strict mode forbids falling back: {e}") from e
@@ -183,7 +211,7 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
             reason = e.reason if isinstance(e, BackendUnavailable) else "config" if isinstance(e, ConfigError) else "error"
             record_fallback(name, reason, f"{type(e).__name__}: {e}", error=not isinstance(e, BackendUnavailable))
             continue
-        record_call(name, norm, bytes_per_key, counted=counted)
+        record_call(name, norm, bytes_per_key, counted=counted or fused)
         return (o, lse) if return_lse else o
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from selgate.kernels import policy, reload_settings, selection_attention, stats
+from selgate.kernels import policy, reload_settings, reset_stats, selection_attention, stats
 from selgate.kernels import config as config_mod
 from selgate.reference import RangeError, normalize_ranges, selection_attention_ref
 from tests.helpers import clean_dispatcher, random_inputs  # noqa: F401 (a fixture)
@@ -110,15 +110,24 @@ def test_a_decode_call_never_synchronises(backend, normalized):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
-def test_a_declared_normal_decode_call_is_one_launch():
+@pytest.mark.parametrize("normalized", [True, False])
+def test_a_decode_call_on_the_triton_kernel_is_one_launch(normalized):
+    """Declared normal, or not: the forward kernel then makes the ranges disjoint itself and
+    counts the call's tokens, as the normalising launch would have."""
     q, k, v, r = decode_inputs(1)
-    selection_attention(q, k, v, r, backend="triton", normalized=True, strict=True)
+    r = torch.cat((r, r[..., :2, :] + 5), dim=3) if not normalized else r  # overlaps, out of order
+    selection_attention(q, k, v, r, backend="triton", normalized=normalized, strict=True)
     torch.cuda.synchronize()
+    reset_stats()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        selection_attention(q, k, v, r, backend="triton", normalized=True, strict=True)
+        o = selection_attention(q, k, v, r, backend="triton", normalized=normalized, strict=True)
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == 1, kernels
+    norm = normalize_ranges(r, k.shape[2])
+    if not normalized:
+        assert stats()["selected_tokens"] == int((norm[..., 1] - norm[..., 0]).sum())
+    assert (o.double() - selection_attention_ref(q, k, v, norm)).abs().max() <= 0.05
 
 
 def test_an_accepted_signature_still_refuses_what_differs():

@@ -68,6 +68,32 @@ def test_forward_matches_reference(case, dtype, path):
     assert_matches_reference(q, k, v, norm, o, lse)  # the reference pads gathers with key 0: clean K/V
 
 
+@pytest.mark.parametrize("path", ["gather", "tma"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SHAPES)
+def test_raw_ranges_clipped_in_the_kernel_match_reference(case, dtype, path):
+    """`clip=True` on ranges as a caller gives them (overlapping, duplicated, out of order,
+    negative, past the end): each key of the union counts once, and the call's tokens and
+    K/V bytes are counted as the normaliser counts them."""
+    q, k, v, ranges = _inputs(SHAPES[case], dtype, seed=11 + len(case))
+    ranges[..., 1] += 12 if path == "gather" else 45  # long enough to overlap (and fill tiles)
+    ranges[..., -1, :] = ranges[..., 0, :]  # a duplicate
+    S_kv = k.shape[2]
+    norm = normalize_ranges(ranges, S_kv)
+    k_nan, v_nan = poison_unselected(k, v, norm)
+    o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
+    lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
+    cfg = TMA_CONFIG if path == "tma" else None
+    if cfg is not None and not tma_supported(k, v):
+        pytest.skip("tensor descriptors need SM >= 9.0")
+    counter = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    scale = resolve_scale(None, q.shape[-1])
+    triton_forward(q, k_nan, v_nan, ranges, scale=scale, out=(o, lse), config=cfg, clip=True, counter=counter, kv_bytes_per_key=6)
+    assert_matches_reference(q, k, v, norm, o, lse)
+    tokens = int((norm[..., 1] - norm[..., 0]).sum())
+    assert counter.tolist() == [tokens, 6 * tokens]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_overlapping_raw_ranges_through_strict_dispatcher(dtype):
     """Raw ranges with overlaps, duplicates and out-of-bounds ends count each key once."""

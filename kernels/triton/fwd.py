@@ -273,6 +273,7 @@ _VARYING = (
     "S_kv",
     "h",
     "n",
+    "kv_bytes",
 )
 
 
@@ -287,6 +288,7 @@ def _sel_fwd_kernel(
     pos_ptr,
     o_ptr,
     lse_ptr,
+    count_ptr,
     sq_b,
     sq_s,
     sq_g,
@@ -317,6 +319,7 @@ def _sel_fwd_kernel(
     Dv,
     n,
     qk_scale,
+    kv_bytes,
     HAS_POS: tl.constexpr,
     IEEE: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -328,6 +331,8 @@ def _sel_fwd_kernel(
     TMA: tl.constexpr,
     TAIL_L: tl.constexpr,
     KEY64: tl.constexpr,
+    CLIP: tl.constexpr,
+    COUNT: tl.constexpr,
 ):
     # Rows run in (b, g, s) order: neighbouring programs share one group's K/V in L2.
     pid = tl.program_id(0).to(tl.int64)
@@ -351,7 +356,18 @@ def _sel_fwd_kernel(
         lim, start, end = lim.to(tl.int32), start.to(tl.int32), end.to(tl.int32)
     start = tl.minimum(tl.maximum(start, 0), lim)
     end = tl.minimum(tl.maximum(end, 0), lim)
+    if CLIP:
+        # Ranges as the caller gave them (any order, overlaps allowed): each range drops the
+        # keys below the furthest end of the ranges before it in (start, slot) order. Those
+        # keys are that range's, so every key of the union counts once, in one range.
+        i = tl.arange(0, N_PAD)
+        before = (start[None, :] < start[:, None]) | ((start[None, :] == start[:, None]) & (i[None, :] < i[:, None]))
+        start = tl.maximum(start, tl.max(tl.where(before, end[None, :], 0), 1))
     length = tl.maximum(end - start, 0)
+    if COUNT:  # the call's selected tokens and K/V bytes, one pair of adds per row
+        L = tl.sum(length.to(tl.int64), 0)
+        tl.atomic_add(count_ptr, L)
+        tl.atomic_add(count_ptr + 1, L * kv_bytes)
 
     hh = tl.arange(0, H_PAD)
     dk = tl.arange(0, DK_PAD)
@@ -520,7 +536,7 @@ def pair_kernel():
     return pairs
 
 
-def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool) -> tuple:
+def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool, clip: bool) -> tuple:
     """`(cfg, constexprs)` of a forward launch: the launch parameters (`launch_config`, or
     `config`) and every constexpr but TMA's final say, which reads the call's strides and
     alignment. Kept per (dtype, device, kind, Dk, Dv, h, n, L bucket, positions, key64) in
@@ -543,7 +559,7 @@ def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool
         S_kv=S_kv,
         n=n,
         tune=lambda default: tuning.tune_fwd(
-            lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, _tuner=kernel),
+            lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, clip=clip, _tuner=kernel),
             default=default,
             do_bench=tuning.device_bench(q.device),
         )["config"],
@@ -574,11 +590,28 @@ def _constexprs(q, h: int, Dk: int, Dv: int, n: int, positions, kind: str, key64
     }
 
 
-def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None, config=None, _tuner=None):
+def triton_forward(
+    q,
+    k,
+    v,
+    norm_ranges,
+    *,
+    scale: float,
+    positions=None,
+    out=None,
+    config=None,
+    clip=False,
+    counter=None,
+    kv_bytes_per_key=0,
+    _tuner=None,
+):
     """Raw launch of the forward kernel on already-normalised ranges (no checks, no autograd).
 
     q [B,S,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv] in fp32/fp16/bf16, any strides; ranges
-    [B,S,G,n,2] sorted and disjoint (overlapping ranges would count keys twice).
+    [B,S,G,n,2] sorted and disjoint (overlapping ranges would count keys twice), or, with
+    `clip`, as a caller gives them (any order, overlapping, unclamped): the kernel then makes
+    them disjoint itself, so a call needs no normalising launch. `counter` (int64 [2]) gets
+    the call's selected tokens and `kv_bytes_per_key` times them added, as the normaliser adds them.
     Returns `(o, lse)`: `o` in v's dtype, `lse` fp32 [B,S,G,h], -inf for empty rows. `out`
     = `(o, lse)` writes into given tensors (tests poison them); `config` overrides
     `launch_config` (benchmarks sweep it); `_tuner` (tuning.py) launches through a
@@ -600,10 +633,16 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
     if _tuner is not None:
         meta = {"TMA": False, "TAIL_L": 0, **_constexprs(q, h, Dk, Dv, n, positions, kind, key64)}  # the gather path
     else:
-        cfg, meta = _plan(q, k, v, norm_ranges, scale, positions, config, kind, key64)
+        cfg, meta = _plan(q, k, v, norm_ranges, scale, positions, config, kind, key64, clip)
         if cfg.get("PAIRS"):
             pairs = pair_kernel()
             if pairs is not None and pairs.unsupported(q, k, v, positions) is None:
+                if clip or counter is not None:  # the pair kernel takes normalised ranges
+                    from .normalize import normalize_ranges_triton
+
+                    norm_ranges = normalize_ranges_triton(
+                        norm_ranges, S_kv, positions, counter=counter, kv_bytes_per_key=kv_bytes_per_key
+                    )
                 record_launch("triton_fwd")
                 record_launch("triton_fwd_pairs")
                 return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
@@ -623,6 +662,7 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         pos,
         o,
         lse,
+        counter if counter is not None else lse,
         *q.stride()[:4],
         *k.stride()[:3],
         *v.stride()[:3],
@@ -637,6 +677,9 @@ def triton_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=No
         Dv,
         n,
         float(scale) * LOG2E,
+        int(kv_bytes_per_key),
+        CLIP=bool(clip),
+        COUNT=counter is not None,
         **meta,
     )
     return o, lse
