@@ -105,15 +105,16 @@ def _precisions() -> dict:
 
     from .cases import DTYPE_NAMES
 
-    names = {dt: Precision(name, dt, torch.finfo(dt).eps) for dt, name in DTYPE_NAMES.items()}
-    return {**names, "tf32": Precision("tf32", torch.float32, 2.0**-10)}
+    by_dtype = {dt: Precision(name, dt, torch.finfo(dt).eps) for dt, name in DTYPE_NAMES.items()}
+    return by_dtype, Precision("tf32", torch.float32, 2.0**-10)
 
 
 def judged_as(dtype: torch.dtype, fp32_matmul: str = "ieee") -> Precision:
     """The precision an implementation declaring `fp32_matmul` (ieee, tf32) is judged in on
     `dtype` inputs."""
-    precisions = _precisions()
-    return precisions["tf32" if fp32_matmul == "tf32" and precisions[dtype].name == "fp32" else dtype]
+    by_dtype, tf32 = _precisions()
+    precision = by_dtype[dtype]
+    return tf32 if fp32_matmul == "tf32" and precision.name == "fp32" else precision
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,23 @@ def test_raw_ranges_clipped_in_the_kernel_match_reference(case, dtype, path):
     assert counter.tolist() == [tokens, 6 * tokens]
 
 
+def test_int64_ranges_beyond_int32_are_clamped_before_narrowing():
+    """With `clip`, int64 values past 2^31 (an "up to the end" marker) or below -2^31 select
+    what their clamped values select, not what their low 32 bits would."""
+    q, k, v, _ = _inputs(SHAPES["decode"], torch.float32, seed=5)
+    S_kv = k.shape[2]
+    rows = [[0, 2**63 - 1], [0, 2**32 + 64], [-(2**32) + 5, 10], [3, 2**31]]
+    ranges = torch.tensor(rows, dtype=torch.int64, device=DEVICE).expand(*q.shape[:3], 4, 2).contiguous()
+    ranges[0, 0, 0] = torch.tensor([[2**32 + 3, 2**32 + 9], [-(2**40), 2**32 + 2], [0, 0], [0, 0]])  # [0, S_kv) and [0, 2)
+    norm = normalize_ranges(ranges, S_kv)
+    o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
+    lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
+    counter = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    triton_forward(q, k, v, ranges, scale=resolve_scale(None, q.shape[-1]), out=(o, lse), clip=True, counter=counter)
+    assert_matches_reference(q, k, v, norm, o, lse)
+    assert counter[0].item() == int((norm[..., 1] - norm[..., 0]).sum())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_overlapping_raw_ranges_through_strict_dispatcher(dtype):
     """Raw ranges with overlaps, duplicates and out-of-bounds ends count each key once."""

@@ -171,7 +171,11 @@ def fake_triton(monkeypatch):
         return state.ck
 
     monkeypatch.setattr(PROBE, "run", run)
-    fake_driver = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda dev: 123)
+    fake_driver = SimpleNamespace(
+        get_current_device=lambda: 0,
+        get_current_stream=lambda dev: 123,
+        get_current_target=lambda: GPUTarget("cuda", 90, 32),
+    )
     monkeypatch.setattr(L, "driver", SimpleNamespace(active=fake_driver))
     L.clear()
     yield state
@@ -190,6 +194,15 @@ def test_a_warm_launch_passes_the_arguments_triton_binds(fake_triton):
     assert list(launched[9:]) == list(bound.values())  # every parameter, defaults filled, in order
     L.launch(PROBE, (3,), unaligned(), *args2[1:], **kw)  # a new specialisation: Triton's path
     assert len(fake_triton.runs) == 2 and len(L._kernels[id(PROBE)].cache) == 2
+
+
+def test_a_backend_other_than_cuda_takes_tritons_path(fake_triton, monkeypatch):
+    """The key mirrors the CUDA backend's specialisation: ROCm's adds a mark the key lacks."""
+    monkeypatch.setattr(L.driver.active, "get_current_target", lambda: GPUTarget("hip", "gfx90a", 64))
+    args, kw = base()
+    for _ in range(3):
+        L.launch(PROBE, (1,), *args, **kw)
+    assert len(fake_triton.runs) == 3 and not L._kernels
 
 
 def test_what_must_see_tritons_path_takes_it(fake_triton, monkeypatch):

@@ -338,6 +338,20 @@ def tiny(dtype=torch.float32, S=1, seed=0):
 
 
 @launches
+def test_a_kept_launch_plan_still_names_its_selection(cfg):
+    """A call served from a kept launch plan reports its own selection (`tuning_status`), not
+    the one computed last."""
+    a = tiny()
+    q, k, v, r = random_inputs(B=2, S=1, G=2, h=2, Dk=16, Dv=16, S_kv=70, n=1, dtype=torch.float32, seed=1)
+    b = (*(t.to(DEVICE) for t in (q, k, v)), normalize_ranges(r.to(DEVICE), 70))  # n=1: another L bucket
+    keys = []
+    for inputs in (a, b, a):
+        fwd_mod.triton_forward(*inputs, scale=0.25)
+        keys.append(tuning.last_choice()[0])
+    assert keys[0] != keys[1] and keys[2] == keys[0]
+
+
+@launches
 def test_the_kernel_launches_with_the_tuned_block_l(cfg, monkeypatch):
     kind = tuning.kind_of(DEVICE, 1)
     spy = Spy(fwd_mod._sel_fwd_kernel)

@@ -348,14 +348,13 @@ def _sel_fwd_kernel(
     # The row's ranges, clamped to [0, lim); start/stop of each range in tile positions.
     j = tl.arange(0, N_PAD)
     r_row = r_ptr + b * sr_b + s * sr_s + g * sr_g + j * sr_j
-    start = tl.load(r_row, mask=j < n, other=0)
-    end = tl.load(r_row + 1, mask=j < n, other=0)
-    if KEY64:  # S_kv >= 2^31: key counts would wrap in int32
-        lim, start, end = lim.to(tl.int64), start.to(tl.int64), end.to(tl.int64)
-    else:
+    # Clamped in 64 bits, then narrowed: int64 ranges as a caller gives them (CLIP) may hold
+    # values past 2^31 (an "up to the end" marker), whose low 32 bits would select other keys.
+    lim = lim.to(tl.int64)
+    start = tl.minimum(tl.maximum(tl.load(r_row, mask=j < n, other=0).to(tl.int64), 0), lim)
+    end = tl.minimum(tl.maximum(tl.load(r_row + 1, mask=j < n, other=0).to(tl.int64), 0), lim)
+    if not KEY64:  # S_kv < 2^31: key counts fit int32
         lim, start, end = lim.to(tl.int32), start.to(tl.int32), end.to(tl.int32)
-    start = tl.minimum(tl.maximum(start, 0), lim)
-    end = tl.minimum(tl.maximum(end, 0), lim)
     if CLIP:
         # Ranges as the caller gave them (any order, overlaps allowed): each range drops the
         # keys below the furthest end of the ranges before it in (start, slot) order. Those
@@ -540,7 +539,8 @@ def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool
     """`(cfg, constexprs)` of a forward launch: the launch parameters (`launch_config`, or
     `config`) and every constexpr but TMA's final say, which reads the call's strides and
     alignment. Kept per (dtype, device, kind, Dk, Dv, h, n, L bucket, positions, key64) in
-    the tuning state, so a decode step pays one lookup, and `reload_settings` drops them."""
+    the tuning state with the selection they came from, so a decode step pays one lookup,
+    `tuning_status()` still names its selection, and `reload_settings` drops them."""
     B, S, G, h, Dk = q.shape
     S_kv, Dv, n = k.shape[2], v.shape[3], norm_ranges.shape[3]
     st = tuning.current_state()
@@ -549,7 +549,8 @@ def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool
         key = (q.dtype, q.device, kind, Dk, Dv, h, n, tuning.l_bucket(min(S_kv, n * st.range_len)), positions is None, key64)
         hit = st.plans.get(key)
         if hit is not None:
-            return hit
+            st.last["fwd"] = hit[2]  # what tuning_status() reports, as fwd_config would set it
+            return hit[:2]
     cfg = config or launch_config(
         Dk,
         Dv,
@@ -573,7 +574,7 @@ def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool
     }
     meta.update(_constexprs(q, h, Dk, Dv, n, positions, kind, key64))
     if key is not None and tuning.last_kept("fwd"):
-        st.plans[key] = (cfg, meta)
+        st.plans[key] = (cfg, meta, st.last["fwd"])
     return cfg, meta
 
 

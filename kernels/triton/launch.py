@@ -20,6 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 ENABLED = True  # False: every launch takes Triton's path (tests and the launch probe compare both)
 CONSTEXPR, PLAIN, NO_ALIGN, ALIGN = range(4)  # how Triton specialises a parameter (`_part`)
 _kernels: dict = {}  # id(kernel) -> _Kernel
+_backends: dict = {}  # id(driver) -> its target's backend ("cuda", "hip", ...)
 
 
 class _Unkeyable(Exception):
@@ -118,10 +119,14 @@ def launch(kernel, grid: tuple, *args, **kwargs):
         or _hook_set(knobs.runtime.launch_exit_hook)
     ):
         return kernel[grid](*args, **kwargs)
+    drv = driver.active
+    if _backends.get(id(drv)) is None:  # the key mirrors the CUDA backend's specialisation; ROCm's
+        _backends[id(drv)] = drv.get_current_target().backend  # adds a "tensor under 2 GB" mark
+    if _backends[id(drv)] != "cuda":
+        return kernel[grid](*args, **kwargs)
     k = _kernels.get(id(kernel))
     if k is None or k.fn is not kernel:
         k = _kernels[id(kernel)] = _Kernel(kernel)
-    drv = driver.active
     dev = drv.get_current_device()  # Triton keeps compiled kernels per current device
     try:
         key = (dev, k.key(args, kwargs))
@@ -143,3 +148,4 @@ def launch(kernel, grid: tuple, *args, **kwargs):
 def clear() -> None:
     """Forget every kept launch (`selgate.kernels.reload_settings()` calls this)."""
     _kernels.clear()
+    _backends.clear()
