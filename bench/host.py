@@ -2,7 +2,9 @@
 
 Why: where issuing a decode call takes the host longer than the kernel takes the device, the
 GPU waits on Python (probes/launch_overhead.py found where that time goes). Per shape and path,
-in one process on one device, medians of REPEATS loops of `--calls` back-to-back calls:
+in one process on one device, medians of REPEATS rounds, each round one loop of `--calls`
+back-to-back calls of every path of the shape in turn (SDPA's among them), so a host that
+speeds up or slows down during the run moves every path alike, not one path's ratio:
 - host_us: perf_counter around the loop, no synchronisation inside (the issue time; past about
   a thousand queued launches it also waits for the queue); wall_us: up to the sync after it;
 - graph_us: device time per call from CUDA-graph replay (timing.time_graph); why a call could
@@ -90,39 +92,45 @@ def one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
-def loop_us(call, calls: int) -> tuple[float, float]:
-    """Median (host, wall) time per call in us over REPEATS loops of `calls` back-to-back calls."""
-    host, wall = [], []
+def interleaved_us(calls_by_path: dict, calls: int, sync=None) -> dict:
+    """{path: (host_us, wall_us)} per call: medians over REPEATS rounds of one loop of `calls`
+    back-to-back calls per path, the paths taking turns within each round."""
+    sync = sync or torch.cuda.synchronize
+    host = {p: [] for p in calls_by_path}
+    wall = {p: [] for p in calls_by_path}
     for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        host.append(t1 - t0)
-        wall.append(time.perf_counter() - t0)
-    return statistics.median(host) * 1e6 / calls, statistics.median(wall) * 1e6 / calls
+        for path, call in calls_by_path.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            t1 = time.perf_counter()
+            sync()
+            host[path].append(t1 - t0)
+            wall[path].append(time.perf_counter() - t0)
+    return {p: (statistics.median(host[p]) * 1e6 / calls, statistics.median(wall[p]) * 1e6 / calls) for p in calls_by_path}
 
 
-def measure(call, calls: int, warmup: int) -> dict:
-    """host_us, wall_us and graph_us of one path; a path that raises is a status, a call that
-    cannot be captured a note."""
+def prepare(call, warmup: int) -> dict:
+    """The path's first call (which backend served it) and its warm-up; a path that raises is
+    a status: a path that cannot run here is a finding of the run, not its end."""
     try:
         reset_stats()
         call()
         served = ",".join(stats()["calls"])  # the dispatcher's backend for this call (none for sdpa)
         for _ in range(warmup):
             call()
-        host, wall = loop_us(call, calls)
-    except Exception as e:  # a path that cannot run here is a finding of the run, not its end
-        return {"status": f"error: {one_line(e)}"}
-    row = {"status": "ok", "host_us": host, "wall_us": wall, "note": f"served by {served}" if served else ""}
-    try:
-        row["graph_us"] = time_graph([call], torch.device("cuda")).median_ms * 1e3
     except Exception as e:
-        row["note"] = "; ".join(filter(None, [row["note"], f"graph capture failed: {one_line(e)}"]))
-    return row
+        return {"status": f"error: {one_line(e)}"}
+    return {"status": "ok", "note": f"served by {served}" if served else ""}
+
+
+def graph_time(call, note: str) -> dict:
+    """graph_us of the path, or why the call could not be captured (in `note`)."""
+    try:
+        return {"graph_us": time_graph([call], torch.device("cuda")).median_ms * 1e3}
+    except Exception as e:
+        return {"note": "; ".join(filter(None, [note, f"graph capture failed: {one_line(e)}"]))}
 
 
 def add_ratios(rows: list[dict]) -> list[dict]:
@@ -142,12 +150,27 @@ def bench(calls: int, warmup: int) -> list[dict]:
     rows = []
     for name, (p, _) in SHAPES.items():
         x = shape_inputs(name, torch.device("cuda"))
+        shape_rows, ready = {}, {}
         for path, call in paths(x).items():
             row = dict.fromkeys(COLUMNS, None) | {"shape": name, "B": p.B, "G": p.G, "h": p.h, "D": p.D}
             row |= {"S_kv": p.S_kv, "n": x.ranges.shape[3], "path": path, "note": "", **stamp, "date": date}
-            row |= measure(call, calls, warmup) if callable(call) else {"status": call}
+            row |= prepare(call, warmup) if callable(call) else {"status": call}
+            shape_rows[path] = row
+            if row["status"] == "ok":
+                ready[path] = call
+        try:
+            times = interleaved_us(ready, calls)
+        except Exception as e:  # a path that fails only when timed: every timed row says so
+            times = {}
+            for path in ready:
+                shape_rows[path]["status"] = f"error: {one_line(e)}"
+        for path, (host_us, wall_us) in times.items():
+            row = shape_rows[path]
+            row |= {"host_us": host_us, "wall_us": wall_us}
+            row |= graph_time(ready[path], row["note"])
+        for path, row in shape_rows.items():
             print(f"{name} / {path}: {row['status']}", flush=True)
-            rows.append(row)
+        rows += shape_rows.values()
     return add_ratios(rows)
 
 

@@ -63,6 +63,41 @@ def test_without_cuda_it_exits_2_saying_why(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "host.csv").exists()
 
 
+def test_the_paths_take_turns_within_each_round():
+    """Every round times one loop of each path in turn, so a drift of the host's speed during
+    the run moves SDPA's time with the others' instead of one path's ratio."""
+    log = []
+    calls = {p: (lambda p=p: log.append(p)) for p in ("sdpa", "auto", "cuda")}
+    times = host.interleaved_us(calls, 3, sync=lambda: None)
+    rounds = [log[i : i + 9] for i in range(0, len(log), 9)]
+    assert len(rounds) == host.REPEATS and all(r == ["sdpa"] * 3 + ["auto"] * 3 + ["cuda"] * 3 for r in rounds)
+    assert set(times) == set(calls) and all(h > 0 and w >= h for h, w in times.values())
+
+
+def test_a_run_keeps_every_path_as_a_row(monkeypatch):
+    """A path that raises, or cannot run here, is a row with its status; the others are timed
+    together and captured in a graph."""
+    p = host.SHAPES["a"][0]
+    monkeypatch.setattr(host, "SHAPES", {"a": host.SHAPES["a"]})
+    monkeypatch.setattr(host, "shape_inputs", lambda name, device: types.SimpleNamespace(ranges=torch.zeros(1, 1, 1, 8, 2)))
+
+    def broken():
+        raise RuntimeError("no kernel here")
+
+    paths = {"sdpa": lambda: None, "auto": lambda: None, "cuda": broken, "triton": "unsupported: x"}
+    monkeypatch.setattr(host, "paths", lambda x: paths)
+    monkeypatch.setattr(host, "collect_environment", lambda: {"torch": "t", "triton": "tr", "commit": "c"})
+    monkeypatch.setattr(host, "current_device_name", lambda: GPU)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(host, "time_graph", lambda calls, device: types.SimpleNamespace(median_ms=0.01))
+    rows = {r["path"]: r for r in host.bench(calls=2, warmup=1)}
+    assert rows["cuda"]["status"] == "error: RuntimeError: no kernel here" and rows["cuda"]["host_us"] is None
+    assert rows["triton"]["status"] == "unsupported: x"
+    for path in ("sdpa", "auto"):
+        assert rows[path]["status"] == "ok" and rows[path]["host_us"] > 0 and rows[path]["graph_us"] == 10.0
+    assert rows["auto"]["host_x_sdpa"] == rows["auto"]["host_us"] / rows["sdpa"]["host_us"] and rows["auto"]["B"] == p.B
+
+
 def test_the_bars_on_rows_that_meet_them():
     assert host_lines() == [
         "- PASS a / auto_normalized: host 15.0 us/call = 1.50x sdpa's 10.0 us (bar 2x)",
