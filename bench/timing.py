@@ -8,7 +8,10 @@ what this device delivered in this run rather than of a datasheet number.
 
 from __future__ import annotations
 
+import cProfile
+import io
 import math
+import pstats
 import time
 from dataclasses import dataclass
 
@@ -173,3 +176,17 @@ def rotation_count(set_bytes: int, device: torch.device, *, max_sets: int = 8) -
     if device.type == "cuda":
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", l2) or l2
     return int(min(max(math.ceil(4 * l2 / max(set_bytes, 1)), 2), max_sets))
+
+
+def profile_text(fn, calls: int = 200, top: int = 18) -> str:
+    """cProfile of `calls` back-to-back calls of `fn`, the `top` functions by own time: where
+    a call's host time goes (the probes of docs/design/dispatcher.md)."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()

@@ -7,15 +7,12 @@ Run on a GPU: python3 probes/launch_overhead.py"""
 
 from __future__ import annotations
 
-import cProfile
-import io
-import pstats
 import time
 
 import torch
 
 from selgate.bench.inputs import decode_problem, make_inputs
-from selgate.bench.timing import measure_limits, time_graph
+from selgate.bench.timing import measure_limits, profile_text, time_graph
 from selgate.kernels import selection_attention
 from selgate.kernels.cuda import build, selection_attention_cuda
 from selgate.kernels.cuda.decode import launch_tune, rows_view
@@ -52,18 +49,6 @@ def graph_us(fns):
     """Device time per call from CUDA-graph replay over rotating inputs; raises if a call
     cannot be captured (it synchronises with the host)."""
     return time_graph(fns, torch.device("cuda")).median_ms * 1e3
-
-
-def profile_text(fn, calls=200) -> str:
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(calls):
-        fn()
-    pr.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
-    return buf.getvalue()
 
 
 def main():

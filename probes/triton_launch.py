@@ -7,10 +7,7 @@ Every part is independent: a failure prints its traceback and the probe goes on.
 
 from __future__ import annotations
 
-import cProfile
 import importlib
-import io
-import pstats
 import random
 import statistics
 import time
@@ -70,6 +67,7 @@ print(f"torch {torch.__version__}, device {torch.cuda.get_device_name()}")
 import triton  # noqa: E402
 
 print(f"triton {triton.__version__}")
+from selgate.bench.timing import profile_text  # noqa: E402
 from selgate.kernels.triton import fwd, launch as L  # noqa: E402
 from selgate.kernels.triton.normalize import normalize_ranges_triton  # noqa: E402
 from selgate.reference import normalize_ranges  # noqa: E402
@@ -210,16 +208,9 @@ def _sdpa():
 def profile(title, fn, calls=CALLS):
     fn()
     torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(calls):
-        fn()
-    pr.disable()
-    torch.cuda.synchronize()
-    out = io.StringIO()
-    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(15)
+    text = profile_text(fn, calls, top=15)
     print(f"\n=== cProfile: {title}, {calls} calls, top 15 by tottime ===")
-    print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[:6000])
+    print("\n".join(line for line in text.splitlines() if line.strip())[:6000])
 
 
 print(f"\n{'part':62s} {'median':>8s} {'mean':>8s} {'p10':>8s} {'p90':>8s}  (us of host time per call, {CALLS} calls)")

@@ -50,6 +50,17 @@ def _inputs(shape, dtype, seed):
 TMA_CONFIG = {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1 if DEVICE == "cpu" else 2, "TMA": True, "TAIL_L": 16}
 
 
+def _poisoned(q, k, v, norm, path: str):
+    """K/V with every key no row selects NaN, NaN-filled (o, lse), and the launch config of
+    `path` ("gather": the profile's; "tma": TMA_CONFIG, skipped where descriptors cannot run)."""
+    o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
+    lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
+    cfg = TMA_CONFIG if path == "tma" else None
+    if cfg is not None and not tma_supported(k, v):
+        pytest.skip("tensor descriptors need SM >= 9.0")
+    return (*poison_unselected(k, v, norm), (o, lse), cfg)
+
+
 @pytest.mark.parametrize("path", ["gather", "tma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", SHAPES)
@@ -58,12 +69,7 @@ def test_forward_matches_reference(case, dtype, path):
     if path == "tma":
         ranges[..., 1] += 40  # ranges longer than a tile, so whole tiles exist
     norm = normalize_ranges(ranges, k.shape[2])
-    k_nan, v_nan = poison_unselected(k, v, norm)
-    o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
-    lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
-    cfg = TMA_CONFIG if path == "tma" else None
-    if cfg is not None and not tma_supported(k, v):
-        pytest.skip("tensor descriptors need SM >= 9.0")
+    k_nan, v_nan, (o, lse), cfg = _poisoned(q, k, v, norm, path)
     triton_forward(q, k_nan, v_nan, norm, scale=resolve_scale(None, q.shape[-1]), out=(o, lse), config=cfg)
     assert_matches_reference(q, k, v, norm, o, lse)  # the reference pads gathers with key 0: clean K/V
 
@@ -78,14 +84,8 @@ def test_raw_ranges_clipped_in_the_kernel_match_reference(case, dtype, path):
     q, k, v, ranges = _inputs(SHAPES[case], dtype, seed=11 + len(case))
     ranges[..., 1] += 12 if path == "gather" else 45  # long enough to overlap (and fill tiles)
     ranges[..., -1, :] = ranges[..., 0, :]  # a duplicate
-    S_kv = k.shape[2]
-    norm = normalize_ranges(ranges, S_kv)
-    k_nan, v_nan = poison_unselected(k, v, norm)
-    o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
-    lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
-    cfg = TMA_CONFIG if path == "tma" else None
-    if cfg is not None and not tma_supported(k, v):
-        pytest.skip("tensor descriptors need SM >= 9.0")
+    norm = normalize_ranges(ranges, k.shape[2])
+    k_nan, v_nan, (o, lse), cfg = _poisoned(q, k, v, norm, path)
     counter = torch.zeros(2, dtype=torch.int64, device=DEVICE)
     scale = resolve_scale(None, q.shape[-1])
     triton_forward(q, k_nan, v_nan, ranges, scale=scale, out=(o, lse), config=cfg, clip=True, counter=counter, kv_bytes_per_key=6)
@@ -101,12 +101,11 @@ def test_int64_ranges_beyond_int32_are_clamped_before_narrowing():
     S_kv = k.shape[2]
     rows = [[0, 2**63 - 1], [0, 2**32 + 64], [-(2**32) + 5, 10], [3, 2**31]]
     ranges = torch.tensor(rows, dtype=torch.int64, device=DEVICE).expand(*q.shape[:3], 4, 2).contiguous()
-    ranges[0, 0, 0] = torch.tensor([[2**32 + 3, 2**32 + 9], [-(2**40), 2**32 + 2], [0, 0], [0, 0]])  # [0, S_kv) and [0, 2)
+    ranges[0, 0, 0] = torch.tensor([[2**32 + 3, 2**32 + 9], [-(2**40), 2**32 + 2], [0, 0], [0, 0]])  # empty, and [0, S_kv)
     norm = normalize_ranges(ranges, S_kv)
-    o = torch.full((*q.shape[:4], v.shape[-1]), float("nan"), dtype=v.dtype, device=DEVICE)
-    lse = torch.full(q.shape[:4], float("nan"), dtype=torch.float32, device=DEVICE)
+    k_nan, v_nan, (o, lse), _ = _poisoned(q, k, v, norm, "gather")
     counter = torch.zeros(2, dtype=torch.int64, device=DEVICE)
-    triton_forward(q, k, v, ranges, scale=resolve_scale(None, q.shape[-1]), out=(o, lse), clip=True, counter=counter)
+    triton_forward(q, k_nan, v_nan, ranges, scale=resolve_scale(None, q.shape[-1]), out=(o, lse), clip=True, counter=counter)
     assert_matches_reference(q, k, v, norm, o, lse)
     assert counter[0].item() == int((norm[..., 1] - norm[..., 0]).sum())
 

@@ -606,7 +606,7 @@ def triton_forward(
     kv_bytes_per_key=0,
     _tuner=None,
 ):
-    """Raw launch of the forward kernel on already-normalised ranges (no checks, no autograd).
+    """Raw launch of the forward kernel (no checks, no autograd).
 
     q [B,S,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv] in fp32/fp16/bf16, any strides; ranges
     [B,S,G,n,2] sorted and disjoint (overlapping ranges would count keys twice), or, with
