@@ -26,8 +26,9 @@ from selgate.reference.ranges import normalize_ranges, selected_lengths, validat
 from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
+from . import kept
 from .errors import BackendUnavailable, ConfigError, StrictModeError
-from .policy import capability, capability_overridden, dispatch_policy, triton_unsupported
+from .policy import capability, capability_overridden, capability_source, dispatch_policy, triton_unsupported
 from .sdpa import selection_attention_sdpa
 from .stats import debug, device_counter, record_call, record_fallback
 
@@ -166,11 +167,18 @@ def selection_attention(
 
 def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse):
     """The ladder itself, in Python: every eager call, and the op's implementation (arguments in
-    the op's schema order)."""
+    the op's schema order). A signature the ladder served before replays its kept call (kept.py)."""
+    st = dispatch_policy()
+    key = kept.signature(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse)
+    if key is not None:
+        call = kept.lookup(st.kept, key)
+        if call is not None:
+            out = call(q, k, v, ranges, positions)
+            if out is not None:
+                return out
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
-    st = dispatch_policy()
     strict = st.strict if strict is None else bool(strict)
     bytes_per_key = (d.Dk + d.Dv) * q.element_size()
     if st.validate:
@@ -189,6 +197,7 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
         debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
         fused = norm is None and name == "triton" and not _needs_grad(q, k, v)
+        norm_given = norm is not None
         if norm is None and not fused:
             norm, counted = _normalize(ranges, d, positions, bytes_per_key, st)
         if name == "triton":
@@ -212,7 +221,41 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
             record_fallback(name, reason, f"{type(e).__name__}: {e}", error=not isinstance(e, BackendUnavailable))
             continue
         record_call(name, norm, bytes_per_key, counted=counted or fused)
+        if key is not None and i == 0 and not (st.debug or st.validate) and (counted or fused) and not _reads_lengths(q, backend, st):
+            replay = _replay(name, q, k, v, ranges, norm, scale, positions, d, bytes_per_key, fused, norm_given)
+            if replay is not None:
+                cap = capability_source(q.device, st) if name == "triton" else None
+                kept.keep(st.kept, key, name, replay, return_lse, cap)
         return (o, lse) if return_lse else o
+
+
+def _reads_lengths(q, backend: str, st) -> bool:
+    """Whether the min-L rung routed this call by its ranges' values (host tensors: the
+    interpreter), which its signature does not hold."""
+    return q.device.type != "cuda" and st.min_L > 0 and backend == "auto" and not st.force_triton
+
+
+def _replay(name, q, k, v, ranges, norm, scale, positions, d, bytes_per_key: int, fused: bool, norm_given: bool):
+    """The call just served, kept for its repeats (kept.py): the Triton forward, clipping the
+    caller's ranges or on normal ones, or the CUDA kernel after the counting normaliser where
+    the ladder ran it; None where the route cannot be replayed as is."""
+    counter = device_counter(q.device)
+    if name == "triton" and (fused or norm_given):
+        from .triton.fwd import forward_replay
+
+        sc = resolve_scale(scale, d.Dk)
+        if fused:
+            return forward_replay(q, k, v, ranges, scale=sc, positions=positions, clip=True, counter=counter, kv_bytes_per_key=bytes_per_key)
+        return forward_replay(q, k, v, ranges, scale=sc, positions=positions)
+    if name == "cuda":
+        from .cuda.decode import cuda_replay
+        from .triton.normalize import normalize_ranges_triton
+
+        def normalize(r, p):
+            return normalize_ranges_triton(r, d.S_kv, p, counter=counter, kv_bytes_per_key=bytes_per_key)
+
+        return cuda_replay(q, k, v, d, scale=scale, positions=positions, normalize=None if norm_given else normalize)
+    return None
 
 
 def selection_attention_varlen(

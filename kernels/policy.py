@@ -11,7 +11,7 @@ import contextlib
 import functools
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +19,7 @@ from . import env_vars, triton_limits
 from .config import load_config
 from .stats import record_capability
 
-_override: list = []  # stack of capability_override() values
+OVERRIDES: list = []  # the capability_override() values in force, innermost last
 
 
 # The variables that steer the dispatcher (tests clear them all for a known state).
@@ -46,6 +46,7 @@ class DispatchPolicy:
     capability_env: str | None = None  # SELGATE_CAPABILITY, checked
     interpret: bool = False  # TRITON_INTERPRET=1
     debug: bool = False  # SELGATE_DEBUG_LOG
+    kept: dict = field(default_factory=dict, compare=False, repr=False)  # kept calls under this policy (kept.py)
 
 
 # What a policy is resolved from besides the config files: its cache key, read per call.
@@ -108,16 +109,23 @@ def reload_settings() -> None:
         sys.modules["selgate.kernels.triton.launch"].clear()
 
 
+def forget_kept_calls() -> None:
+    """Drop the kept calls (kept.py) of every cached policy, keeping all else resolved: for a
+    test or tool that patches a part of the ladder and must see its next call take the ladder."""
+    for st in list(_policies.values()):
+        st.kept.clear()
+
+
 @contextlib.contextmanager
 def capability_override(cap: str):
     """Pretend the device has compute capability `cap` (e.g. "8.9") inside the block.
     Takes precedence over SELGATE_CAPABILITY; both show in logs and `stats()`."""
     _parse_cap(cap, "capability_override")
-    _override.append(str(cap))
+    OVERRIDES.append(str(cap))
     try:
         yield
     finally:
-        _override.pop()
+        OVERRIDES.pop()
 
 
 @functools.lru_cache(maxsize=64)
@@ -131,8 +139,8 @@ def _parse_cap(cap: str, name: str) -> tuple:
 
 def capability_overridden(st: DispatchPolicy | None = None) -> str | None:
     """The override in force (context manager first, then SELGATE_CAPABILITY), or None."""
-    if _override:
-        return _override[-1]
+    if OVERRIDES:
+        return OVERRIDES[-1]
     return (st or dispatch_policy()).capability_env
 
 
@@ -160,15 +168,19 @@ def capability_text(cap: tuple[int, int] | None) -> str | None:
     return None if cap is None else f"{cap[0]}.{cap[1]}"
 
 
-def capability(device: torch.device, st: DispatchPolicy | None = None) -> str | None:
-    """Compute capability the policy uses for `device`; None for a CPU without override."""
+def capability_source(device: torch.device, st: DispatchPolicy | None = None) -> tuple[str | None, str]:
+    """`(capability, "override" or "device")` the policy uses for `device`; None for a CPU without override."""
     over = capability_overridden(st)
     if over is not None:
-        record_capability(over, "override")
-        return over
-    cap = capability_text(device_capability(device))
+        return over, "override"
+    return capability_text(device_capability(device)), "device"
+
+
+def capability(device: torch.device, st: DispatchPolicy | None = None) -> str | None:
+    """Compute capability the policy uses for `device` (recorded for `stats()`); None for a CPU without override."""
+    cap, source = capability_source(device, st)
     if cap is not None:
-        record_capability(cap, "device")
+        record_capability(cap, source)
     return cap
 
 

@@ -127,6 +127,7 @@ def reset_stats() -> None:
     with _lock:
         for c in (_calls, _launches, _fallbacks):
             c.clear()
-        _counters.clear()
+        for sums in _counters.values():  # zeroed in place: kept calls and captured graphs add into them
+            sums.zero_()
         _logged_reasons.clear()
         _capability.clear()

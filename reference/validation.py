@@ -45,7 +45,7 @@ def _need_data(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: a meta tensor {tuple(t.shape)} holds no data; expected a CPU or CUDA tensor")
 
 
-def _check_positions_fit(positions: torch.Tensor) -> None:
+def check_positions_fit(positions: torch.Tensor) -> None:
     """Every backend computes the key bound `t + 1` in int64, which wraps for t = 2^63 - 1 and
     would turn the row silently empty. int32 positions cannot wrap; int64 ones cost a host read,
     skipped while a CUDA stream is capturing (the eager warm-up call before a capture checks)."""
@@ -91,7 +91,7 @@ def check_inputs(q, k, v, ranges, *, scale=None, positions=None) -> Dims:
             raise ValueError(f"positions: expected shape [B={d.B}, S={d.S}], got {tuple(positions.shape)}")
         if positions.device != q.device:
             raise ValueError(f"positions: on {positions.device}, but q is on {q.device}")
-        _check_positions_fit(positions)
+        check_positions_fit(positions)
     return d
 
 

@@ -12,7 +12,7 @@ import torch
 
 from selgate.conformance.inputs import random_qkv
 from selgate.kernels import reset_stats
-from selgate.kernels.policy import ENV_FLAGS
+from selgate.kernels.policy import ENV_FLAGS, forget_kept_calls
 from selgate.lanes.config import LANE_DIR, load_lane
 from selgate.reference import resolve_scale, selection_attention_ref
 from selgate.reference.golden import gather_attention
@@ -27,11 +27,13 @@ def running_lane_device() -> str | None:
 
 @pytest.fixture
 def clean_dispatcher(monkeypatch):
-    """The dispatcher with none of its flags set and its counters reset, before and after."""
+    """The dispatcher with none of its flags set, no kept calls and its counters reset, before and after."""
     for name in ENV_FLAGS:
         monkeypatch.delenv(name, raising=False)
+    forget_kept_calls()
     reset_stats()
     yield
+    forget_kept_calls()
     reset_stats()
 
 

@@ -157,3 +157,31 @@ def run_cuda(q, k, v, norm, d, *, scale, positions, kernel: str = "auto", tune=N
         )
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
+
+
+def cuda_replay(q, k, v, d, *, scale, positions, normalize=None):
+    """`run_cuda`'s call kept for its repeats: a function of `(q, k, v, ranges, positions)`
+    returning `(o, lse)` for inputs of this call's shapes, strides, dtypes, devices and 16-byte
+    alignment (the dispatcher keys them: kernels/kept.py), with this call's checks, extension
+    and launch settings resolved once. `normalize(ranges, positions)` runs first on every call
+    when the ranges are not declared normal. None (nothing to keep) where `run_cuda` would copy
+    q, K or V, or cannot take the call."""
+    if unsupported_reason(q, d) is not None or aligned(q) is not q:
+        return None
+    if any(rows_view(x).data_ptr() != x.data_ptr() for x in (k, v)):  # a copy on every call
+        return None
+    try:
+        ext = build.load_extension(q.device)
+    except build.BuildError:
+        return None
+    use_mma, sc = q.dtype != torch.float32, resolve_scale(scale, d.Dk)
+
+    def replay(q, k, v, ranges, positions):
+        norm = ranges if normalize is None else normalize(ranges, positions)
+        pos = None if positions is None else positions.contiguous()
+        try:
+            return ext.fwd(q, k.flatten(0, 1), v.flatten(0, 1), norm.contiguous(), pos, sc, use_mma, _AUTO_TUNE)
+        except RuntimeError as exc:
+            raise BackendUnavailable("launch", str(exc)) from exc
+
+    return replay

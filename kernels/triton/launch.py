@@ -10,6 +10,8 @@ Triton's path must see (hooks, autotuners, the interpreter), take Triton's path.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton import knobs
 from triton.knobs import HookChain
@@ -143,6 +145,55 @@ def launch(kernel, grid: tuple, *args, **kwargs):
     # No launch metadata nor enter/exit hooks: only hooks read the metadata, and none is set.
     run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, metadata, None, None, None, *args, *tail)
     return ck
+
+
+def bind(kernel, grid: tuple, args: tuple, kwargs: dict):
+    """A function of positional arguments that launches as `launch(kernel, grid, *args,
+    **kwargs)` would, skipping the key: for a caller that keys the arguments itself and calls
+    it only with arguments Triton specialises as it does `args` (same types, tensor dtypes and
+    16-byte alignment, ints alike in width, in being 1 and in divisibility by 16), as the
+    dispatcher's kept calls do (kernels/kept.py). The launch of `args` must have been made
+    through `launch` before; without it kept, or whenever `launch` would take Triton's path
+    (a hook set, the switch off, another current device), the function calls `launch`."""
+    plain = functools.partial(launch, kernel, grid, **kwargs)
+    k = _kernels.get(id(kernel))
+    if (
+        not ENABLED
+        or type(kernel) is not JITFunction
+        or k is None
+        or k.fn is not kernel
+        or kernel.pre_run_hooks
+        or kernel.used_global_vals
+    ):
+        return plain
+    drv = driver.active
+    dev = drv.get_current_device()
+    try:
+        key = (dev, k.key(args, kwargs))
+        hit = k.cache.get(key)
+    except (_Unkeyable, TypeError):
+        return plain
+    if hit is None:
+        return plain
+    _, run, function, metadata, tail = hit
+    n = len(grid)
+    g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+    options = key[1][-1]
+    runtime, compilation = knobs.runtime, knobs.compilation
+
+    def bound(*args):
+        if (
+            not ENABLED
+            or driver.active is not drv
+            or drv.get_current_device() != dev
+            or _hook_set(runtime.launch_enter_hook)
+            or _hook_set(runtime.launch_exit_hook)
+            or (kernel.debug, runtime.debug, compilation.instrumentation_mode) != options
+        ):
+            return plain(*args)
+        run(g0, g1, g2, drv.get_current_stream(dev), function, metadata, None, None, None, *args, *tail)
+
+    return bound
 
 
 def clear() -> None:

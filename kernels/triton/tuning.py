@@ -255,6 +255,11 @@ def current_state() -> _State:
     return _state
 
 
+def is_current(state: _State) -> bool:
+    """Whether `state` is still the selection state in force (no clear since it was made)."""
+    return state is _state
+
+
 def clear_cache() -> None:
     """Forget cached selections, the tuned table and the env overrides read (they are read
     once, at the first selection after this or after `policy.reload_settings()`)."""
