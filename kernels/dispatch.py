@@ -77,21 +77,32 @@ def _run(name: str, q, k, v, norm, scale, positions, d, st, need_lse: bool):
     return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
 
 
-def _run_fused(q, k, v, ranges, scale, positions, d, bytes_per_key: int):
-    """The Triton forward on the caller's ranges as given: the kernel makes them disjoint and
-    counts the call's tokens itself, so a decode call is one launch (no normalising launch)."""
+def _clips(name: str, d) -> bool:
+    """Whether backend `name` takes this call's ranges as given, making them disjoint and
+    counting their tokens in its own kernel, so a decode call is one launch (no normalising launch)."""
+    if name == "triton":
+        return True
+    if name == "cuda":
+        from .cuda.decode import CLIP_MAX_RANGES
+
+        return d.n <= CLIP_MAX_RANGES
+    return False
+
+
+def _run_fused(name: str, q, k, v, ranges, scale, positions, d, bytes_per_key: int):
+    """Backend `name` (one that `_clips`) on the caller's ranges as given."""
+    counter = device_counter(ranges.device)
+    if name == "cuda":
+        from .cuda.decode import run_cuda
+
+        return run_cuda(
+            q, k, v, ranges, d, scale=scale, positions=positions, clip=True, counter=counter, kv_bytes_per_key=bytes_per_key
+        )
     from .triton.fwd import triton_forward
 
+    sc = resolve_scale(scale, d.Dk)
     return triton_forward(
-        q,
-        k,
-        v,
-        ranges,
-        scale=resolve_scale(scale, d.Dk),
-        positions=positions,
-        clip=True,
-        counter=device_counter(ranges.device),
-        kv_bytes_per_key=bytes_per_key,
+        q, k, v, ranges, scale=sc, positions=positions, clip=True, counter=counter, kv_bytes_per_key=bytes_per_key
     )
 
 
@@ -196,7 +207,7 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
     if st.debug:
         debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
-        fused = norm is None and name == "triton" and not _needs_grad(q, k, v)
+        fused = norm is None and not _needs_grad(q, k, v) and _clips(name, d)
         norm_given = norm is not None
         if norm is None and not fused:
             norm, counted = _normalize(ranges, d, positions, bytes_per_key, st)
@@ -209,7 +220,7 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
                 continue
         try:
             if fused:
-                o, lse = _run_fused(q, k, v, ranges, scale, positions, d, bytes_per_key)
+                o, lse = _run_fused(name, q, k, v, ranges, scale, positions, d, bytes_per_key)
             else:
                 o, lse = _run(name, q, k, v, norm, scale, positions, d, st, return_lse)
         except Exception as e:
@@ -221,7 +232,13 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
             record_fallback(name, reason, f"{type(e).__name__}: {e}", error=not isinstance(e, BackendUnavailable))
             continue
         record_call(name, norm, bytes_per_key, counted=counted or fused)
-        if key is not None and i == 0 and not (st.debug or st.validate) and (counted or fused) and not _reads_lengths(q, backend, st):
+        if (
+            key is not None
+            and i == 0
+            and not (st.debug or st.validate)
+            and (counted or fused)
+            and not _reads_lengths(q, backend, st)
+        ):
             replay = _replay(name, q, k, v, ranges, norm, scale, positions, d, bytes_per_key, fused, norm_given)
             if replay is not None:
                 cap = capability_source(q.device, st) if name == "triton" else None
@@ -236,17 +253,15 @@ def _reads_lengths(q, backend: str, st) -> bool:
 
 
 def _replay(name, q, k, v, ranges, norm, scale, positions, d, bytes_per_key: int, fused: bool, norm_given: bool):
-    """The call just served, kept for its repeats (kept.py): the Triton forward, clipping the
-    caller's ranges or on normal ones, or the CUDA kernel after the counting normaliser where
-    the ladder ran it; None where the route cannot be replayed as is."""
+    """The call just served, kept for its repeats (kept.py): the Triton forward or the CUDA
+    kernel, clipping the caller's ranges or on normal ones, or the CUDA kernel after the
+    counting normaliser where the ladder ran it; None where the route cannot be replayed as is."""
     counter = device_counter(q.device)
+    clip = {"clip": True, "counter": counter, "kv_bytes_per_key": bytes_per_key} if fused else {}
     if name == "triton" and (fused or norm_given):
         from .triton.fwd import forward_replay
 
-        sc = resolve_scale(scale, d.Dk)
-        if fused:
-            return forward_replay(q, k, v, ranges, scale=sc, positions=positions, clip=True, counter=counter, kv_bytes_per_key=bytes_per_key)
-        return forward_replay(q, k, v, ranges, scale=sc, positions=positions)
+        return forward_replay(q, k, v, ranges, scale=resolve_scale(scale, d.Dk), positions=positions, **clip)
     if name == "cuda":
         from .cuda.decode import cuda_replay
         from .triton.normalize import normalize_ranges_triton
@@ -254,7 +269,9 @@ def _replay(name, q, k, v, ranges, norm, scale, positions, d, bytes_per_key: int
         def normalize(r, p):
             return normalize_ranges_triton(r, d.S_kv, p, counter=counter, kv_bytes_per_key=bytes_per_key)
 
-        return cuda_replay(q, k, v, d, scale=scale, positions=positions, normalize=None if norm_given else normalize)
+        return cuda_replay(
+            q, k, v, d, scale=scale, positions=positions, normalize=None if fused or norm_given else normalize, **clip
+        )
     return None
 
 

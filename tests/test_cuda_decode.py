@@ -93,13 +93,16 @@ class FakeExtension:
     def __init__(self, error=None):
         self.error, self.calls = error, []
 
-    def fwd(self, q, k, v, ranges, positions, scale, use_mma, tune=()):
-        self.calls.append(dict(q=q, k=k, v=v, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma, tune=list(tune)))
+    def fwd(self, q, k, v, ranges, positions, scale, use_mma, tune=(), clip=False, counter=None, kv_bytes=0):
+        self.calls.append(
+            dict(q=q, k=k, v=v, ranges=ranges, positions=positions, scale=scale, use_mma=use_mma, tune=list(tune), clip=clip)
+        )
         if self.error:
             raise self.error
         from selgate.reference.golden import gather_attention
 
         B, G = q.shape[0], q.shape[2]  # k, v arrive as [B*G, S_kv, D]
+        ranges = normalize_ranges(ranges, k.shape[1], positions) if clip else ranges  # what the kernel's clipping selects
         o, lse = gather_attention(q, k.view(B, G, *k.shape[1:]), v.view(B, G, *v.shape[1:]), ranges, scale=scale)
         return o.to(v.dtype), lse.float()
 
@@ -148,7 +151,7 @@ def test_fp32_on_tensor_cores_is_declined(runnable):
         (torch.float16, "simt", False),
     ],
 )
-def test_wrapper_normalises_ranges_and_picks_the_kernel(runnable, dtype, kernel, use_mma):
+def test_wrapper_lets_the_kernel_clip_few_ranges_and_picks_the_kernel(runnable, dtype, kernel, use_mma):
     ext = runnable(FakeExtension())
     q, k, v, r = decode_inputs(dtype=torch.float32, seed=3)
     q, k, v, r = q.to(dtype), k.to(dtype), v.to(dtype), r.int()
@@ -160,8 +163,16 @@ def test_wrapper_normalises_ranges_and_picks_the_kernel(runnable, dtype, kernel,
     # int32 indices reach the kernel as they are (it reads both widths): no conversion launch
     assert call["positions"].dtype == torch.int32 and call["positions"].tolist() == [[20], [7]]
     assert call["ranges"].dtype == torch.int32
-    assert torch.equal(call["ranges"], normalize_ranges(r, k.shape[2], positions))
+    assert call["clip"] is True and torch.equal(call["ranges"], r)  # as given: no normalising launch
     assert o.dtype == dtype and o.shape == (2, 1, 2, 3, 8) and lse.shape == (2, 1, 2, 3)
+
+
+def test_wrapper_normalises_rows_of_more_ranges_than_the_kernel_clips(runnable):
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs()
+    many = r.repeat_interleave(decode.CLIP_MAX_RANGES // r.shape[3] + 1, dim=3)
+    selection_attention_cuda(q, k, v, many)
+    assert ext.calls[0]["clip"] is False and torch.equal(ext.calls[0]["ranges"], normalize_ranges(many, k.shape[2]))
 
 
 def test_normalized_ranges_pass_through_unchanged(runnable):

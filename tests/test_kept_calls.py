@@ -168,7 +168,9 @@ def test_kept_decode_calls_on_a_gpu_compute_and_count_as_the_ladder(ladder, back
     for seed in range(3):
         q, k, v, norm = decode(seed, dtype=torch.bfloat16, Dk=64, Dv=64, S_kv=700, n=6, B=3, G=4, h=8)
         r = norm if normalized else torch.cat((norm.flip(3), norm[..., :2, :]), dim=3)  # out of order, overlapping
-        o, lse = selection_attention(q, k, v, r, backend=backend, normalized=normalized, strict=backend != "auto", return_lse=True)
+        o, lse = selection_attention(
+            q, k, v, r, backend=backend, normalized=normalized, strict=backend != "auto", return_lse=True
+        )
         assert_matches_reference(q, k, v, norm, o, lse)
         tokens += int((norm[..., 1] - norm[..., 0]).sum())
     assert len(ladder) == 1

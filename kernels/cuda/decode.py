@@ -21,6 +21,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8  # 16-byte vectors of fp16/bf16
 MAX_HEAD_DIM = 256
 MAX_RANGES = 1024  # per row; the row's prefix sums live in shared memory
+CLIP_MAX_RANGES = 64  # ranges per row the kernel clips itself (n^2 / 32 loads a row); more are normalised first
 MAX_S_KV = 2**31 - 1  # key indices and row lengths are int32 in the kernel
 MIN_CAPABILITY = (8, 0)  # cp.async and bf16 tensor cores
 KERNELS = ("auto", "mma", "simt")
@@ -104,8 +105,10 @@ def selection_attention_cuda(
     """Selection attention for decode (S == 1) on the CUDA kernel; same contract as the reference.
 
     q [B,1,G,h,Dk], k [B,G,S_kv,Dk], v [B,G,S_kv,Dv], ranges [B,1,G,n,2] -> o [B,1,G,h,Dv]
-    (dtype of v), and lse fp32 [B,1,G,h] with `return_lse`. Ranges are normalised first
-    unless `normalized=True` (the kernel still clamps every read to `<= t`). `kernel`:
+    (dtype of v), and lse fp32 [B,1,G,h] with `return_lse`. Ranges are taken as given
+    (any order, overlapping, unclamped) and made disjoint by the kernel itself, or normalised
+    first where a row holds more than CLIP_MAX_RANGES; `normalized=True` skips both (the kernel
+    still clamps every read to `<= t`). `kernel`:
     "auto" (tensor cores for fp16/bf16, CUDA cores for fp32), "mma" or "simt". `launch`: a
     `DecodeLaunch` of launch overrides for the tensor-core kernel (launch.py; None or its defaults:
     automatic; benchmarks sweep them; results do not depend on them beyond rounding). A tuple or
@@ -121,14 +124,20 @@ def selection_attention_cuda(
     reason = unsupported_reason(q, d)
     if reason is not None:
         raise reason
-    norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
-    o, lse = run_cuda(q, k, v, norm, d, scale=scale, positions=positions, kernel=kernel, tune=tune)
+    clip = not normalized and d.n <= CLIP_MAX_RANGES
+    norm = ranges if normalized or clip else normalize_ranges(ranges, d.S_kv, positions)
+    o, lse = run_cuda(q, k, v, norm, d, scale=scale, positions=positions, kernel=kernel, tune=tune, clip=clip)
     return (o, lse) if return_lse else o
 
 
-def run_cuda(q, k, v, norm, d, *, scale, positions, kernel: str = "auto", tune=None):
+def run_cuda(
+    q, k, v, norm, d, *, scale, positions, kernel: str = "auto", tune=None, clip=False, counter=None, kv_bytes_per_key=0
+):
     """`(o, lse)` on inputs the caller checked (`d`, from `check_inputs`) and ranges it
-    normalised: the dispatcher's CUDA rung, so a decode step pays for its checks once.
+    normalised, or, with `clip`, ranges as given (at most CLIP_MAX_RANGES a row), which the
+    kernel makes disjoint: the dispatcher's CUDA rung, so a decode step pays for its checks
+    once. `counter` (int64 [2]) gets the call's selected keys and `kv_bytes_per_key` times
+    them added, as the normaliser adds them.
     Raises `BackendUnavailable` like `selection_attention_cuda`, and ("grad") for inputs that
     require grad: the kernel has no backward, and a detached output would drop them silently."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -154,18 +163,22 @@ def run_cuda(q, k, v, norm, d, *, scale, positions, kernel: str = "auto", tune=N
             resolve_scale(scale, d.Dk),
             use_mma,
             tune or _AUTO_TUNE,
+            clip,
+            counter,
+            int(kv_bytes_per_key),
         )
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
 
 
-def cuda_replay(q, k, v, d, *, scale, positions, normalize=None):
+def cuda_replay(q, k, v, d, *, scale, positions, normalize=None, clip=False, counter=None, kv_bytes_per_key=0):
     """`run_cuda`'s call kept for its repeats: a function of `(q, k, v, ranges, positions)`
     returning `(o, lse)` for inputs of this call's shapes, strides, dtypes, devices and 16-byte
     alignment (the dispatcher keys them: kernels/kept.py), with this call's checks, extension
-    and launch settings resolved once. `normalize(ranges, positions)` runs first on every call
-    when the ranges are not declared normal. None (nothing to keep) where `run_cuda` would copy
-    q, K or V, or cannot take the call."""
+    and launch settings resolved once (`clip`, `counter`, `kv_bytes_per_key`: `run_cuda`'s).
+    `normalize(ranges, positions)` runs first on every call where the ranges are neither
+    declared normal nor clipped. None (nothing to keep) where `run_cuda` would copy q, K or V,
+    or cannot take the call."""
     if unsupported_reason(q, d) is not None or aligned(q) is not q:
         return None
     if any(rows_view(x).data_ptr() != x.data_ptr() for x in (k, v)):  # a copy on every call
@@ -174,13 +187,15 @@ def cuda_replay(q, k, v, d, *, scale, positions, normalize=None):
         ext = build.load_extension(q.device)
     except build.BuildError:
         return None
-    use_mma, sc = q.dtype != torch.float32, resolve_scale(scale, d.Dk)
+    use_mma, sc, kv_bytes = q.dtype != torch.float32, resolve_scale(scale, d.Dk), int(kv_bytes_per_key)
 
     def replay(q, k, v, ranges, positions):
         norm = ranges if normalize is None else normalize(ranges, positions)
         pos = None if positions is None else positions.contiguous()
         try:
-            return ext.fwd(q, k.flatten(0, 1), v.flatten(0, 1), norm.contiguous(), pos, sc, use_mma, _AUTO_TUNE)
+            return ext.fwd(
+                q, k.flatten(0, 1), v.flatten(0, 1), norm.contiguous(), pos, sc, use_mma, _AUTO_TUNE, clip, counter, kv_bytes
+            )
         except RuntimeError as exc:
             raise BackendUnavailable("launch", str(exc)) from exc
 

@@ -121,6 +121,9 @@ struct Params {
   int k_xor, v_xor;  // mma: 7 = 16-byte chunks XOR-swizzled by row, 0 = padded rows
   int off_L, off_q, off_sc, off_stats, off_kv;  // byte offsets in dynamic shared memory
   float scale_log2;
+  bool clip;                      // make the caller's ranges disjoint (DecodeArgs::clip)
+  unsigned long long* counter;    // null, or [selected keys, K/V bytes] to add the row's to
+  int64_t kv_bytes;
 };
 
 // ---------------------------------------------------------------- small device helpers
@@ -202,8 +205,11 @@ __device__ __forceinline__ int64_t load_index(const void* base, int64_t i, bool 
 // inclusive prefix sum of lengths (`cum`) and `off` = start - first position of the range,
 // so position `pos` of the row's concatenated keys is key `off[j] + pos` for the first j
 // with cum[j] > pos. Also stores the row's length L. Warp 0 scans 32 ranges per step with
-// shuffles; the caller ends it with a block barrier.
-__device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned char* smem) {
+// shuffles; the caller ends it with a block barrier. With p.clip each range's start is first
+// raised to the furthest end of the ranges before it in (start, slot) order, so overlapping,
+// unsorted ranges count each key once. `count`: this block adds the row's L to p.counter
+// (one block per row does).
+__device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned char* smem, bool count) {
   if (threadIdx.x < 32) {
     int64_t* cum = reinterpret_cast<int64_t*>(smem);
     int64_t* off = cum + p.n;
@@ -217,6 +223,15 @@ __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned c
       if (j < p.n) {
         s = min(max(load_index(p.ranges, (row * p.n + j) * 2, p.ranges_i64), int64_t(0)), lim);
         const int64_t e = min(max(load_index(p.ranges, (row * p.n + j) * 2 + 1, p.ranges_i64), int64_t(0)), lim);
+        if (p.clip) {
+          int64_t reach = s;
+          for (int i = 0; i < p.n; ++i) {
+            const int64_t si = min(max(load_index(p.ranges, (row * p.n + i) * 2, p.ranges_i64), int64_t(0)), lim);
+            const int64_t ei = min(max(load_index(p.ranges, (row * p.n + i) * 2 + 1, p.ranges_i64), int64_t(0)), lim);
+            if (si < s || (si == s && i < j)) reach = max(reach, ei);
+          }
+          s = reach;
+        }
         len = max(e - s, int64_t(0));
       }
       int64_t x = len;  // inclusive scan of the lengths across the warp
@@ -232,7 +247,14 @@ __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned c
       carry += __shfl_sync(0xffffffffu, x, 31);
     }
     // L <= lim for normalised ranges; the clamp keeps positions in int32 whatever the input.
-    if (lane == 0) *reinterpret_cast<int64_t*>(smem + p.off_L) = min(carry, lim);
+    if (lane == 0) {
+      const int64_t L = min(carry, lim);
+      *reinterpret_cast<int64_t*>(smem + p.off_L) = L;
+      if (count && p.counter) {
+        atomicAdd(p.counter, static_cast<unsigned long long>(L));
+        atomicAdd(p.counter + 1, static_cast<unsigned long long>(L * p.kv_bytes));
+      }
+    }
   }
 }
 
@@ -247,8 +269,8 @@ struct RowView {
 // Shared prologue of both kernels: the row's ranges into shared memory (warp 0), every
 // thread's earlier cp.async copies (q) landed, then one block barrier.
 template <typename T>
-__device__ __forceinline__ RowView<T> begin_row(const Params& p, int64_t row, unsigned char* smem) {
-  setup_ranges(p, row, row / p.G, smem);
+__device__ __forceinline__ RowView<T> begin_row(const Params& p, int64_t row, unsigned char* smem, bool count) {
+  setup_ranges(p, row, row / p.G, smem, count);
   cp_async_wait<0>();
   __syncthreads();
   return {*reinterpret_cast<const int64_t*>(smem + p.off_L), static_cast<const T*>(p.k) + row * p.k_row,
@@ -529,7 +551,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32, DVB <= 64 ? 2 : 1) sel_deco
     cp_async16(qs + r * p.q_stride + c, valid ? qg + r * p.Dk + c : qg, valid);
   }
   cp_async_commit();
-  const RowView<T> rv = begin_row<T>(p, row, smem);
+  const RowView<T> rv = begin_row<T>(p, row, smem, rank == 0 && head0 == 0);
   const int L = static_cast<int>(rv.L);  // <= S_kv < 2^31 (setup_ranges clamps, the host checks S_kv)
 
   // This warp's slabs: u, u + U, u + 2U, ... with u its index among the U warps of the row
@@ -816,7 +838,7 @@ __global__ void __launch_bounds__(kSimtThreads, 2) sel_decode_simt(const Params 
     m_run[i] = -INFINITY;
     l_run[i] = 0.f;
   }
-  const RowView<T> rv = begin_row<T>(p, row, smem);
+  const RowView<T> rv = begin_row<T>(p, row, smem, head0 == 0);
   const int64_t L = rv.L;
   const T* kg = rv.kg;
   const T* vg = rv.vg;
@@ -1276,6 +1298,9 @@ bool plan_or_launch(const DecodeArgs& a, cudaStream_t stream, bool launch_it, De
   p.Dv = a.Dv;
   p.n = a.n;
   p.scale_log2 = a.scale * kLog2e;
+  p.clip = a.clip;
+  p.counter = reinterpret_cast<unsigned long long*>(a.counter);
+  p.kv_bytes = a.kv_bytes;
   switch (a.dtype) {
     case Dtype::kHalf: return run_typed<__half>(p, a, plan, dev, stream, launch_it);
     case Dtype::kBFloat16: return run_typed<__nv_bfloat16>(p, a, plan, dev, stream, launch_it);

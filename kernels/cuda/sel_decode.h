@@ -42,6 +42,14 @@ struct DecodeArgs {
   float scale;
   Tune tune;
   int64_t k_row = 0, k_key = 0, v_row = 0, v_key = 0;  // k, v strides (unused by sel_decode_plan)
+  // clip: the ranges are taken as given (any order, overlapping, unclamped): each range's start is
+  // raised to the furthest end of the ranges before it in (start, slot) order, which leaves them
+  // disjoint and covering their union; a row scans its n ranges once per range (n^2 / 32 loads
+  // a row), so callers clip few ranges and normalise many. counter: int64 [2] (or null) gets
+  // the call's selected keys and kv_bytes times them added.
+  bool clip = false;
+  int64_t* counter = nullptr;
+  int64_t kv_bytes = 0;
 };
 
 // What a call launches (reported by benchmarks).

@@ -46,7 +46,8 @@ selgate::Tune tune_of(const std::vector<int64_t>& tune) {
 // Returns {o [B,1,G,h,Dv], lse fp32 [B,1,G,h]}.
 std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& ranges,
                             const c10::optional<at::Tensor>& positions, double scale, bool use_mma,
-                            const std::vector<int64_t>& tune) {
+                            const std::vector<int64_t>& tune, bool clip, const c10::optional<at::Tensor>& counter,
+                            int64_t kv_bytes) {
   check_operand("q", q, q, 5);
   check_operand("k", k, q, 3, true);
   check_operand("v", v, q, 3, true);
@@ -70,6 +71,11 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
                 positions->sizes());
     pos_ptr = positions->data_ptr();
   }
+  if (counter.has_value()) {
+    check_operand("counter", *counter, q, 1);
+    TORCH_CHECK(counter->scalar_type() == at::kLong && counter->size(0) == 2, "sel_decode: counter must be int64 [2], got ",
+                counter->scalar_type(), " ", counter->sizes());
+  }
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty({B, 1, G, h, Dv}, v.options());
   auto lse = at::empty({B, 1, G, h}, q.options().dtype(at::kFloat));
@@ -79,6 +85,9 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
                            static_cast<int>(Dk), static_cast<int>(Dv), static_cast<int>(ranges.size(3)),
                            static_cast<float>(scale), tune_of(tune)};
   args.k_row = k.stride(0), args.k_key = k.stride(1), args.v_row = v.stride(0), args.v_key = v.stride(1);
+  args.clip = clip;
+  args.counter = counter.has_value() ? counter->data_ptr<int64_t>() : nullptr;
+  args.kv_bytes = kv_bytes;
   char err[512];
   TORCH_CHECK(selgate::sel_decode_launch(args, c10::cuda::getCurrentCUDAStream(), err, sizeof(err)), err);
   return {o, lse};
@@ -104,6 +113,7 @@ std::vector<int64_t> plan(int64_t dtype, int64_t B, int64_t G, int64_t h, int64_
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd", &fwd, "NSA selection attention decode forward: returns (o, lse)", pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("ranges"), pybind11::arg("positions"),
-        pybind11::arg("scale"), pybind11::arg("use_mma"), pybind11::arg("tune") = std::vector<int64_t>{});
+        pybind11::arg("scale"), pybind11::arg("use_mma"), pybind11::arg("tune") = std::vector<int64_t>{},
+        pybind11::arg("clip") = false, pybind11::arg("counter") = pybind11::none(), pybind11::arg("kv_bytes") = 0);
   m.def("plan", &plan, "the launch fwd would make (benchmarks report it)");
 }
