@@ -108,7 +108,7 @@ def test_kernel_error_falls_back_once_logged_and_strict_raises(monkeypatch, capl
     def broken(*a, **kw):
         raise RuntimeError("boom")
 
-    fake.run_cuda = broken
+    fake.run_cuda, fake.CLIP_MAX_RANGES = broken, 64  # device ranges take the clipping call, host ones the normalised
     monkeypatch.setitem(sys.modules, "selgate.kernels.cuda.decode", fake)
     q, k, v, r = inputs(S=1, Dv=12)  # Dv=12 keeps Triton out of the chain: cuda > sdpa
     with caplog.at_level(logging.INFO, logger="selgate.kernels"):
