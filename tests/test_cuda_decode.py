@@ -27,7 +27,7 @@ from selgate.conformance.registry import REGISTRY
 from selgate.kernels.cuda import DecodeLaunch, Pdl, Prefetch, Schedule, build, decode, selection_attention_cuda
 from selgate.kernels.cuda.launch import EXT_ORDER
 from selgate.kernels.errors import BackendUnavailable
-from selgate.reference import normalize_ranges
+from selgate.reference import normalize_ranges, selection_attention_ref
 from tests.helpers import assert_matches_reference, poison_unselected, random_inputs
 
 ON_GPU = torch.cuda.is_available()
@@ -104,7 +104,7 @@ class FakeExtension:
         B, G = q.shape[0], q.shape[2]  # k, v arrive as [B*G, S_kv, D]
         ranges = normalize_ranges(ranges, k.shape[1], positions) if clip else ranges  # what the kernel's clipping selects
         o, lse = gather_attention(q, k.view(B, G, *k.shape[1:]), v.view(B, G, *v.shape[1:]), ranges, scale=scale)
-        return o.to(v.dtype), lse.float()
+        return [o.to(v.dtype), lse.float()]  # as the binding returns them (std::vector)
 
 
 @pytest.fixture
@@ -165,6 +165,20 @@ def test_wrapper_lets_the_kernel_clip_few_ranges_and_picks_the_kernel(runnable, 
     assert call["ranges"].dtype == torch.int32
     assert call["clip"] is True and torch.equal(call["ranges"], r)  # as given: no normalising launch
     assert o.dtype == dtype and o.shape == (2, 1, 2, 3, 8) and lse.shape == (2, 1, 2, 3)
+
+
+def test_a_kept_cuda_call_replays_the_clipping_launch_on_fresh_inputs(runnable):
+    """What the dispatcher keeps for a CUDA decode signature (kernels/kept.py): the same
+    extension call, clipping, on new tensors; `(o, lse)` as the ladder returns them."""
+    from selgate.reference import check_inputs
+
+    ext = runnable(FakeExtension())
+    q, k, v, r = decode_inputs(dtype=torch.float16)
+    replay = decode.cuda_replay(q, k, v, check_inputs(q, k, v, r), scale=None, positions=None, clip=True)
+    q, k, v, r = decode_inputs(dtype=torch.float16, seed=4)
+    out = replay(q, k, v, r, None)
+    assert type(out) is tuple and ext.calls[-1]["clip"] is True and torch.equal(ext.calls[-1]["ranges"], r)
+    assert (out[0].double() - selection_attention_ref(q, k, v, r)).abs().max() <= 2e-3
 
 
 def test_wrapper_normalises_rows_of_more_ranges_than_the_kernel_clips(runnable):

@@ -193,10 +193,11 @@ def cuda_replay(q, k, v, d, *, scale, positions, normalize=None, clip=False, cou
         norm = ranges if normalize is None else normalize(ranges, positions)
         pos = None if positions is None else positions.contiguous()
         try:
-            return ext.fwd(
+            o, lse = ext.fwd(
                 q, k.flatten(0, 1), v.flatten(0, 1), norm.contiguous(), pos, sc, use_mma, _AUTO_TUNE, clip, counter, kv_bytes
             )
         except RuntimeError as exc:
             raise BackendUnavailable("launch", str(exc)) from exc
+        return o, lse  # the binding returns a list
 
     return replay
