@@ -210,7 +210,6 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
         debug(f"sel.dispatch.plan backend={backend} chain={'>'.join(chain)} strict={strict}")
     for i, name in enumerate(chain):
         fused = norm is None and not _needs_grad(q, k, v) and _clips(name, d)
-        norm_given = norm is not None
         if norm is None and not fused:
             norm, counted = _normalize(ranges, d, positions, bytes_per_key, st)
         if name == "triton":
@@ -238,13 +237,13 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
             key is not None
             and i == 0
             and not (st.debug or st.validate)
-            and (counted or fused)
+            and (fused or normalized)  # a route that normalised first would count a failed replay's tokens twice
             and not _reads_lengths(q, backend, st)
         ):
-            replay = _replay(name, q, k, v, ranges, norm, scale, positions, d, bytes_per_key, fused, norm_given)
+            replay = _replay(name, q, k, v, ranges, scale, positions, d, bytes_per_key, fused)
             if replay is not None:
                 cap = capability_source(q.device, st) if name == "triton" else None
-                kept.keep(st.kept, key, name, replay, return_lse, cap)
+                kept.keep(st.kept, key, name, replay, return_lse, cap if cap and cap[0] is not None else None)
         return (o, lse) if return_lse else o
 
 
@@ -254,26 +253,19 @@ def _reads_lengths(q, backend: str, st) -> bool:
     return q.device.type != "cuda" and st.min_L > 0 and backend == "auto" and not st.force_triton
 
 
-def _replay(name, q, k, v, ranges, norm, scale, positions, d, bytes_per_key: int, fused: bool, norm_given: bool):
+def _replay(name, q, k, v, ranges, scale, positions, d, bytes_per_key: int, fused: bool):
     """The call just served, kept for its repeats (kept.py): the Triton forward or the CUDA
-    kernel, clipping the caller's ranges or on normal ones, or the CUDA kernel after the
-    counting normaliser where the ladder ran it; None where the route cannot be replayed as is."""
-    counter = device_counter(q.device)
-    clip = {"clip": True, "counter": counter, "kv_bytes_per_key": bytes_per_key} if fused else {}
-    if name == "triton" and (fused or norm_given):
+    kernel, clipping the caller's ranges (`fused`) or on declared-normal ones; None for any
+    other backend."""
+    clip = {"clip": True, "counter": device_counter(q.device), "kv_bytes_per_key": bytes_per_key} if fused else {}
+    if name == "triton":
         from .triton.fwd import forward_replay
 
         return forward_replay(q, k, v, ranges, scale=resolve_scale(scale, d.Dk), positions=positions, **clip)
     if name == "cuda":
         from .cuda.decode import cuda_replay
-        from .triton.normalize import normalize_ranges_triton
 
-        def normalize(r, p):
-            return normalize_ranges_triton(r, d.S_kv, p, counter=counter, kv_bytes_per_key=bytes_per_key)
-
-        return cuda_replay(
-            q, k, v, d, scale=scale, positions=positions, normalize=None if fused or norm_given else normalize, **clip
-        )
+        return cuda_replay(q, k, v, d, scale=scale, positions=positions, **clip)
     return None
 
 

@@ -30,23 +30,29 @@ LIMIT = 256  # kept signatures per policy: a decode loop needs one per layer sha
 
 def signature(q, k, v, ranges, positions, scale, backend, strict, normalized, return_lse):
     """The call's key among kept calls, or None for a call that is never kept (a tensor
-    subclass, a call that records autograd)."""
+    subclass, a call that records autograd, a tensor without strided storage: functorch's
+    wrappers, sparse layouts). Keywords the ladder reads for their truth are keyed as bools;
+    `scale` by type and value (the ladder refuses some types equal to an accepted float)."""
     if type(q) is not _T or type(k) is not _T or type(v) is not _T or type(ranges) is not _T:
         return None
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         return None
-    pos = None
-    if positions is not None:
-        if type(positions) is not _T:
-            return None
-        pos = (positions.shape, positions.stride(), positions.dtype, positions.device, positions.data_ptr() & 15)
-    return (
-        q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
-        k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
-        v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
-        ranges.shape, ranges.stride(), ranges.dtype, ranges.device, ranges.data_ptr() & 15,
-        pos, scale, backend, strict, normalized, return_lse, OVERRIDES[-1] if OVERRIDES else None,
-    )  # fmt: skip
+    try:
+        pos = None
+        if positions is not None:
+            if type(positions) is not _T:
+                return None
+            pos = (positions.shape, positions.stride(), positions.dtype, positions.device, positions.data_ptr() & 15)
+        return (
+            q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+            k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
+            v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
+            ranges.shape, ranges.stride(), ranges.dtype, ranges.device, ranges.data_ptr() & 15,
+            pos, type(scale), scale, backend, None if strict is None else bool(strict), bool(normalized),
+            bool(return_lse), OVERRIDES[-1] if OVERRIDES else None,
+        )  # fmt: skip
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return None
 
 
 def lookup(kept: dict, key):
@@ -61,6 +67,10 @@ def keep(kept: dict, key, backend: str, replay, return_lse: bool, capability: tu
     """Keep `replay` (a function of q, k, v, ranges, positions returning `(o, lse)` or None) as
     the call of `key`, served by `backend`; `capability` is the `(value, source)` the ladder
     recorded, if it asked for one."""
+    try:
+        hash(key)
+    except TypeError:  # an unhashable scale or backend: the ladder serves every such call
+        return
     if len(kept) >= LIMIT:
         kept.clear()
 

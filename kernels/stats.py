@@ -123,7 +123,18 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    """Zero every counter and forget which fallback reasons were already logged."""
+    """Zero every counter and forget which fallback reasons were already logged. The device
+    sums are zeroed in place on the current stream (kept calls and captured CUDA graphs hold
+    them), so a reset belongs outside a graph capture, after the work it should not count."""
+    for sums in _counters.values():
+        if sums.is_cuda:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "reset_stats: the current CUDA stream is capturing a graph, which would record the "
+                    "zeroing of the token counters; call it outside the capture"
+                )
     with _lock:
         for c in (_calls, _launches, _fallbacks):
             c.clear()

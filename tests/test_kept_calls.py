@@ -6,15 +6,17 @@ Triton rung needs TRITON_INTERPRET=1 (the capability override simulates a GPU)."
 
 from __future__ import annotations
 
+import logging
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from selgate.kernels import capability_override, dispatch, reload_settings, reset_stats, selection_attention, stats
 from selgate.kernels.policy import dispatch_policy
 from selgate.kernels.stats import device_counter
-from selgate.reference import normalize_ranges, selection_attention_ref
+from selgate.reference import RangeError, normalize_ranges, selection_attention_ref
 from tests.helpers import assert_matches_reference, clean_dispatcher, poison_unselected, random_inputs  # noqa: F401 (a fixture)
 
 ON_GPU = torch.cuda.is_available()
@@ -57,7 +59,10 @@ def test_a_served_signature_replays_on_fresh_inputs(ladder):
             assert lse.shape == q.shape[:4] and lse.dtype == torch.float32
     assert len(ladder) == 1  # the first call; the other two replayed its decision
     assert stats()["calls"] == {"triton": 3} and stats()["launches"] == {"triton_fwd": 3}
-    assert stats()["capability"] == "9.0" and stats()["capability_source"] == "override"
+    reset_stats()
+    with capability_override("9.0"):
+        selection_attention(q, k, v, r, backend="triton", normalized=True, strict=True, return_lse=True)
+    assert len(ladder) == 1 and stats()["capability"] == "9.0" and stats()["capability_source"] == "override"
 
 
 def test_what_the_signature_does_not_hold_takes_the_ladder(ladder, monkeypatch):
@@ -81,9 +86,74 @@ def test_what_the_signature_does_not_hold_takes_the_ladder(ladder, monkeypatch):
         monkeypatch.setenv("SELGATE_STRICT", "1")  # another flag set: another policy
         selection_attention(q, k, v, r, backend="triton", normalized=True)
         assert len(ladder) == n + 2
-    with capability_override("8.9"):  # the ADR rule: the explicit request still runs, auto does not
-        selection_attention(q, k, v, r, normalized=True)
+        monkeypatch.delenv("SELGATE_STRICT")
+    with capability_override("8.9"):  # the ADR rule: a kept 9.0 call must not serve under 8.9
+        o = selection_attention(q, k, v, r, backend="triton", normalized=True)
     assert stats()["fallback_reasons"] == {"triton:adr_policy": 1} and len(ladder) == n + 3
+    assert_reference(o, q, k, v, r)
+
+
+def test_a_kept_call_serves_only_its_own_keywords(ladder):
+    """Each keyword that changes the result is in the signature: the same tensors with another
+    scale, with positions, or with ranges no longer declared normal are computed for what they
+    ask, not replayed."""
+    q, k, v, norm = decode(0, S=2)
+    inner = norm[..., :1, :] + torch.tensor([1, 0], device=DEVICE)  # inside the first range
+    raw = torch.cat((norm.flip(3), inner, torch.full_like(inner, -3)), dim=3)  # out of order, overlapping, negative
+    raw_norm = torch.cat((norm, torch.zeros_like(inner), torch.zeros_like(inner)), dim=3)  # the same slots as raw
+    pos = torch.tensor([[30, 35], [20, 39]], device=DEVICE)
+    with capability_override("9.0"):
+        selection_attention(q, k, v, norm, backend="triton", normalized=True, scale=0.5)
+        assert_reference(
+            selection_attention(q, k, v, norm, backend="triton", normalized=True, scale=0.25), q, k, v, norm, scale=0.25
+        )
+        pnorm = normalize_ranges(norm, k.shape[2], pos)
+        o = selection_attention(q, k, v, pnorm, backend="triton", normalized=True, scale=0.5, positions=pos)
+        assert_reference(o, q, k, v, pnorm, scale=0.5, positions=pos)
+        selection_attention(q, k, v, raw_norm, backend="triton", normalized=True)
+        o = selection_attention(q, k, v, raw, backend="triton")  # the ladder normalises these first
+        assert_reference(o, q, k, v, norm)
+        with pytest.raises(TypeError, match="scale: expected a Python float"):
+            selection_attention(q, k, v, norm, backend="triton", normalized=True, scale=np.float32(0.5))
+    assert len(ladder) == 6
+
+
+def test_what_the_ladder_reads_beyond_the_signature_is_never_kept(ladder, monkeypatch, caplog):
+    """Routes decided by values (min-L on host ranges), calls that fell back first, range
+    validation, debug logging and tensor subclasses all take the ladder on every call."""
+    q, k, v, r = decode(0)
+    short = r.clone()
+    short[..., 1] = torch.minimum(short[..., 1], short[..., 0] + 1)  # one key a range at most
+    with capability_override("9.0"):
+        monkeypatch.setenv("SELGATE_TRITON_MIN_L", "8")  # the host ranges' length decides
+        selection_attention(q, k, v, r, normalized=True)
+        selection_attention(q, k, v, short, normalized=True)
+        assert stats()["fallback_reasons"] == {"triton:min_L": 1}
+        monkeypatch.setenv("SELGATE_TRITON_MIN_L", "0")
+        for _ in range(2):  # the CUDA rung falls back (no CUDA device or inputs on the CPU): not kept
+            selection_attention(q, k, v, r, backend="cuda", normalized=True)
+        assert sum(n for key, n in stats()["fallback_reasons"].items() if key.startswith("cuda:")) == (0 if ON_GPU else 2)
+        subclass = q.as_subclass(type("Sub", (torch.Tensor,), {}))
+        for _ in range(2):
+            selection_attention(subclass, k, v, r, backend="triton", normalized=True)
+        monkeypatch.setenv("SELGATE_DEBUG_LOG", "1")
+        with caplog.at_level(logging.INFO, logger="selgate.kernels"):
+            for _ in range(2):
+                selection_attention(q, k, v, r, backend="triton", normalized=True)
+        assert sum(m.startswith("sel.dispatch.plan") for m in caplog.messages) == 2
+        monkeypatch.delenv("SELGATE_DEBUG_LOG")
+        monkeypatch.setenv("SELGATE_VALIDATE_RANGES", "1")
+        selection_attention(q, k, v, r, backend="triton", normalized=True)
+        with pytest.raises(RangeError):
+            selection_attention(q, k, v, r.flip(3), backend="triton", normalized=True)
+    assert len(ladder) == 2 + (1 if ON_GPU else 2) + 2 + 2 + 2
+
+
+def test_functorch_wrappers_take_the_ladder():
+    """vmap's batched tensors hold no storage to key: the signature leaves them to the ladder."""
+    q, k, v, r = decode(0)
+    o = torch.func.vmap(lambda x: selection_attention(x, k, v, r, backend="reference"))(torch.stack((q, q)))
+    assert o.shape == (2, *q.shape[:4], v.shape[3])
 
 
 def test_calls_that_record_autograd_are_never_kept(ladder):

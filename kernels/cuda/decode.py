@@ -171,14 +171,12 @@ def run_cuda(
         raise BackendUnavailable("launch", str(exc)) from exc
 
 
-def cuda_replay(q, k, v, d, *, scale, positions, normalize=None, clip=False, counter=None, kv_bytes_per_key=0):
+def cuda_replay(q, k, v, d, *, scale, positions, clip=False, counter=None, kv_bytes_per_key=0):
     """`run_cuda`'s call kept for its repeats: a function of `(q, k, v, ranges, positions)`
     returning `(o, lse)` for inputs of this call's shapes, strides, dtypes, devices and 16-byte
     alignment (the dispatcher keys them: kernels/kept.py), with this call's checks, extension
     and launch settings resolved once (`clip`, `counter`, `kv_bytes_per_key`: `run_cuda`'s).
-    `normalize(ranges, positions)` runs first on every call where the ranges are neither
-    declared normal nor clipped. None (nothing to keep) where `run_cuda` would copy q, K or V,
-    or cannot take the call."""
+    None (nothing to keep) where `run_cuda` would copy q, K or V, or cannot take the call."""
     if unsupported_reason(q, d) is not None or aligned(q) is not q:
         return None
     if any(rows_view(x).data_ptr() != x.data_ptr() for x in (k, v)):  # a copy on every call
@@ -190,11 +188,10 @@ def cuda_replay(q, k, v, d, *, scale, positions, normalize=None, clip=False, cou
     use_mma, sc, kv_bytes = q.dtype != torch.float32, resolve_scale(scale, d.Dk), int(kv_bytes_per_key)
 
     def replay(q, k, v, ranges, positions):
-        norm = ranges if normalize is None else normalize(ranges, positions)
         pos = None if positions is None else positions.contiguous()
         try:
             o, lse = ext.fwd(
-                q, k.flatten(0, 1), v.flatten(0, 1), norm.contiguous(), pos, sc, use_mma, _AUTO_TUNE, clip, counter, kv_bytes
+                q, k.flatten(0, 1), v.flatten(0, 1), ranges.contiguous(), pos, sc, use_mma, _AUTO_TUNE, clip, counter, kv_bytes
             )
         except RuntimeError as exc:
             raise BackendUnavailable("launch", str(exc)) from exc

@@ -184,6 +184,7 @@ def bind(kernel, grid: tuple, args: tuple, kwargs: dict):
     def bound(*args):
         if (
             not ENABLED
+            or kernel.pre_run_hooks
             or driver.active is not drv
             or drv.get_current_device() != dev
             or _hook_set(runtime.launch_enter_hook)
