@@ -111,11 +111,11 @@ def test_a_kept_call_serves_only_its_own_keywords(ladder):
         o = selection_attention(q, k, v, pnorm, backend="triton", normalized=True, scale=0.5, positions=pos)
         assert_reference(o, q, k, v, pnorm, scale=0.5, positions=pos)
         selection_attention(q, k, v, raw_norm, backend="triton", normalized=True)
-        o = selection_attention(q, k, v, raw, backend="triton")  # the ladder normalises these first
-        assert_reference(o, q, k, v, norm)
+        for _ in range(2):  # the ladder normalises these first (host ranges), every time
+            assert_reference(selection_attention(q, k, v, raw, backend="triton"), q, k, v, norm)
         with pytest.raises(TypeError, match="scale: expected a Python float"):
             selection_attention(q, k, v, norm, backend="triton", normalized=True, scale=np.float32(0.5))
-    assert len(ladder) == 6
+    assert len(ladder) == 7
 
 
 def test_what_the_ladder_reads_beyond_the_signature_is_never_kept(ladder, monkeypatch, caplog):
