@@ -289,5 +289,10 @@ def selection_attention_varlen(
         if not isinstance(t, torch.Tensor) or t.dim() != rank or t.shape[0] != 1:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: varlen expects a packed {rank}-D tensor with leading dim 1, got {shape}")
-    glob, pos = varlen_to_batched(ranges, cu_seqlens_q, cu_seqlens_k, T_kv=k.shape[2])
+    if torch.compiler.is_compiling():  # the offsets' checks read values: traced as one op (op.py)
+        from .op import varlen_to_batched_op
+
+        glob, pos = varlen_to_batched_op(ranges, cu_seqlens_q, cu_seqlens_k, k.shape[2])
+    else:
+        glob, pos = varlen_to_batched(ranges, cu_seqlens_q, cu_seqlens_k, T_kv=k.shape[2])
     return selection_attention(q, k, v, glob, scale=scale, backend=backend, return_lse=return_lse, positions=pos, strict=strict)

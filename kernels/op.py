@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from selgate.reference.varlen import varlen_to_batched
+
 from .dispatch import eager_selection_attention
 
 _grads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="selgate-op-backward")
@@ -129,3 +131,19 @@ def _backward(ctx, do, dlse):
 
 
 selection_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("selgate::varlen_to_batched", mutates_args=())
+def varlen_to_batched_op(
+    ranges: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, T_kv: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(global ranges, positions)` of a varlen call (`reference.varlen.varlen_to_batched`) as
+    an op, so `selection_attention_varlen` compiles with `fullgraph=True`: its checks read the
+    offsets' values, which a traced graph cannot. Integer outputs: no autograd."""
+    return varlen_to_batched(ranges, cu_seqlens_q, cu_seqlens_k, T_kv=T_kv)
+
+
+@varlen_to_batched_op.register_fake
+def _(ranges, cu_seqlens_q, cu_seqlens_k, T_kv):
+    dtype = ranges.dtype if T_kv <= torch.iinfo(torch.int32).max else torch.int64  # as varlen_to_batched widens
+    return ranges.new_empty(ranges.shape, dtype=dtype), ranges.new_empty((1, ranges.shape[1]), dtype=torch.int64)

@@ -1,6 +1,7 @@
 """Selection attention as a torch op: torch.library's own checks of the registration (schema,
 fake tensors, autograd), `torch.compile(fullgraph=True)` over a small model that calls it
-(forward and backward, against eager and the fp64 reference), also on CUDA tensors, and
+(forward and backward, against eager and the fp64 reference), also on CUDA tensors, the varlen
+entry compiled the same way, and
 CUDA-graph capture and replay of the auto path with new inputs. The inductor backend on a GPU
 is not among them: in the sm90 lane its first compile ran past the lane's two-minute limit per
 test (docs/design/dispatcher.md)."""
@@ -10,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from selgate.kernels import selection_attention
-from selgate.kernels.op import selection_attention_op
+from selgate.kernels import selection_attention, selection_attention_varlen
+from selgate.kernels.op import selection_attention_op, varlen_to_batched_op
 from selgate.reference import normalize_ranges, selection_attention_ref
+from selgate.reference.varlen import varlen_to_batched
 from tests.helpers import clean_dispatcher, random_inputs  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("clean_dispatcher")
@@ -87,6 +89,45 @@ def test_compiled_call_matches_the_reference():
     assert (o.double() - o_ref).abs().max() <= 1e-5
     finite = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), finite) and (lse.double() - lse_ref)[finite].abs().max() <= 1e-5
+
+
+def varlen_inputs(seed: int, G=2, h=2, D=16, lens_q=(3, 1, 4), lens_k=(9, 5, 12), n=3):
+    """Three packed sequences with sequence-local raw ranges, and their offsets."""
+    g = torch.Generator().manual_seed(seed)
+    T_q, T_kv = sum(lens_q), sum(lens_k)
+    q = torch.randn(1, T_q, G, h, D, generator=g)
+    k, v = (torch.randn(1, G, T_kv, D, generator=g) for _ in range(2))
+    ranges = torch.randint(-2, max(lens_k) + 2, (1, T_q, G, n, 2), generator=g)
+    cu = [torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32) for x in (lens_q, lens_k)]
+    return q, k, v, ranges, *cu
+
+
+def test_torch_library_checks_the_varlen_registration():
+    _, k, _, ranges, cu_q, cu_k = varlen_inputs(0)
+    torch.library.opcheck(varlen_to_batched_op, (ranges, cu_q, cu_k, k.shape[2]))
+
+
+def test_a_compiled_varlen_call_matches_eager_and_the_reference_forward_and_backward():
+    """fullgraph: the offsets' checks (host reads) run inside an op, not as graph breaks."""
+    f = torch.compile(
+        lambda q, k, v, r, cq, ck: selection_attention_varlen(q, k, v, r, cq, ck, return_lse=True),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    for seed in (1, 2):  # the second call runs the compiled graph on fresh inputs
+        q, k, v, r, cq, ck = varlen_inputs(seed)
+        outs, grads = [], []
+        for fn in (f, selection_attention_varlen):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            o, lse = fn(*leaves, r, cq, ck) if fn is f else fn(*leaves, r, cq, ck, return_lse=True)
+            (o.square().sum() + lse.nan_to_num(neginf=0.0).sum()).backward()
+            outs.append(o.detach())
+            grads.append([t.grad for t in leaves])
+        glob, pos = varlen_to_batched(r, cq, ck, T_kv=k.shape[2])
+        ref = selection_attention_ref(q, k, v, glob, positions=pos)
+        assert (outs[0].double() - ref).abs().max() <= 1e-5 and torch.allclose(outs[0], outs[1], atol=1e-6)
+        for gc, ge in zip(*grads):
+            assert torch.allclose(gc, ge, atol=1e-5)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
