@@ -191,32 +191,29 @@ def host_checks(rows: list[dict]) -> list[str]:
     declared normal or not, costs at most EAGER_BAR times its CUDA-graph device time. A bar
     without the rows to judge it reads "not measured" and fails."""
     by = {(r["shape"], r["path"]): r for r in rows}
-    lines = []
+    checks = []  # (shape, path, bar, why not measured, (measure, us, against, its name))
     for shape in ("a", "b"):
         sdpa = by.get((shape, "sdpa"))
         for path, bar in HOST_BARS.items():
             r = by.get((shape, path))
             why = _unmeasured(r, path) or _unmeasured(sdpa, "sdpa")
-            if why:
-                lines.append(f"- FAIL {shape} / {path}: not measured ({why})")
-                continue
-            x = r["host_us"] / sdpa["host_us"]
-            lines.append(
-                f"- {'PASS' if x <= bar else 'FAIL'} {shape} / {path}: host {r['host_us']:.1f} us/call = "
-                f"{x:.2f}x sdpa's {sdpa['host_us']:.1f} us (bar {bar:g}x)"
-            )
+            checks.append((shape, path, bar, why, None if why else ("host", r["host_us"], sdpa["host_us"], "sdpa's")))
     for path in ("auto", "auto_normalized"):
         r = by.get(("c", path))
         why = _unmeasured(r, path) or (None if r["graph_us"] else f"no graph time: {r['note'] or 'none recorded'}")
-        if why:
-            lines.append(f"- FAIL c / {path}: not measured ({why})")
-            continue
-        x = r["wall_us"] / r["graph_us"]
-        lines.append(
-            f"- {'PASS' if x <= EAGER_BAR else 'FAIL'} c / {path}: eager {r['wall_us']:.1f} us/call = "
-            f"{x:.2f}x its graph {r['graph_us']:.1f} us (bar {EAGER_BAR:g}x)"
-        )
-    return lines
+        checks.append(("c", path, EAGER_BAR, why, None if why else ("eager", r["wall_us"], r["graph_us"], "its graph")))
+    return [_bar_line(*check) for check in checks]
+
+
+def _bar_line(shape: str, path: str, bar: float, why, measured) -> str:
+    if why:
+        return f"- FAIL {shape} / {path}: not measured ({why})"
+    what, us, against, name = measured
+    x = us / against
+    return (
+        f"- {'PASS' if x <= bar else 'FAIL'} {shape} / {path}: {what} {us:.1f} us/call = {x:.2f}x {name} "
+        f"{against:.1f} us (bar {bar:g}x)"
+    )
 
 
 def _cell(x) -> str:
