@@ -91,21 +91,22 @@ def _clips(name: str, d) -> bool:
     return False
 
 
+def _clip_args(device, bytes_per_key: int) -> dict:
+    """A clipping backend's keywords: it makes the ranges disjoint and adds the call's tokens
+    and K/V bytes to the device's counters."""
+    return {"clip": True, "counter": device_counter(device), "kv_bytes_per_key": bytes_per_key}
+
+
 def _run_fused(name: str, q, k, v, ranges, scale, positions, d, bytes_per_key: int):
     """Backend `name` (one that `_clips`) on the caller's ranges as given."""
-    counter = device_counter(ranges.device)
     if name == "cuda":
         from .cuda.decode import run_cuda
 
-        return run_cuda(
-            q, k, v, ranges, d, scale=scale, positions=positions, clip=True, counter=counter, kv_bytes_per_key=bytes_per_key
-        )
+        return run_cuda(q, k, v, ranges, d, scale=scale, positions=positions, **_clip_args(q.device, bytes_per_key))
     from .triton.fwd import triton_forward
 
     sc = resolve_scale(scale, d.Dk)
-    return triton_forward(
-        q, k, v, ranges, scale=sc, positions=positions, clip=True, counter=counter, kv_bytes_per_key=bytes_per_key
-    )
+    return triton_forward(q, k, v, ranges, scale=sc, positions=positions, **_clip_args(q.device, bytes_per_key))
 
 
 def _needs_grad(q, k, v) -> bool:
@@ -257,7 +258,7 @@ def _replay(name, q, k, v, ranges, scale, positions, d, bytes_per_key: int, fuse
     """The call just served, kept for its repeats (kept.py): the Triton forward or the CUDA
     kernel, clipping the caller's ranges (`fused`) or on declared-normal ones; None for any
     other backend."""
-    clip = {"clip": True, "counter": device_counter(q.device), "kv_bytes_per_key": bytes_per_key} if fused else {}
+    clip = _clip_args(q.device, bytes_per_key) if fused else {}
     if name == "triton":
         from .triton.fwd import forward_replay
 

@@ -9,8 +9,9 @@ capability override in force; the flags and config files are the policy's, which
 kept calls (`DispatchPolicy.kept`), so a flag's new text or `reload_settings()` starts afresh.
 
 A call is kept after the ladder served it on its first rung (nothing fell back, so there is
-no fallback to count again) on the Triton forward or the CUDA decode kernel, outside debug
-logging and range validation. Calls that record autograd are never kept (the backward is
+no fallback to count again) on the Triton forward or the CUDA decode kernel, clipping the
+caller's ranges or on declared-normal ones (a route that normalises first would count a failed
+replay's tokens twice), outside debug logging and range validation. Calls that record autograd are never kept (the backward is
 the autograd Function's). A kept call still checks int64 positions (a value, not a
 signature), counts the call in `stats()` and records the capability, as the ladder does; if
 it raises, or its launch plan is gone, the call takes the ladder, which decides again."""
