@@ -1,10 +1,8 @@
 """Selection attention as a torch op: torch.library's own checks of the registration (schema,
 fake tensors, autograd), `torch.compile(fullgraph=True)` over a small model that calls it
-(forward and backward, against eager and the fp64 reference), also on CUDA tensors, the varlen
-entry compiled the same way, and
-CUDA-graph capture and replay of the auto path with new inputs. The inductor backend on a GPU
-is not among them: in the sm90 lane its first compile ran past the lane's two-minute limit per
-test (docs/design/dispatcher.md)."""
+(forward and backward, against eager and the fp64 reference), also on CUDA tensors under both
+aot_eager and inductor (which generates code around the op), the varlen entry compiled the same
+way, and CUDA-graph capture and replay of the auto path with new inputs."""
 
 from __future__ import annotations
 
@@ -66,7 +64,15 @@ def block_inputs(device, dtype, seed=0, B=2, S=6, G=2, D=16, S_kv=48, n=3):
 @pytest.mark.parametrize(
     "device,dtype,backend,tol",
     [("cpu", torch.float32, "aot_eager", 1e-5)]
-    + ([("cuda", torch.float32, "aot_eager", 1e-4), ("cuda", torch.bfloat16, "aot_eager", 3e-2)] if ON_GPU else []),
+    + (
+        [
+            ("cuda", dtype, backend, tol)
+            for backend in ("aot_eager", "inductor")
+            for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2))
+        ]
+        if ON_GPU
+        else []
+    ),
 )
 def test_compiled_model_matches_eager_forward_and_backward(device, dtype, backend, tol):
     torch.manual_seed(0)
