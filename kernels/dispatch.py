@@ -243,8 +243,8 @@ def eager_selection_attention(q, k, v, ranges, positions, scale, backend, strict
         ):
             replay = _replay(name, q, k, v, ranges, scale, positions, d, bytes_per_key, fused)
             if replay is not None:
-                cap = capability_source(q.device, st) if name == "triton" else None
-                kept.keep(st.kept, key, name, replay, return_lse, cap if cap and cap[0] is not None else None)
+                cap = capability_source(q.device, st) if name == "triton" else (None, None)  # as the ladder records it
+                kept.keep(st.kept, key, name, replay, return_lse, cap if cap[0] is not None else None)
         return (o, lse) if return_lse else o
 
 

@@ -11,10 +11,11 @@ kept calls (`DispatchPolicy.kept`), so a flag's new text or `reload_settings()` 
 A call is kept after the ladder served it on its first rung (nothing fell back, so there is
 no fallback to count again) on the Triton forward or the CUDA decode kernel, clipping the
 caller's ranges or on declared-normal ones (a route that normalises first would count a failed
-replay's tokens twice), outside debug logging and range validation. Calls that record autograd are never kept (the backward is
-the autograd Function's). A kept call still checks int64 positions (a value, not a
-signature), counts the call in `stats()` and records the capability, as the ladder does; if
-it raises, or its launch plan is gone, the call takes the ladder, which decides again."""
+replay's tokens twice), outside debug logging and range validation. Calls that record
+autograd are never kept (the backward is the autograd Function's). A kept call still checks
+int64 positions (a value, not a signature), counts the call in `stats()` and records the
+capability, as the ladder does; if it raises, or its launch plan is gone, the call takes the
+ladder, which decides again."""
 
 from __future__ import annotations
 

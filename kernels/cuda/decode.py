@@ -152,23 +152,19 @@ def run_cuda(
         ext = build.load_extension(q.device)
     except build.BuildError as exc:
         raise BackendUnavailable("build", str(exc)) from exc
+    args = (resolve_scale(scale, d.Dk), use_mma, tune or _AUTO_TUNE, clip, counter, int(kv_bytes_per_key))
+    return _fwd(ext, aligned(q), rows_view(k), rows_view(v), norm, positions, args)
+
+
+def _fwd(ext, q, k_rows, v_rows, ranges, positions, args: tuple):
+    """The extension's forward as `(o, lse)`; `args`: its arguments after the tensors. A launch
+    the extension refuses is `BackendUnavailable("launch")`."""
     pos = None if positions is None else positions.contiguous()
     try:
-        return ext.fwd(
-            aligned(q),
-            rows_view(k),
-            rows_view(v),
-            norm.contiguous(),
-            pos,
-            resolve_scale(scale, d.Dk),
-            use_mma,
-            tune or _AUTO_TUNE,
-            clip,
-            counter,
-            int(kv_bytes_per_key),
-        )
+        o, lse = ext.fwd(q, k_rows, v_rows, ranges.contiguous(), pos, *args)
     except RuntimeError as exc:
         raise BackendUnavailable("launch", str(exc)) from exc
+    return o, lse  # the binding returns a list
 
 
 def cuda_replay(q, k, v, d, *, scale, positions, clip=False, counter=None, kv_bytes_per_key=0):
@@ -185,16 +181,9 @@ def cuda_replay(q, k, v, d, *, scale, positions, clip=False, counter=None, kv_by
         ext = build.load_extension(q.device)
     except build.BuildError:
         return None
-    use_mma, sc, kv_bytes = q.dtype != torch.float32, resolve_scale(scale, d.Dk), int(kv_bytes_per_key)
+    args = (resolve_scale(scale, d.Dk), q.dtype != torch.float32, _AUTO_TUNE, clip, counter, int(kv_bytes_per_key))
 
     def replay(q, k, v, ranges, positions):
-        pos = None if positions is None else positions.contiguous()
-        try:
-            o, lse = ext.fwd(
-                q, k.flatten(0, 1), v.flatten(0, 1), ranges.contiguous(), pos, sc, use_mma, _AUTO_TUNE, clip, counter, kv_bytes
-            )
-        except RuntimeError as exc:
-            raise BackendUnavailable("launch", str(exc)) from exc
-        return o, lse  # the binding returns a list
+        return _fwd(ext, q, k.flatten(0, 1), v.flatten(0, 1), ranges, positions, args)
 
     return replay

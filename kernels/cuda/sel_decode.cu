@@ -201,6 +201,11 @@ __device__ __forceinline__ int64_t load_index(const void* base, int64_t i, bool 
   return is64 ? static_cast<const int64_t*>(base)[i] : static_cast<const int32_t*>(base)[i];
 }
 
+// Bound `side` (0 start, 1 end) of range j of `row`, clamped to [0, lim].
+__device__ __forceinline__ int64_t range_bound(const Params& p, int64_t row, int j, int side, int64_t lim) {
+  return min(max(load_index(p.ranges, (row * p.n + j) * 2 + side, p.ranges_i64), int64_t(0)), lim);
+}
+
 // Clamp the row's ranges to [0, lim), lim = min(t + 1, S_kv), and store per range the
 // inclusive prefix sum of lengths (`cum`) and `off` = start - first position of the range,
 // so position `pos` of the row's concatenated keys is key `off[j] + pos` for the first j
@@ -221,14 +226,13 @@ __device__ void setup_ranges(const Params& p, int64_t row, int64_t b, unsigned c
       const int j = base + lane;
       int64_t s = 0, len = 0;
       if (j < p.n) {
-        s = min(max(load_index(p.ranges, (row * p.n + j) * 2, p.ranges_i64), int64_t(0)), lim);
-        const int64_t e = min(max(load_index(p.ranges, (row * p.n + j) * 2 + 1, p.ranges_i64), int64_t(0)), lim);
+        s = range_bound(p, row, j, 0, lim);
+        const int64_t e = range_bound(p, row, j, 1, lim);
         if (p.clip) {
           int64_t reach = s;
           for (int i = 0; i < p.n; ++i) {
-            const int64_t si = min(max(load_index(p.ranges, (row * p.n + i) * 2, p.ranges_i64), int64_t(0)), lim);
-            const int64_t ei = min(max(load_index(p.ranges, (row * p.n + i) * 2 + 1, p.ranges_i64), int64_t(0)), lim);
-            if (si < s || (si == s && i < j)) reach = max(reach, ei);
+            const int64_t si = range_bound(p, row, i, 0, lim);
+            if (si < s || (si == s && i < j)) reach = max(reach, range_bound(p, row, i, 1, lim));
           }
           s = reach;
         }

@@ -649,31 +649,26 @@ def triton_forward(
                 return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
         if cfg.get("TMA"):
             meta = {**meta, "TMA": not key64 and tma_supported(k, v)}  # TMA coordinates are int32
-    pos = positions.to(torch.int64).contiguous() if positions is not None else q
     record_launch("triton_fwd")
     descs = tma_descriptors(k, v, meta["BLOCK_L"]) if meta["TMA"] else (None, None)
-    args = _launch_args(q, k, v, descs, norm_ranges, pos, o, lse, counter, scale, kv_bytes_per_key)
+    tensors = _tensor_args(q, k, v, descs, norm_ranges, positions, o, lse, counter)
+    args = (*tensors, *_shape_args(q, k, v, norm_ranges, o, lse, scale, kv_bytes_per_key))
     launch(_tuner or _sel_fwd_kernel, (rows,), *args, CLIP=bool(clip), COUNT=counter is not None, **meta)
     return o, lse
 
 
-_TENSORS = 10  # the kernel's leading tensor (and descriptor) arguments; ints and floats follow
+def _tensor_args(q, k, v, descs, ranges, positions, o, lse, counter) -> tuple:
+    """The forward kernel's leading arguments: its tensors and TMA descriptors (a pointer
+    the kernel does not read stands in for an absent one)."""
+    pos = positions.to(torch.int64).contiguous() if positions is not None else q
+    return (q, k, v, *descs, ranges, pos, o, lse, counter if counter is not None else lse)
 
 
-def _launch_args(q, k, v, descs, ranges, pos, o, lse, counter, scale: float, kv_bytes_per_key: int) -> tuple:
-    """The forward kernel's positional arguments: _TENSORS tensors, then what the call's
-    shapes and strides alone decide."""
+def _shape_args(q, k, v, ranges, o, lse, scale: float, kv_bytes_per_key: int) -> tuple:
+    """The forward kernel's arguments after its tensors: what the call's shapes and strides
+    alone decide."""
     S, G, h = q.shape[1:4]
     return (
-        q,
-        k,
-        v,
-        *descs,
-        ranges,
-        pos,
-        o,
-        lse,
-        counter if counter is not None else lse,
         *q.stride()[:4],
         *k.stride()[:3],
         *v.stride()[:3],
@@ -708,20 +703,21 @@ def forward_replay(q, k, v, ranges, *, scale: float, positions=None, clip=False,
         return None
     state, selection = tuning.current_state(), tuning.last_choice("fwd")
     dev, o_shape, o_dtype, lse_shape = q.device, (B, S, G, h, v.shape[3]), v.dtype, (B, S, G, h)
-    o, lse = torch.empty(o_shape, dtype=o_dtype, device=dev), torch.empty(lse_shape, dtype=torch.float32, device=dev)
-    pos = positions.to(torch.int64).contiguous() if positions is not None else q
-    args = _launch_args(q, k, v, (None, None), ranges, pos, o, lse, counter, scale, kv_bytes_per_key)
-    go = bind(_sel_fwd_kernel, (B * S * G,), args, {"CLIP": bool(clip), "COUNT": counter is not None, **meta})
-    tail = args[_TENSORS:]
+
+    def outputs():
+        return torch.empty(o_shape, dtype=o_dtype, device=dev), torch.empty(lse_shape, dtype=torch.float32, device=dev)
+
+    o, lse = outputs()
+    tensors = _tensor_args(q, k, v, (None, None), ranges, positions, o, lse, counter)
+    tail = _shape_args(q, k, v, ranges, o, lse, scale, kv_bytes_per_key)
+    go = bind(_sel_fwd_kernel, (B * S * G,), (*tensors, *tail), {"CLIP": bool(clip), "COUNT": counter is not None, **meta})
 
     def replay(q, k, v, ranges, positions):
         if not tuning.is_current(state):
             return None
         state.last["fwd"] = selection  # what tuning_status() reports, as a planned launch sets it
-        o = torch.empty(o_shape, dtype=o_dtype, device=dev)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
-        pos = positions.to(torch.int64).contiguous() if positions is not None else q
-        go(q, k, v, None, None, ranges, pos, o, lse, lse if counter is None else counter, *tail)
+        o, lse = outputs()
+        go(*_tensor_args(q, k, v, (None, None), ranges, positions, o, lse, counter), *tail)
         record_launch("triton_fwd")  # after: a launch that raises hands the call back to the ladder, which counts it
         return o, lse
 
