@@ -6,7 +6,6 @@ They share no range logic, so their agreement (to 1e-12) also checks `normalize_
 
 Semantics decided where SPEC.md is silent:
 - a query whose position `t` is negative (S > S_kv) selects nothing: `o = 0`, `lse = -inf`;
-- `scale` may be any finite float, negative included, as in FlashAttention;
 - the result is fp64 whatever the input dtype; gradients flow back in the inputs' dtype;
 - `n = 0` or `S_kv = 0`: every row is empty (`o = 0`, `lse = -inf`, zero gradients);
 - a non-empty row whose scaled scores are not all finite at the top (its largest score is

@@ -78,10 +78,7 @@ def check_inputs(q, k, v, ranges, *, scale=None, positions=None) -> Dims:
         if exact and len(_accepted) < 4096:
             _accepted[key] = d
     if scale is not None:
-        if isinstance(scale, torch.Tensor) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale: expected a Python float, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale: expected a finite float, got {scale}")
+        check_scale(scale)
     if positions is not None:
         _need_tensor("positions", positions)
         _need_data("positions", positions)
@@ -131,6 +128,19 @@ def _check_tensors(q, k, v, ranges) -> Dims:
     return Dims(B=B, S=S, G=G, h=h, Dk=Dk, S_kv=S_kv, Dv=Dv, n=ranges.shape[3])
 
 
+def check_scale(scale) -> None:
+    """SPEC.md's bad input: a scale that is not a finite positive Python number (0 flattens
+    every softmax, a negative one inverts it, NaN or inf poisons it)."""
+    if isinstance(scale, torch.Tensor) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale: expected a Python float, got {type(scale).__name__}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a finite float > 0, got {scale}")
+
+
 def resolve_scale(scale, Dk: int) -> float:
-    """The softmax scale of SPEC.md: 1/sqrt(Dk) unless the caller passes one."""
-    return 1.0 / math.sqrt(Dk) if scale is None else float(scale)
+    """The softmax scale of SPEC.md: 1/sqrt(Dk) unless the caller passes one (checked, so no
+    path that resolves a scale without `check_inputs` computes with a bad one)."""
+    if scale is None:
+        return 1.0 / math.sqrt(Dk)
+    check_scale(scale)
+    return float(scale)

@@ -43,12 +43,23 @@ BAD_INPUTS = (
     BadInput("ranges-float", "ranges", _with(ranges=lambda i: i.ranges.to(torch.float32))),
     BadInput("ranges-pairs", "ranges", _with(ranges=lambda i: i.ranges[..., :1].contiguous())),
     BadInput("ranges-groups", "ranges", _with(ranges=lambda i: torch.cat([i.ranges, i.ranges[:, :, :1]], 2))),
+    BadInput("k-batch", "k", _with(k=lambda i: torch.cat([i.k, i.k]))),
+    BadInput("v-groups", "v", _with(v=lambda i: torch.cat([i.v, i.v], 1))),
     BadInput("scale-nan", "scale", _with(scale=lambda i: float("nan"))),
+    BadInput("scale-inf", "scale", _with(scale=lambda i: float("inf"))),
+    BadInput("scale-zero", "scale", _with(scale=lambda i: 0.0)),
+    BadInput("scale-negative", "scale", _with(scale=lambda i: -1.0)),
     BadInput("q-meta", "q", _with(q=lambda i: i.q.to("meta"))),
     BadInput(
         "cu_seqlens_q-total",
         "cu_seqlens_q",
         lambda i: {**_base(i), "cu_q": i.cu_seqlens_q[:-1], "cu_k": i.cu_seqlens_k},
+        varlen=True,
+    ),
+    BadInput(
+        "cu_seqlens_q-decreasing",
+        "cu_seqlens_q",
+        lambda i: {**_base(i), "cu_q": i.cu_seqlens_q.flip(0), "cu_k": i.cu_seqlens_k},
         varlen=True,
     ),
     BadInput(
