@@ -3,8 +3,10 @@ on isolated workers, with its own JUnit, Markdown report and verdict.
 
 This process decides the verdict and never imports or calls the kernel:
 - the implementation is imported first in a probe process of its own (`probe.py`), under a
-  timeout, which hands back its declarations; an import that raises, exits (with any code),
-  dies of a signal or hangs is an error naming that, and the verdict is BLOCKED;
+  timeout, which hands back its declarations (read there once: the workers build the
+  implementation from them, `--check-declared`, so the report declares what ran); an import
+  that raises, exits (with any code), dies of a signal or hangs is an error naming that, and
+  the verdict is BLOCKED;
 - the matrix runs in a child pytest over the installed `selgate.conformance` package (never
   the caller's pytest configuration or plugins), on xdist workers sized as the lanes size
   them, with a per-case timeout: a case that aborts, segfaults, leaves a sticky CUDA error
@@ -48,6 +50,7 @@ PLUGINS = (
 )
 MANIFEST = ".selgate-check.json"  # what an earlier check wrote into --out, and may remove
 RESULT_FILES = ("junit.xml", ENV_FILE, "report.md", COLLECTED_FILE)
+DECLARED_FILE = "declared.json"  # the probe's declarations, handed to the workers
 CUT_GRACE_S = 120  # after the first signal, how long pytest may take to write its results
 
 
@@ -67,12 +70,15 @@ def default_workers() -> int:
     return gpus * workers_per_gpu(smallest_gpu_memory(), cpus, gpus) if gpus else cpus
 
 
-def check_command(args, out: Path, inifile: Path) -> list:
+def check_command(args, junit: Path, tmp: Path, checksums: Path, markers: str = MARKERS) -> list:
     """The child pytest: the matrix of one implementation, isolated from the caller's
-    pytest configuration (an empty ini file) and plugins (autoload off, named with -p)."""
-    select = ["--pyargs", "selgate.conformance", "-m", MARKERS, "--impl", args.impl, "--size", args.size]
-    if args.declare:
-        select += ["--declare", str(Path(args.declare).resolve())]
+    pytest configuration (an empty ini file in `tmp`) and plugins (autoload off, named with
+    -p), on the declarations this process read (the probe's, in `tmp`), writing the
+    determinism cases' checksums into `checksums`."""
+    inifile = tmp / "pytest.ini"
+    inifile.write_text("[pytest]\n")
+    select = ["--pyargs", "selgate.conformance", "-m", markers, "--impl", args.impl, "--size", args.size]
+    select += ["--check-declared", str(tmp / DECLARED_FILE), "--checksums", str(checksums)]
     return pytest_command(
         pytest_args(
             plugins=(*PLUGINS, "no:cacheprovider"),
@@ -81,7 +87,7 @@ def check_command(args, out: Path, inifile: Path) -> list:
             workers=args.workers,
             max_worker_restart=100000,  # a crashed case is reported, never rerun (check_plugin)
             timeout=args.timeout,
-            junit=out / "junit.xml",
+            junit=junit,
             k=args.k,
             output=("-q", "-rN", "--tb=no"),
         )
@@ -186,6 +192,7 @@ def load(args, run: Run, tmp: Path, env: dict):
         return None, f"importing {module} {how} before it returned" + (f" (last output: {tail})" if tail else "")
     data = json.loads(result.read_text())
     if data["ok"]:
+        (tmp / DECLARED_FILE).write_text(json.dumps(data["declared"]))
         return described_impl(args.impl, data["declared"]), None
     if data["usage"]:
         raise UsageError(data["error"])
@@ -209,24 +216,41 @@ def _run(args, out: Path) -> CheckVerdict:
     before = {p for p in out.rglob("*") if p.is_file()}
     runner = Run()
     env = child_env(args.workers)
-    status = None
+    status = processes = None
     with Cut(runner.cut) as cut, tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
-        impl, load_error = load(args, runner, Path(tmp), env)
+        tmp = Path(tmp)
+        impl, load_error = load(args, runner, tmp, env)
         if impl is not None and cut.signal is None:
-            inifile = Path(tmp) / "pytest.ini"
-            inifile.write_text("[pytest]\n")
             print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
-            runner.start(check_command(args, out, inifile), env, graceful=True)
+            runner.start(check_command(args, out / "junit.xml", tmp, tmp / "sums-1"), env, graceful=True)
             status = _wait_for_results(runner, cut)
+        if status is not None and cut.signal is None and any((tmp / "sums-1").glob("*.jsonl")):
+            processes = _second_processes(args, runner, cut, tmp, env)
     if status is None:  # nothing ran: the import failed or was cut
         write_stub_junit(out, args.impl, load_error or f"cut by {cut.signal} while importing the implementation")
     mark_signal(out, cut.signal)
-    verdict = judge(impl, out, status, narrowed=bool(args.k), load_error=load_error, cut=cut.signal)
+    verdict = judge(impl, out, status, narrowed=bool(args.k), load_error=load_error, cut=cut.signal, processes=processes)
     verdict.write_repros(out, args)
     (out / "report.md").write_text(render(impl, verdict, args))
     written = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p not in before and p.name != MANIFEST]
     (out / MANIFEST).write_text(json.dumps(sorted(written), indent=0) + "\n")
     return verdict
+
+
+def _second_processes(args, runner: Run, cut: Cut, tmp: Path, env: dict):
+    """The determinism cases again, in fresh processes, and their checksums compared with the
+    first run's (`determinism.differences`): a kernel repeatable within a process but not across
+    processes (seeded by its pid, tuned differently per process) fails there. Costs the
+    determinism families' share of the run once more. None when cut."""
+    from .families.determinism import differences
+
+    print("selgate check: the determinism cases again, in fresh processes", flush=True)
+    (tmp / "second").mkdir()
+    runner.start(
+        check_command(args, tmp / "second" / "junit.xml", tmp, tmp / "sums-2", "conformance and determinism"), env, graceful=True
+    )
+    _wait_for_results(runner, cut)
+    return None if cut.signal else differences(tmp / "sums-1", tmp / "sums-2")
 
 
 def _wait_for_results(runner: Run, cut: Cut) -> int:

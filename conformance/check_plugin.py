@@ -4,6 +4,11 @@ check alone).
 - The settings that change a verdict (`VERDICT_ENV`: tolerances, pytest's option variables)
   are refused by the check before it starts; this plugin keeps them out of the run: a test
   after which one is set (by the kernel's module at import, or by a call) fails, naming it.
+- The implementation is the one the deciding process described (`--check-declared`, the
+  probe's declarations as JSON): the run imports its callable (and a declared varlen one) and
+  nothing else of it, so a kernel cannot declare one support to the probe and another to the
+  workers (its attributes are read once, by the probe), and the report's declarations are
+  what ran.
 - The controller writes the ids the run collected to `collected.json` beside the JUnit, so a
   run cut short can name the cases that never ran.
 - Cases go to workers by kernel variant (packed or not, head dims, heads, dtype: what a Triton
@@ -24,6 +29,26 @@ import pytest
 
 VERDICT_ENV = ("SELGATE_TOL_OVERRIDES", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 COLLECTED_FILE = "collected.json"
+
+
+def pytest_addoption(parser):
+    parser.getgroup("selgate").addoption(
+        "--check-declared",
+        default=None,
+        metavar="FILE.json",
+        help="selgate check: the declarations (declarations.to_json) of the one --impl package.module:callable",
+    )
+
+
+def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - registry imports torch: not at plugin load
+    """The Impl of `spec` from the declarations in `path`, importing only the callables."""
+    from . import declarations
+    from .registry import user_impl
+
+    data = json.loads(Path(path).read_text())
+    fn = declarations.load_callable(spec)
+    varlen = declarations.load_callable(data["varlen"], "varlen") if "varlen" in data else None
+    return user_impl(spec, declarations.from_json(data, varlen), fn)
 
 
 def verdict_environ(environ=None) -> dict:

@@ -4,6 +4,7 @@ failure with a line that reruns it alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -90,15 +91,49 @@ def _status_problem(status) -> str | None:
     return f"run aborted: {pytest_exit(status)}"
 
 
-def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None) -> CheckVerdict:
+ACROSS_PROCESSES = "not bitwise identical across processes (the sha256 of its bytes differs between two processes)"
+
+
+def across_processes(cases: list, processes) -> tuple[list, list]:
+    """`cases` with each passing determinism case whose checksums differ between two processes
+    (`processes`: `determinism.differences`) made a failure naming the tensors, and the
+    blocking lines of checksums a second process never wrote."""
+    if processes is None:
+        return cases, []
+    differ, missing = processes.differ, processes.missing
+    out = []
+    for c in cases:
+        key = c.nodeid.rpartition("::")[2]
+        if c.outcome == "pass" and key in differ:
+            case_id = triage.CASE_ID.search(key)
+            first, *also = differ[key]
+            text = f"{first}: {ACROSS_PROCESSES}" + (f"; so do {', '.join(also)}'s" if also else "")
+            c = dataclasses.replace(c, outcome="fail", message=f"ConformanceFailure: [{case_id[0] if case_id else key}] {text}")
+        out.append(c)
+    blocking = []
+    if missing:
+        blocking.append(
+            f"determinism across processes: {len(missing)} case(s) ran once and never in a second process "
+            f"(the first: {missing[0]}); the check compares two processes' checksums of every determinism case"
+        )
+    if processes.unlike_inputs:
+        blocking.append(
+            f"determinism across processes: two processes made different inputs for {len(processes.unlike_inputs)} "
+            f"case(s) (the first: {processes.unlike_inputs[0]}): selgate's fault, not the kernel's; nothing compared"
+        )
+    return out, blocking
+
+
+def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, processes=None) -> CheckVerdict:
     """The verdict on the run whose results are in `out` and whose pytest exited `status`
-    (None: it never started). `impl` None when the implementation could not be loaded."""
+    (None: it never started). `impl` None when the implementation could not be loaded;
+    `processes`: the determinism cases' checksums compared across processes, when compared."""
     if load_error:
         v = CheckVerdict(cut=cut)
         v.blocking.append(f"cut by {cut} while importing the implementation" if cut else f"not loaded: {load_error}")
         return v
     result = load_lane("check", out)
-    cases = [c for c in (result.cases if result else []) if c.nodeid != "import"]
+    cases, unrepeated = across_processes([c for c in (result.cases if result else []) if c.nodeid != "import"], processes)
     v = CheckVerdict(claims=families.claims(impl), environment=result.environment if result else None, cut=cut)
     collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
     ran = {c.nodeid for c in cases}
@@ -110,6 +145,7 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None)
         )
     elif _status_problem(status):
         v.blocking.append(_status_problem(status))
+    v.blocking += unrepeated
     if narrowed:
         v.blocking.append("run narrowed with -k: a verdict needs the whole matrix")
     if not cases:

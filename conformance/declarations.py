@@ -228,7 +228,8 @@ def from_yaml(path) -> dict:
 
 def to_json(declared: dict) -> dict:
     """Validated declarations as JSON values, for the process that judges a kernel without
-    importing it: dtypes by name, a varlen callable by its presence, tuples as lists."""
+    importing it and the workers it hands them to: dtypes by name, a varlen callable by its
+    presence (the probe writes where it imports from: `varlen_source`), tuples as lists."""
     names = {dt: name for name, dt in DTYPES.items() if name.startswith(("fp", "bf"))}
     out = {}
     for key, value in declared.items():
@@ -240,6 +241,17 @@ def to_json(declared: dict) -> dict:
             value = [list(x) if isinstance(x, tuple) else x for x in value]
         out[key] = value
     return out
+
+
+def varlen_source(spec: str, declare=None) -> str:
+    """Where a declared varlen callable imports from in another process: the `--declare`
+    file's `package.module:callable` (which wins over an attribute), else `spec`'s own
+    `varlen` attribute (`package.module:fn.varlen`)."""
+    if declare:
+        data = yaml.safe_load(Path(declare).read_text())
+        if "varlen" in data and isinstance(data["varlen"], str):
+            return data["varlen"]
+    return f"{spec}.varlen"
 
 
 def from_json(data: dict, varlen) -> dict:

@@ -17,6 +17,7 @@ implementation's cases ran (all skipped or deselected) fails: a skip-only run is
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,12 +52,19 @@ def pytest_addoption(parser):
         help="declarations (capabilities, constraints, expected failures) of the one "
         "package.module:callable named by --impl, for a kernel whose module you do not own",
     )
+    group.addoption(
+        "--checksums",
+        default=None,
+        metavar="DIR",
+        help="write the sha256 of each determinism case's outputs and gradients into DIR, one "
+        "file per process, for a comparison across processes (selgate check makes one)",
+    )
 
 
 def uses_matrix(config) -> bool:
     """A selgate option is given, or the run's paths or `-m` expression name the matrix."""
     opt = config.option
-    if opt.impl or opt.declare or opt.size:
+    if opt.impl or opt.declare or opt.size or opt.checksums:
         return True
     return MATRIX in (opt.markexpr or "") or any(MATRIX in str(a) for a in config.args)
 
@@ -77,10 +85,21 @@ def pytest_configure(config):
     here = str(config.invocation_params.dir)
     if spec and ":" in spec and here not in sys.path:
         sys.path.insert(0, here)  # as `python -m pytest` has it: the kernel's module beside the caller
+    decided = getattr(config.option, "check_declared", None)  # selgate check's workers (check_plugin)
     try:
-        config._selgate_impls = resolve(spec, declare=config.getoption("--declare"))
+        if decided:
+            from .check_plugin import decided_impl
+
+            config._selgate_impls = [decided_impl(spec, decided)]
+        else:
+            config._selgate_impls = resolve(spec, declare=config.getoption("--declare"))
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
         raise pytest.UsageError(str(e)) from e
+    if config.getoption("--checksums"):
+        from .families import determinism
+
+        Path(config.getoption("--checksums")).mkdir(parents=True, exist_ok=True)
+        determinism.CHECKSUMS["dir"] = str(Path(config.getoption("--checksums")).resolve())
     if spec and not config.option.collectonly:  # a collection runs nothing, by design
         config.pluginmanager.register(RanCount(impl.name for impl in config._selgate_impls), "selgate-ran-count")
 

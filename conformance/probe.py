@@ -8,7 +8,8 @@ RESULT unwritten, and the caller names it from the exit status or its own timeou
 when the probe begins importing the module (`importing_marker`): selgate's own start-up, torch's
 import among it, is not charged to the kernel.
 
-RESULT holds `{"ok": true, "declared": {...}}` or `{"ok": false, "usage": bool, "error": str}`;
+RESULT holds `{"ok": true, "declared": {...}}` (the declarations the whole check uses: the
+workers build the implementation from them, importing only its callables) or `{"ok": false, "usage": bool, "error": str}`;
 `usage` marks the caller's mistakes (a malformed spec, a module or callable that does not
 exist, a declaration that does not validate), which `selgate check` reports as exit 2.
 """
@@ -49,7 +50,10 @@ def probe(spec: str, declare: str | None, importing: Path | None = None) -> dict
         impl = load_user_impl(spec, declare, what="impl")
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
         return {"ok": False, "usage": True, "error": str(e)}
-    return {"ok": True, "declared": declarations.to_json(impl.declared)}
+    declared = declarations.to_json(impl.declared)
+    if "varlen" in declared:
+        declared["varlen"] = declarations.varlen_source(spec, declare)
+    return {"ok": True, "declared": declared}
 
 
 def importing_marker(result: Path) -> Path:

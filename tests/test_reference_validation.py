@@ -78,8 +78,9 @@ def test_dims_are_read_from_valid_inputs():
     assert (d.B, d.S, d.G, d.h, d.Dk, d.S_kv, d.Dv, d.n) == (2, 5, 2, 3, 8, 23, 6, 4)
 
 
+@pytest.mark.usefixtures("clean_dispatcher")
 @pytest.mark.parametrize("scale", [-1.0, 0.0, float("nan"), float("inf")])
-def test_a_bad_scale_is_refused_by_the_varlen_entry_point_and_on_a_repeated_signature(scale, clean_dispatcher):
+def test_a_bad_scale_is_refused_by_the_varlen_entry_point_and_on_a_repeated_signature(scale):
     """SPEC.md's bad input holds on the packed entry point, and a call signature served before
     (a kept call is keyed by scale) never lets a bad scale through on its repeat."""
     q, k, v, r = random_inputs(B=1)

@@ -1,14 +1,29 @@
-"""Family determinism: repeated runs are bitwise identical (SPEC.md, "Determinism")."""
+"""Family determinism: repeated runs are bitwise identical (SPEC.md, "Determinism"), within
+one process and across processes. Within: each case runs several times in its process.
+Across: with the plugin's `--checksums DIR`, each process writes the sha256 of every tensor of
+a case's first run to DIR (`record`), and `differences` compares the files of two runs made
+in distinct processes; `selgate check` runs the determinism cases a second time, in fresh
+processes, for it (a kernel seeded by its process id is repeatable within one process only)."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ..cases import Case, make_inputs
 from ..compare import assert_equal
-from ..evaluation import evaluate, golden_fn, impl_fn, make_upstream
+from ..evaluation import Result, evaluate, golden_fn, impl_fn, make_upstream
 from ..family import DETERMINISTIC, Family, repeatable
 from ..registry import Impl
+
+CHECKSUMS: dict = {"dir": None}  # where this process records checksums (plugin.py: --checksums)
+PROCESS = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # a pid can be reused; this token cannot
 
 
 def check(impl: Impl, case: Case, device, backward: bool = False) -> None:
@@ -22,6 +37,7 @@ def check(impl: Impl, case: Case, device, backward: bool = False) -> None:
         up = make_upstream(gold.o, gold.lse, case.seed)
     fn = impl_fn(impl, inp.ranges, inp.scale)
     first = evaluate(fn, inp.q, inp.k, inp.v, up)
+    record(f"test_determinism{'_backward' if backward else ''}[{impl.name}-{case.id}]", first, (inp.q, inp.k, inp.v, inp.ranges))
     for i in range(1, runs):
         again = evaluate(fn, inp.q, inp.k, inp.v, up)
         pairs = [("o", again.o, first.o), ("lse", again.lse, first.lse)]
@@ -30,6 +46,64 @@ def check(impl: Impl, case: Case, device, backward: bool = False) -> None:
         for name, a, b in pairs:
             if a is not None:
                 assert_equal(name, a, b, case_id=case.id, why=f"run {i + 1} vs run 1 must be bitwise identical")
+
+
+def checksum(t: torch.Tensor) -> str:
+    """The sha256 of the tensor's bytes (its dtype's bit patterns, in logical order)."""
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+
+
+def record(key: str, result: Result, inputs: tuple) -> None:
+    """Appends the checksums of `result` under `key` (the test's name and parameters) to this
+    process's file in the `--checksums` folder, when one is set, with one of the `inputs`: two
+    processes that made different inputs for a case compare nothing of the kernel's."""
+    if CHECKSUMS["dir"] is None:
+        return
+    tensors = {"o": result.o, "lse": result.lse, **dict(zip(("dq", "dk", "dv"), result.grads or ()))}
+    sums = {name: checksum(t) for name, t in tensors.items() if t is not None}
+    made = hashlib.sha256(" ".join(checksum(t) for t in inputs).encode()).hexdigest()
+    entry = {"key": key, "process": PROCESS, "inputs": made, "sums": sums}
+    with open(Path(CHECKSUMS["dir"]) / f"{PROCESS}.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def read(folder: Path) -> dict:
+    """{key: entry} of every checksum written into `folder`."""
+    out = {}
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                out[entry["key"]] = entry
+    return out
+
+
+@dataclass
+class Differences:
+    """Two runs' checksums compared: `differ` {key: tensors whose sums differ between two
+    processes}; `missing` keys the first run wrote and the second did not; `unlike_inputs`
+    keys whose two processes made different inputs (the harness's fault, not the kernel's)."""
+
+    differ: dict
+    missing: list
+    unlike_inputs: list
+
+
+def differences(first: Path, second: Path) -> Differences:
+    a, b = read(first), read(second)
+    out = Differences({}, [], [])
+    for key, entry in a.items():
+        again = b.get(key)
+        if again is None:
+            out.missing.append(key)
+        elif again["inputs"] != entry["inputs"]:
+            out.unlike_inputs.append(key)
+        elif again["process"] != entry["process"]:
+            names = [n for n in entry["sums"] if again["sums"].get(n) != entry["sums"][n]]
+            if names:
+                out.differ[key] = names
+    return out
 
 
 FAMILY = Family(
