@@ -16,7 +16,7 @@ import torch
 
 from selgate.reference import build_ranges, pack_sequences
 
-from .inputs import Inputs, random_qkv
+from .inputs import Inputs, large_logit_qkv, large_logit_scale, random_qkv
 from .sizes import SIZES
 
 PATTERNS = (
@@ -33,6 +33,9 @@ PATTERNS = (
     "builder",
     "full",
 )
+# How q, k, v are drawn: "normal" standard normal; "large_logits" `inputs.large_logit_qkv`
+# (scores near +-86 on most rows, O(1) on others), for softmaxes without the row's own max.
+VALUES = ("normal", "large_logits")
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -91,12 +94,14 @@ class Case:
     smoke: bool = False
     block_size: Optional[int] = None  # selections of whole blocks (a block-index kernel's granularity)
     gpu_only: bool = False  # a contention case: many rows reduce into the same keys (determinism)
+    values: str = "normal"  # one of VALUES
 
     @property
     def id(self) -> str:
         sc = "" if self.scale is None else f"-sc{self.scale:g}"
         bs = "" if self.block_size is None else f"-bs{self.block_size}"
-        return f"{self.shape.tag}-{self.pattern}{bs}{sc}-{DTYPE_NAMES[self.dtype]}-s{self.seed}"
+        vals = "" if self.values == "normal" else f"-v{self.values}"
+        return f"{self.shape.tag}-{self.pattern}{bs}{sc}{vals}-{DTYPE_NAMES[self.dtype]}-s{self.seed}"
 
     @property
     def mode(self) -> str:
@@ -193,11 +198,15 @@ def raw_ranges(
 
 
 def make_inputs(case: Case, device="cpu") -> Inputs:
-    """Fresh random inputs of `case` (standard normal q, k, v; the case's range pattern)."""
+    """Fresh random inputs of `case` (q, k, v drawn as `case.values` says; the case's range pattern)."""
     s = case.shape
     gen = torch.Generator().manual_seed(case.seed)
+    if case.values not in VALUES:
+        raise ValueError(f"values: expected one of {VALUES}, got {case.values!r}")
 
     def qkv(B, S, S_kv):
+        if case.values == "large_logits":
+            return large_logit_qkv(B, S, s.G, s.h, s.Dk, s.Dv, S_kv, dtype=case.dtype, generator=gen, scale=case.scale)
         return random_qkv(B, S, s.G, s.h, s.Dk, s.Dv, S_kv, dtype=case.dtype, generator=gen, sample_dtype=torch.float64)
 
     if s.mode == "varlen":
@@ -234,11 +243,30 @@ TINY_PREFILL = Shape(mode="prefill", B=2, S=9, S_kv=33, G=2, h=4, Dk=16, Dv=8, n
 TINY_OTHERS = (
     Shape(mode="decode", B=1, S=1, S_kv=70, G=4, h=8, Dk=64, Dv=64, n=3),
     Shape(mode="decode", B=1, S=1, S_kv=29, G=1, h=16, Dk=8, Dv=8, n=5),
-    Shape(mode="decode", B=1, S=1, S_kv=45, G=1, h=2, Dk=192, Dv=128, n=3),
+    Shape(mode="decode", B=1, S=1, S_kv=45, G=2, h=1, Dk=192, Dv=128, n=3),
     Shape(mode="prefill", B=1, S=6, S_kv=70, G=1, h=1, Dk=8, Dv=16, n=6),
     Shape(mode="prefill", B=1, S=5, S_kv=50, G=4, h=2, Dk=32, Dv=32, n=3),
     Shape(mode="prefill", B=1, S=4, S_kv=21, G=2, h=16, Dk=8, Dv=8, n=5),
-    Shape(mode="prefill", B=1, S=3, S_kv=40, G=1, h=2, Dk=128, Dv=64, n=2),
+    Shape(mode="prefill", B=1, S=3, S_kv=40, G=2, h=1, Dk=128, Dv=64, n=2),
+)
+# Group counts and heads per group that are not powers of two (3, 5, 6, 7, 12: a multiple-of
+# declaration fits 6 and 12 to themselves), with B = 2 where G is odd (a group index that
+# assumes a power of two reaches the next batch); head dims of 4 and 8 with G >= 2, so a kernel
+# declaring only small head dims still meets several groups; head dims that are not powers of
+# two (72 and 40x24 multiples of 8, 100 of 4).
+TINY_AWKWARD = (
+    Shape(mode="decode", B=2, S=1, S_kv=41, G=3, h=5, Dk=8, Dv=8, n=3),
+    Shape(mode="prefill", B=2, S=5, S_kv=38, G=3, h=6, Dk=8, Dv=8, n=3),
+    Shape(mode="decode", B=1, S=1, S_kv=30, G=2, h=3, Dk=4, Dv=4, n=3),
+    Shape(mode="prefill", B=1, S=4, S_kv=26, G=2, h=7, Dk=4, Dv=4, n=3),
+    Shape(mode="decode", B=2, S=1, S_kv=35, G=5, h=12, Dk=72, Dv=72, n=3),
+    Shape(mode="prefill", B=1, S=4, S_kv=33, G=2, h=12, Dk=100, Dv=100, n=3),
+    Shape(mode="prefill", B=2, S=3, S_kv=29, G=3, h=2, Dk=40, Dv=24, n=3),
+)
+# Rows of 256 keys and more (two tiles of 128: a tile loop that stops after its first tiles).
+TINY_LONG = (
+    Shape(mode="decode", B=1, S=1, S_kv=600, G=2, h=2, Dk=16, Dv=16, n=2),
+    Shape(mode="prefill", B=1, S=3, S_kv=520, G=2, h=3, Dk=16, Dv=8, n=2),
 )
 TINY_VARLEN = varlen_shape(((3, 20), (1, 33), (5, 5), (4, 17)), 2, 2, 16, 16, 4)
 SMALL = (
@@ -283,6 +311,21 @@ def _declare():
         add(shape, ("mixed", "builder", "full"), _FP, "tiny")
         add(shape, ("builder",), _LOW, "tiny")
     add(TINY_OTHERS[2], ("builder",), _FP, "tiny", seeds=(7,), smoke=True)
+    for shape in TINY_AWKWARD:
+        add(shape, ("mixed", "full"), _FP, "tiny")
+        add(shape, ("builder",), _LOW, "tiny")
+    add(TINY_AWKWARD[0], ("mixed",), _FP, "tiny", seeds=(7,), smoke=True)
+    add(TINY_AWKWARD[6], ("mixed",), _FP, "tiny", seeds=(7,), smoke=True)
+    for shape in TINY_LONG:
+        add(shape, ("full", "mixed"), _FP, "tiny")
+        add(shape, ("full",), _LOW, "tiny")
+    add(TINY_LONG[0], ("full",), _FP, "tiny", seeds=(7,), smoke=True)
+    for shape in (TINY_DECODE, TINY_PREFILL):
+        big = dict(values="large_logits", scale=large_logit_scale(shape.Dk))
+        add(shape, ("mixed", "full"), _FP, "tiny", **big)
+        add(shape, ("mixed",), _LOW, "tiny", **big)
+        smoke = (torch.float32, torch.float16) if shape.mode == "decode" else _FP
+        add(shape, ("full",), smoke, "tiny", seeds=(7,), smoke=True, **big)
     add(TINY_VARLEN, ("mixed", "builder", "beyond_t", "full"), _FP, "tiny")
     add(TINY_VARLEN, ("mixed",), _LOW, "tiny")
     add(TINY_VARLEN, ("mixed",), _FP, "tiny", seeds=(7,), smoke=True)

@@ -52,16 +52,41 @@ def _leaves(tensors):
     return out
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s elements as integers of the same width: NaN payloads and -0.0 compare as stored."""
+    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+    return t.view(ints[t.element_size()]) if t.is_floating_point() else t
+
+
+class Unmodified:
+    """Copies of the tensors an implementation is handed; `check()` fails, naming the tensor,
+    when a call wrote into one (a kernel that normalises the caller's ranges in place, or
+    uses q as scratch, breaks every later call of the caller)."""
+
+    def __init__(self, **tensors):
+        self.saved = {name: (t, _bits(t.detach()).clone()) for name, t in tensors.items() if t is not None}
+
+    def check(self, when: str = "the call") -> None:
+        for name, (t, before) in self.saved.items():
+            differ = int((_bits(t.detach()) != before).sum())
+            if differ:
+                raise ConformanceFailure(f"{name}: modified by {when} ({differ} elements differ)")
+
+
 def evaluate(fn, q, k, v, upstream=None) -> Result:
     """`fn(q, k, v) -> (o, lse)`, with `upstream = (do, dlse)` on fresh leaves (`_leaves`) and
     also the gradients of `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf),
     all copied out of whatever buffers the implementation returned. On CUDA, the memory the
-    outputs will take is poisoned first (`poison_cuda_cache`)."""
+    outputs will take is poisoned first (`poison_cuda_cache`). The q, k, v the call saw, and
+    what `guarding` names, must come back bit for bit unchanged, after the forward and after
+    the backward."""
     grad = upstream is not None
     leaves = _leaves((q, k, v)) if grad else (q, k, v)
+    inputs = Unmodified(q=leaves[0], k=leaves[1], v=leaves[2], **getattr(fn, "unmodified", {}))
     poison_cuda_cache(q, k, v)
     with torch.set_grad_enabled(grad):
         o, lse = fn(*leaves)
+    inputs.check()
     grads = None
     if grad:
         if not o.requires_grad:
@@ -73,6 +98,7 @@ def evaluate(fn, q, k, v, upstream=None) -> Result:
             gos.append(dlse.to(lse.dtype))
         poison_cuda_cache(q, k, v)
         got = torch.autograd.grad(outs, leaves, gos, allow_unused=True)
+        inputs.check("the backward")
         grads = tuple(torch.zeros_like(x) if g is None else g.clone() for g, x in zip(got, leaves))
     # copies: a kernel may hand back one buffer on every call (as a CUDA-graph kernel does),
     # which the next call would overwrite before a determinism check compares the two
@@ -95,8 +121,16 @@ def plain_fn(ranges, scale, judged: Precision):
     return run
 
 
+def guarding(fn, **tensors):
+    """`fn` marked so that `evaluate` also requires `tensors` (the call's other inputs: ranges,
+    cu_seqlens) to come back unchanged."""
+    fn.unmodified = tensors
+    return fn
+
+
 def impl_fn(impl: Impl, ranges, scale, want_lse=True):
-    return lambda q, k, v: impl.forward(q, k, v, ranges, scale=scale, want_lse=want_lse)
+    """`(q, k, v) -> (o, lse)` of `impl` on `ranges`, which the call must leave unchanged."""
+    return guarding(lambda q, k, v: impl.forward(q, k, v, ranges, scale=scale, want_lse=want_lse), ranges=ranges)
 
 
 def make_upstream(o_ref: torch.Tensor, lse_ref: torch.Tensor, seed: int):

@@ -23,10 +23,10 @@ from selgate.reports.results import CaseResult
 from .cases import Case, select
 from .registry import Impl, fit
 
-# `Case.id`: `Shape.tag`, pattern, block size, scale, dtype, seed.
+# `Case.id`: `Shape.tag`, pattern, block size, scale, values, dtype, seed.
 CASE_ID = re.compile(
     r"(?:(?:decode|prefill)-B(?P<B>\d+)S(?P<S>\d+)Skv(?P<Skv>\d+)|varlen-q(?P<lq>[\d.]+)-k(?P<lk>[\d.]+))"
-    r"-G(?P<G>\d+)h(?P<h>\d+)-D(?P<Dk>\d+)x(?P<Dv>\d+)-n\d+-[a-z_]+(?:-bs\d+)?(?:-sc[\d.]+(?:e[-+]\d+)?)?"
+    r"-G(?P<G>\d+)h(?P<h>\d+)-D(?P<Dk>\d+)x(?P<Dv>\d+)-n\d+-[a-z_]+(?:-bs\d+)?(?:-sc[\d.]+(?:e[-+]\d+)?)?(?:-v[a-z_]+)?"
     r"-(?P<dtype>fp32|fp16|bf16|fp64)-s\d+"
 )
 DIMS = {"o": "B S G h Dv", "lse": "B S G h", "dq": "B S G h Dk", "dk": "B G S_kv Dk", "dv": "B G S_kv Dv"}

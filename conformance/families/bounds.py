@@ -75,5 +75,6 @@ FAMILY = Family(
     "NaN-poisoned keys outside the selection and beyond t",
     rank=6,
     check=check,
-    applies=lambda c: batched_lowp(c) and (c.size != "tiny" or c.dtype == torch.float32 or c.smoke),
+    # not the large-logit inputs, whose gradients (~10) an absolute fp32 bound does not fit
+    applies=lambda c: batched_lowp(c) and (c.size != "tiny" or c.dtype == torch.float32 or c.smoke) and c.values == "normal",
 )

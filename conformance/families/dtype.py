@@ -1,4 +1,4 @@
-"""Family dtype: output dtypes, shapes and device; int32 and int64 ranges; strided and shared-buffer inputs."""
+"""Family dtype: output dtypes, shapes and device; int32 and int64 ranges; strided, offset and shared-buffer inputs."""
 
 from __future__ import annotations
 
@@ -11,11 +11,22 @@ from ..family import Family, tiny_subset
 from ..registry import Impl
 
 
+def in_larger_buffer(t: torch.Tensor, fill) -> torch.Tensor:
+    """`t` as a view into a larger allocation filled with `fill`: one extra index before it on
+    every dim (a storage offset, as `cache[1:]` has) and padded row strides (non-contiguous,
+    innermost stride 1). A kernel that reads from the storage's start, or from rows at their
+    dense strides, reads `fill`."""
+    buf = torch.full([d + 1 for d in t.shape[:-1]] + [t.shape[-1] + 3], fill, dtype=t.dtype, device=t.device)
+    view = buf[(slice(1, None),) * (t.dim() - 1) + (slice(2, 2 + t.shape[-1]),)]
+    return view.copy_(t)
+
+
 def check(impl: Impl, case: Case, device) -> None:
     """Output dtypes, shapes and device of SPEC.md; int32 and int64 ranges give bitwise-equal
-    results; non-contiguous q, k, v give correct results, and so do k, v whose rows share one
-    buffer (each key's K row then its V row: the storage README recommends for the prefill),
-    where the implementation declares those layouts."""
+    results; non-contiguous q, k, v give correct results, and so do q, k, v and ranges that are
+    views at a storage offset into larger buffers, and k, v whose rows share one buffer (each
+    key's K row then its V row: the storage README recommends for the prefill), where the
+    implementation declares those layouts."""
     inp = make_inputs(case, device)
     B, S, G, h, Dk = inp.q.shape
     Dv = inp.v.shape[3]
@@ -42,6 +53,9 @@ def check(impl: Impl, case: Case, device) -> None:
     if "strided" in impl.layouts:
         strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
         compare(case, judged, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)
+        # around the views: NaN, and (0, 0) ranges (read in place of the real ones, rows go empty)
+        offset = [in_larger_buffer(t, float("nan")) for t in (inp.q, inp.k, inp.v)]
+        compare(case, judged, evaluate(impl_fn(impl, in_larger_buffer(r64, 0), inp.scale), *offset, up), gold, plain)
     if "kv_shared" in impl.layouts:
         kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
         packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))
@@ -50,7 +64,7 @@ def check(impl: Impl, case: Case, device) -> None:
 
 FAMILY = Family(
     "dtype",
-    "output dtypes, index dtypes, strided inputs",
+    "output dtypes, index dtypes, strided and offset inputs",
     rank=7,
     check=check,
     applies=lambda c: tiny_subset(("mixed",))(c) and c.seed in (0, 7),

@@ -56,5 +56,6 @@ FAMILY = Family(
     "rows selecting nothing",
     rank=5,
     check=check,
-    applies=lambda c: batched_lowp(c) and c.pattern in ("mixed", "builder", "empty", "padding", "full"),
+    # not the large-logit inputs, whose gradients (~10) an absolute fp32 bound does not fit
+    applies=lambda c: batched_lowp(c) and c.pattern in ("mixed", "builder", "empty", "padding", "full") and c.values == "normal",
 )

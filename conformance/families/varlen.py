@@ -9,7 +9,7 @@ import torch
 from selgate.reference import selected_keys
 
 from ..cases import Case, make_inputs
-from ..evaluation import compare, evaluate, golden_fn, plain_fn, reference_run
+from ..evaluation import compare, evaluate, golden_fn, guarding, plain_fn, reference_run
 from ..family import VARLEN, Family
 from ..inputs import Inputs
 from ..registry import Impl
@@ -51,13 +51,13 @@ def check(impl: Impl, case: Case, device) -> None:
         return _per_sequence(lambda r: plain_fn(r, inp.scale, judged), inp)
 
     gold, plain, up = reference_run(fn, inp, case, judged, grads=impl.backward, lse=impl.lse)
-    got = evaluate(
+    call = guarding(
         lambda q, k, v: impl.forward_varlen(q, k, v, inp.ranges, inp.cu_seqlens_q, inp.cu_seqlens_k, scale=inp.scale),
-        inp.q,
-        inp.k,
-        inp.v,
-        up,
+        ranges=inp.ranges,
+        cu_seqlens_q=inp.cu_seqlens_q,
+        cu_seqlens_k=inp.cu_seqlens_k,
     )
+    got = evaluate(call, inp.q, inp.k, inp.v, up)
     compare(case, judged, got, gold, plain)
 
 
