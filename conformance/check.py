@@ -229,7 +229,9 @@ def _run(args, out: Path) -> CheckVerdict:
     if status is None:  # nothing ran: the import failed or was cut
         write_stub_junit(out, args.impl, load_error or f"cut by {cut.signal} while importing the implementation")
     mark_signal(out, cut.signal)
-    verdict = judge(impl, out, status, narrowed=bool(args.k), load_error=load_error, cut=cut.signal, processes=processes)
+    verdict = judge(
+        impl, out, status, narrowed=bool(args.k), load_error=load_error, cut=cut.signal, processes=processes, size=args.size
+    )
     verdict.write_repros(out, args)
     (out / "report.md").write_text(render(impl, verdict, args))
     written = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p not in before and p.name != MANIFEST]

@@ -41,10 +41,30 @@ class CheckVerdict(Verdict):
     repros: dict = field(default_factory=dict)  # signature -> reproducer file
     never_ran: list = field(default_factory=list)  # collected ids without a result (a cut run)
     cut: str | None = None  # the signal that cut the run
+    size: str | None = None  # the largest case size class run
+    xfails: Counter = field(default_factory=Counter)  # dtype (or "bad input") -> declared expected failures
+    uncovered: list = field(default_factory=list)  # what no case ran of: "families a, b", "dtype bf16", "mode decode"
 
     def scope(self) -> str:
+        """The claimed families, then what never ran of the kernel (every case skipped)."""
         claimed = [f for f, why in self.claims.items() if why is None]
-        return f"{len(claimed)} claimed families ({', '.join(claimed)})"
+        never = f"; never ran (every case skipped): {'; '.join(self.uncovered)}" if self.uncovered else ""
+        return f"{len(claimed)} claimed families ({', '.join(claimed)}){never}"
+
+    @property
+    def headline(self) -> str:
+        """A pass says what it covered: `CHECK PASSED at size tiny with 57 declared expected
+        failures in fp16: ...`, so a dtype broken behind declared expected failures, or one
+        that never ran, is on the first line too."""
+        if not self.passed:
+            return super().headline
+        words = [f"{self.subject} PASSED"] + ([f"at size {self.size}"] if self.size else [])
+        if self.xfails:
+            total = sum(self.xfails.values())
+            where = ", ".join(f"{d} {n}" for d, n in self.xfails.most_common())
+            where = f"in {next(iter(self.xfails))}" if len(self.xfails) == 1 else f"({where})"
+            words.append(f"with {total} declared expected failure{'s' if total > 1 else ''} {where}")
+        return " ".join(words) + f": {self.scope()}"
 
     def summary(self) -> list:
         """What the terminal shows under the headline: the other blocking reasons, then the
@@ -124,7 +144,7 @@ def across_processes(cases: list, processes) -> tuple[list, list]:
     return out, blocking
 
 
-def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, processes=None) -> CheckVerdict:
+def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, processes=None, size=None) -> CheckVerdict:
     """The verdict on the run whose results are in `out` and whose pytest exited `status`
     (None: it never started). `impl` None when the implementation could not be loaded;
     `processes`: the determinism cases' checksums compared across processes, when compared."""
@@ -134,7 +154,7 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
         return v
     result = load_lane("check", out)
     cases, unrepeated = across_processes([c for c in (result.cases if result else []) if c.nodeid != "import"], processes)
-    v = CheckVerdict(claims=families.claims(impl), environment=result.environment if result else None, cut=cut)
+    v = CheckVerdict(claims=families.claims(impl), environment=result.environment if result else None, cut=cut, size=size)
     collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
     ran = {c.nodeid for c in cases}
     v.never_ran = [i for i in collected if i not in ran]
@@ -156,6 +176,8 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
             v.failures.append(c)
         elif c.outcome == "skip":
             v.skips.setdefault(c.family, Counter())[c.message] += 1
+    v.xfails = Counter(_dtype_of(c.nodeid) for c in cases if c.outcome == "xfail")
+    v.uncovered = uncovered(impl, cases)
     v.causes = triage.group(v.failures)
     if v.failures:
         v.blocking.append(
@@ -165,6 +187,23 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
         if why is None and cases and not narrowed and not cut and v.counts.get(family, {}).get("pass", 0) == 0:
             v.blocking.append(f"claimed family {family} has no passing test")
     return v
+
+
+def _dtype_of(nodeid: str) -> str:
+    m = triage.CASE_ID.search(nodeid)
+    return m["dtype"] if m else "bad input"
+
+
+def uncovered(impl, cases: list) -> list:
+    """What no case ran of (each skipped): families, then the dtypes and modes `impl` declares."""
+    ran = [c for c in cases if c.outcome != "skip"]
+    ids = [m for m in (triage.CASE_ID.search(c.nodeid) for c in ran) if m]
+    groups = (
+        (("family", "families"), [f for f in dict.fromkeys(c.family for c in cases) if not any(r.family == f for r in ran)]),
+        (("dtype", "dtypes"), [d for d in (DTYPE_NAMES[t] for t in impl.dtypes) if not any(m["dtype"] == d for m in ids)]),
+        (("mode", "modes"), [m for m in impl.modes if not any(x[0].startswith(f"{m}-") for x in ids)]),
+    )
+    return [f"{what[len(names) > 1]} {', '.join(names)}" for what, names in groups if names]
 
 
 def _declared(impl: Impl) -> list:

@@ -34,6 +34,7 @@ class GateVerdict(Verdict):
     required_lanes: list
     quarantined: list = field(default_factory=list)  # (CaseResult, entry)
     notes: list = field(default_factory=list)
+    coverage: dict = field(default_factory=dict)  # lane -> what none of its conformance cases ran (lane_coverage)
 
     def scope(self) -> str:
         return f"required lanes {', '.join(self.required_lanes)}"
@@ -131,6 +132,36 @@ def implementation_of(nodeid: str) -> str | None:
     params = nodeid.split("[", 1)[1]
     named = [n for n in IMPLEMENTATIONS if params.startswith(n + "-")]
     return max(named, key=len) if named else params.split("-", 1)[0]
+
+
+DTYPE = re.compile(r"-(fp64|fp32|fp16|bf16)-s\d+")
+
+
+def lane_coverage(lane: LaneResult) -> list:
+    """What the lane's conformance matrix never ran (each such case skipped, other than for a
+    declared lack of support): implementations, dtypes of the implementations that ran, and
+    families, so that a lane's pass says what it leaves to other lanes (the CPU lane: the CUDA
+    and Gluon kernels, bf16 on Triton)."""
+    matrix = [c for c in lane.cases if implementation_of(c.nodeid) in IMPLEMENTATIONS]
+    matrix = [c for c in matrix if not (c.outcome == "skip" and "declare" in c.message)]  # by design, not the lane's
+    ran = [c for c in matrix if c.outcome != "skip"]
+    impls = dict.fromkeys(implementation_of(c.nodeid) for c in matrix)
+    ran_impls = {implementation_of(c.nodeid) for c in ran}
+    out = []
+    if never := [i for i in impls if i not in ran_impls]:
+        out.append(f"implementation{'s' if len(never) > 1 else ''} {', '.join(never)}")
+    by_dtype: dict = {}  # dtype -> {implementation: whether one of its cases in that dtype ran}
+    for c in matrix:
+        if m := DTYPE.search(c.nodeid):
+            seen = by_dtype.setdefault(m[1], {})
+            impl = implementation_of(c.nodeid)
+            seen[impl] = seen.get(impl, False) or c.outcome != "skip"
+    for dtype, seen in by_dtype.items():
+        if without := [i for i, done in seen.items() if not done and i in ran_impls]:
+            out.append(f"{dtype} on {', '.join(without)}")
+    if never := [f for f in dict.fromkeys(c.family for c in matrix) if not any(c.family == f for c in ran)]:
+        out.append(f"famil{'ies' if len(never) > 1 else 'y'} {', '.join(never)}")
+    return out
 
 
 def _quarantine(entry, label: str, today: datetime.date, at) -> dict:
@@ -537,6 +568,7 @@ def evaluate(
             v.blocking.append(f"required lane {name} skipped: all {len(lane.cases)} tests skipped or xfailed")
         if judged and lane.cases:  # an empty run blocks as empty, whatever pytest's status
             v.blocking += exit_status(name, lane, status)
+        v.coverage[name] = lane_coverage(lane)
         for family in lane_families(policy, name):
             fc = lane.counts(family)
             if fc["pass"] == 0 and lane.cases:
