@@ -35,7 +35,7 @@ from selgate.lanes.pytest_command import pytest_args, pytest_command
 from selgate.reports.environment import ENV_FILE
 
 from .check_plugin import COLLECTED_FILE, verdict_environ
-from .check_report import CheckVerdict, judge, render, write_stub_junit
+from .check_report import CheckVerdict, judge, render, write_process_failures, write_stub_junit
 from .probe import importing_marker
 from .registry import described_impl
 
@@ -232,6 +232,7 @@ def _run(args, out: Path) -> CheckVerdict:
     verdict = judge(
         impl, out, status, narrowed=bool(args.k), load_error=load_error, cut=cut.signal, processes=processes, size=args.size
     )
+    write_process_failures(out, verdict)
     verdict.write_repros(out, args)
     (out / "report.md").write_text(render(impl, verdict, args))
     written = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p not in before and p.name != MANIFEST]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from junitparser import Error, JUnitXml, TestCase, TestSuite
+from junitparser import Error, Failure, JUnitXml, TestCase, TestSuite
 
 from selgate import __version__
 from selgate.reports.environment import ENV_FILE, collect_environment
@@ -142,6 +142,25 @@ def across_processes(cases: list, processes) -> tuple[list, list]:
             f"case(s) (the first: {processes.unlike_inputs[0]}): selgate's fault, not the kernel's; nothing compared"
         )
     return out, blocking
+
+
+def write_process_failures(out: Path, v: CheckVerdict) -> None:
+    """Adds the cases failed by their checksums across processes to junit.xml, as a suite of
+    their own, so that JUnit holds every failure the verdict counts."""
+    failed = [c for c in v.failures if ACROSS_PROCESSES in c.message]
+    if not failed:
+        return
+    suite = TestSuite("selgate check: determinism across processes")
+    for c in failed:
+        module, _, name = c.nodeid.rpartition("::")
+        case = TestCase(name, classname=module.removesuffix(".py").replace("/", "."))
+        case.result = [Failure(c.message)]
+        suite.add_testcase(case)
+    xml = JUnitXml.fromfile(str(out / "junit.xml"))
+    if isinstance(xml, TestSuite):
+        xml = JUnitXml() + xml
+    xml.add_testsuite(suite)
+    xml.write(str(out / "junit.xml"))
 
 
 def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, processes=None, size=None) -> CheckVerdict:

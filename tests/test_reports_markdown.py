@@ -2,7 +2,7 @@
 
 from junitparser import JUnitXml
 
-from selgate.reports.gate import GateVerdict
+from selgate.reports.gate import GateVerdict, lane_coverage
 from selgate.reports.markdown import render, repro_command, write_report
 from selgate.reports.results import load_results, merge
 
@@ -103,3 +103,33 @@ def test_release_without_gpu_lanes_says_no_benchmark_results(tmp_path, capsys):
     rc = run_gate(tmp_path, "--lanes", "cpu", command="release")
     assert rc == 0, capsys.readouterr().out
     assert "no benchmark results: no GPU lane in these results" in (tmp_path / "out" / "release.md").read_text()
+
+
+def test_report_says_what_each_lane_never_ran(tmp_path):
+    """The CPU lane's pass leaves the CUDA and Gluon kernels and bf16 on Triton to the GPU
+    lanes: the report says so under the headline (the headline itself is unchanged). A skip
+    for a declared lack of support is the implementation's, not a gap of the lane."""
+    m = "conformance/test_parity.py::test_parity"
+    cases = passing_cases() + [
+        (f"{m}[triton-prefill-B2S9Skv33-G2h4-D16x8-n4-mixed-fp32-s0]", "pass", "parity", 0),
+        (f"{m}[triton-prefill-B2S9Skv33-G2h4-D16x8-n4-mixed-bf16-s0]", "skip", "parity", 0),
+        (f"{m}[sdpa-prefill-B2S9Skv33-G2h4-D16x8-n4-mixed-bf16-s0]", "pass", "parity", 0),
+        (f"{m}[triton-pairs-prefill-B2S9Skv33-G2h4-D16x8-n4-mixed-fp16-s0]", "skip", "parity", 0),
+        (f"{m}[cuda-decode-B2S1Skv37-G2h4-D16x16-n4-mixed-fp16-s0]", "skip", "parity", 0),
+        (
+            "conformance/test_gradcheck.py::test_gradcheck[triton-prefill-B1S3Skv9-G1h2-D8x8-n2-mixed-fp64-s0]",
+            "skip",
+            "gradcheck",
+            0,
+        ),
+    ]
+    write_lane(tmp_path / "res", "cpu", cases)
+    results = load_results([tmp_path / "res"])
+    lane = results["cpu"]
+    gradcheck = next(c for c in lane.cases if c.family == "gradcheck" and "fp64" in c.nodeid)
+    gradcheck.message = "triton does not declare fp64 (gradcheck runs in fp64)"
+    assert lane_coverage(lane) == ["implementations triton-pairs, cuda", "bf16 on triton"]
+    verdict = GateVerdict(required_lanes=["cpu"], coverage={"cpu": lane_coverage(lane)})
+    text = render(results, verdict)
+    assert text.splitlines()[2] == "**GATE PASSED: required lanes cpu**"
+    assert "- cpu: never ran (every case skipped): implementations triton-pairs, cuda; bf16 on triton" in text
