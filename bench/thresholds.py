@@ -193,8 +193,9 @@ def derive(rows: list[dict]) -> Decision:
     return decision
 
 
-def write_profile(decision: Decision, device_name: str, *, source: Path, software: str = "") -> Path:
-    """Merge the decision into `configs/profiles/<device-slug>.yaml` (other keys kept)."""
+def write_profile(decision: Decision, device_name: str, *, source: Path, software: str = "", capability=None) -> Path:
+    """Merge the decision into `configs/profiles/<device-slug>.yaml` (other keys kept); the
+    device's class (from `capability`) says which kinds launch through tensor descriptors."""
     path = profile_path(device_name)
     profile = yaml.safe_load(path.read_text()) if path.exists() else {}
     profile = profile or {}
@@ -203,7 +204,8 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
         fwd = profile.setdefault("triton_fwd", {})
         # The `triton@` variants time the gather path: a kind this device reads through
         # tensor descriptors (`tma: true`) keeps the launch parameters measured on that path.
-        tma_kinds = {kind for kind, raw in fwd.items() if isinstance(raw, dict) and raw.get("tma")}
+        served = load_config(device_name, capability)["triton_fwd"]
+        tma_kinds = {kind for kind, raw in {**served, **fwd}.items() if isinstance(raw, dict) and raw.get("tma")}
         for kind, launch in decision.launch.items():
             if kind not in tma_kinds:
                 fwd[kind] = {**(fwd.get(kind) or {}), **launch}
@@ -218,7 +220,8 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds`.\n"
-        "# Values override configs/base.yaml on this device; environment variables override both.\n"
+        "# Values override its class profile (configs/classes/) and configs/base.yaml on this device;\n"
+        "# environment variables override all.\n"
     )
     path.write_text(header + yaml.safe_dump(profile, sort_keys=False))
     reload_settings()

@@ -1,7 +1,7 @@
 """The dispatcher's policy: flags, compute capability and what the Triton kernel supports.
 
-Precedence for every setting: `configs/base.yaml` < `configs/profiles/<device>.yaml` <
-environment variable. The SM 8.9 rule of ADR-0001 is data
+Precedence for every setting: `configs/base.yaml` < `configs/classes/<class>.yaml` <
+`configs/profiles/<device>.yaml` < environment variable (kernels/config.py). The SM 8.9 rule of ADR-0001 is data
 (`policy.triton_sel_disabled_capabilities`), so a later measurement changes config, not code.
 """
 
@@ -100,7 +100,7 @@ def reload_settings() -> None:
     it; environment flags need no call (each call sees their current text)."""
     from . import config
 
-    config.load_config.cache_clear()
+    config.cache_clear()
     _policies.clear()
     _caps.clear()
     if "selgate.kernels.triton.tuning" in sys.modules:

@@ -108,10 +108,29 @@ def record_capability(cap: str | None, source: str) -> None:
     debug(f"sel.policy.capability value={cap} source={source}")
 
 
+def served_by() -> dict:
+    """Which configuration served this process's launches: the profile files (device, class or
+    none, kernels/config.py) and, once a Triton launch was selected, the tuned files
+    (kernels/triton/tuning.py). What `stats()`, environment.json and the reports show."""
+    import sys
+
+    from . import config
+
+    out = {"profile": config.profile_source()}
+    tuning = sys.modules.get("selgate.kernels.triton.tuning")  # never imported (triton) just to say so
+    if tuning is not None:
+        status = tuning.tuning_status()
+        out["tuned"] = {k: status[k] for k in ("served_by", "path", "files", "autotune", "autotune_s")}
+    return out
+
+
 def stats() -> dict:
-    """Counters as plain Python values (reads the device-side sums)."""
+    """Counters as plain Python values (reads the device-side sums), and what configuration
+    served the launches (`served_by`)."""
+    served = served_by()
     with _lock:
         return {
+            **served,
             "calls": dict(_calls),
             "launches": dict(_launches),
             "fallback_reasons": dict(_fallbacks),

@@ -18,6 +18,9 @@ SUMMARY_LIMIT = 1024 * 1024
 ENV_KEYS = (
     "gpu",
     "capability",
+    "gpu_class",
+    "profile",
+    "tuned",
     "capability_override",
     "driver",
     "cuda",

@@ -109,7 +109,7 @@ def test_profile_is_written_and_read_back_by_the_dispatcher(config_dir):
     path = thresholds.write_profile(d, DEVICE, source="sweep.csv")
     assert path == config_dir / "profiles" / "nvidia-h100-80gb-hbm3.yaml"
     cfg = config.load_config(DEVICE)
-    assert cfg["_profile"] == str(path)
+    assert cfg["_profile"]["device"] == str(path) and cfg["_profile"]["served_by"] == "device"
     assert cfg["runtime"]["sel_triton_min_L"] == 64
     assert cfg["runtime"]["sdpa_budget_mb"] == 1024  # base keys survive the merge
     assert cfg["policy"]["triton_sel_min_capability"] == "9.0"  # the profile's other keys are kept

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import types
 
+import shutil
+
 import pytest
 import torch
 
@@ -134,6 +136,7 @@ def test_debug_log_lines(monkeypatch, caplog):
 def config_dir(monkeypatch, tmp_path):
     """A config folder whose base.yaml is the real one with one line replaced: `edit(old, new)`."""
     (tmp_path / "profiles").mkdir()
+    shutil.copytree(config_mod.CONFIG_DIR / "classes", tmp_path / "classes")  # served as the real GPU's class
 
     def edit(old: str, new: str):
         (tmp_path / "base.yaml").write_text((config_mod.CONFIG_DIR / "base.yaml").read_text().replace(old, new))

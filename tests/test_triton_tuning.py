@@ -47,12 +47,16 @@ ENVS = (
 
 @pytest.fixture
 def cfg(tmp_path, monkeypatch):
-    """A private configs/ folder (the real base.yaml, no profile, no tuned file) and no tuning env."""
+    """A private configs/ folder (the real base.yaml, no profile, no class, no tuned file), no
+    tuning env but autotuning off (without a class a GPU would tune on first calls: its own
+    test turns it on) and a private first-call cache."""
     (tmp_path / "profiles").mkdir()
     shutil.copy(config.CONFIG_DIR / "base.yaml", tmp_path / "base.yaml")
     monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
     for name in ENVS:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(tuning.ENV_AUTOTUNE, "0")
+    monkeypatch.setenv(tuning.ENV_CACHE_DIR, str(tmp_path / "cache"))
     reload_settings()
     tuning.clear_cache()
     yield tmp_path

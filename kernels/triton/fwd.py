@@ -559,9 +559,10 @@ def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool
         dtype=q.dtype,
         S_kv=S_kv,
         n=n,
-        tune=lambda default: tuning.tune_fwd(
+        tune=lambda default, space=None: tuning.tune_fwd(
             lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, clip=clip, _tuner=kernel),
             default=default,
+            space=space,
             do_bench=tuning.device_bench(q.device),
         )["config"],
     )

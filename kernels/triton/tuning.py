@@ -4,23 +4,31 @@ Selection, once per key and then a dict lookup (no file read, no yaml, no device
   1. env override `SELGATE_TRITON_FWD_CONFIG` / `SELGATE_TRITON_BWD_CONFIG`, e.g.
      `BLOCK_L=32,num_warps=8` or `block_n=32,chunk=1024`: the keys given replace the chosen
      ones, verbatim (no shared-memory clamp);
-  2. the persisted tuned config `configs/tuned/<device-slug>.json` (folder: `SELGATE_TRITON_TUNED_DIR`),
-     written by `python -m selgate.bench tune`; a file whose triton version (or device) differs
-     from the running one is ignored, with the reason logged once and kept in `tuning_status()`;
-     `SELGATE_TRITON_TUNED=0` ignores the file;
+  2. the persisted tuned configs, first that has the key: the device's `configs/tuned/<device-slug>.json`
+     (folder: `SELGATE_TRITON_TUNED_DIR`, written by `python -m selgate.bench tune`), its GPU class's
+     `configs/classes/<class>.json` (what was tuned for every GPU of that compute capability), the
+     first-call autotune's cache (`SELGATE_TRITON_TUNE_CACHE`); a file whose triton version, device
+     or class differs from the running one is ignored, with the reason logged once and kept in
+     `tuning_status()`; `SELGATE_TRITON_TUNED=0` ignores them all;
   3. the profile's `triton_fwd.by_L_bucket.<kind>` (the threshold optimiser writes it);
   4. the profile/base `triton_fwd.<kind>` (forward) or `bwd.default_config` (backward).
-  Profile values (3, 4) shrink to the forward's shared-memory budget as before.
+  Profile values (3, 4) shrink to the forward's shared-memory budget as before; the profile is
+  base.yaml < class < device (kernels/config.py).
 Key: (op, kind, Dk, Dv, L bucket, dtype); kind is decode (S == 1), prefill or interpreter (CPU).
 A key without an entry in a table takes the table's nearest bucket at or above, else the largest.
 L bucket: l_bucket(min(S_kv, n * range_len)), range_len = NSA's l_sel: a bound on L the host knows, no device read.
 (range_len: configs `triton_tuning.range_len`, default 64, env `SELGATE_TRITON_RANGE_LEN`; builder ranges are at most
 n blocks of l_sel keys, so the bound holds for them; for other ranges it only picks the launch parameters.)
 
-Nothing is benchmarked inside a normal call. `SELGATE_TRITON_AUTOTUNE=1` tunes a key that has
-neither an env override nor a persisted entry on its first call (never while a CUDA graph is
-being captured), keeps the result for the process and does not write it; the warm-up command
-`python -m selgate.bench tune` tunes ahead of time and writes the file.
+Autotuning (`autotune_mode`): `SELGATE_TRITON_AUTOTUNE=1` tunes any key that has neither an env
+override nor a tuned entry on its first call (the full search space, forward and backward), keeps
+the result for the process and does not write it; `=0` never tunes. Unset, a GPU whose device
+and class profiles measured nothing (served_by "none": an sm80 or sm89 card, an unknown class)
+gets the first-call autotune: a forward key with no tuned entry times FIRST_CALL_FWD_SPACE (four
+configs) on its first call, at most FIRST_CALL_BUDGET_S seconds a process in all, and writes the
+winner to the user's cache, which later processes read. A GPU with a measured profile never
+tunes inside a call, nor does any call during CUDA-graph capture or under the interpreter. The
+warm-up command `python -m selgate.bench tune` tunes ahead of time and writes the device file.
 
 The forward is tuned by Triton's own `triton.autotune` over `triton.Config`s (BLOCK_L, warps,
 stages; configs over the shared-memory budget pruned). The backward is tuned at the wrapper:
@@ -40,6 +48,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -58,6 +67,7 @@ ENV_BWD = "SELGATE_TRITON_BWD_CONFIG"
 ENV_AUTOTUNE = "SELGATE_TRITON_AUTOTUNE"
 ENV_TUNED = "SELGATE_TRITON_TUNED"
 ENV_TUNED_DIR = "SELGATE_TRITON_TUNED_DIR"
+ENV_CACHE_DIR = "SELGATE_TRITON_TUNE_CACHE"
 ENV_RANGE_LEN = "SELGATE_TRITON_RANGE_LEN"
 ENV_TMA = "SELGATE_TRITON_TMA"
 ENV_PAIRS = "SELGATE_TRITON_PAIRS"
@@ -77,6 +87,10 @@ BWD_KEYS = (
     "overlap",
 )
 
+# The first-call autotune's budget: a few forward configs a key (each a compile and ~30 ms of
+# timing), and no more keys once a process has spent FIRST_CALL_BUDGET_S on it.
+FIRST_CALL_FWD_SPACE = ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 3))
+FIRST_CALL_BUDGET_S = 30.0
 # Forward search space: BLOCK_L x (warps, stages); configs over the smem budget are pruned.
 FWD_SPACE = tuple((b, w, s) for b in (16, 32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 2), (8, 3)))
 # Backward: one factor at a time around the defaults, then the per-axis winners combined.
@@ -149,6 +163,16 @@ def tuned_path(device_name: str | None = None, folder: Path | None = None) -> Pa
     return Path(folder or tuned_dir()) / f"{device_slug(device_name or current_device_name())}.json"
 
 
+def class_tuned_path(cls: str) -> Path:
+    """The tuned launches of a GPU class, beside its profile: configs/classes/<class>.json."""
+    return _config.CONFIG_DIR / "classes" / f"{cls}.json"
+
+
+def cache_tuned_path(device_name: str | None = None) -> Path:
+    """Where the first-call autotune keeps its results for this device (the user's cache)."""
+    return Path(env_vars.get(ENV_CACHE_DIR)) / f"{device_slug(device_name or current_device_name())}.json"
+
+
 def triton_version() -> str:
     import triton
 
@@ -159,9 +183,12 @@ def entry_key(e: dict) -> tuple:
     return (e["op"], e["kind"], int(e["Dk"]), int(e["Dv"]), e["dtype"])
 
 
-def read_tuned(path: Path, *, device_name: str, version: str, rl: int | None = None) -> tuple[dict, str | None]:
+def read_tuned(
+    path: Path, *, device_name: str | None = None, cls: str | None = None, version: str, rl: int | None = None
+) -> tuple[dict, str | None]:
     """Table {(op, kind, Dk, Dv, dtype): {bucket: config}} of a tuned file, and why it is
-    ignored (None when used). Its buckets depend on range_len: a file of another is ignored."""
+    ignored (None when used). A device file must name `device_name`, a class file (`cls`) its
+    class. Its buckets depend on range_len: a file of another is ignored."""
     if not path.exists():
         return {}, f"no tuned file {path}"
     try:
@@ -175,7 +202,10 @@ def read_tuned(path: Path, *, device_name: str, version: str, rl: int | None = N
             f"{path}: tuned with triton {data.get('triton')}, running triton {version}; "
             "ignored (re-run `python -m selgate.bench tune`)"
         )
-    if device_slug(str(data.get("device", ""))) != device_slug(device_name):
+    if cls is not None:
+        if data.get("class") != cls:
+            return {}, f"{path}: tuned for class {data.get('class')!r}, running a {cls} GPU; ignored"
+    elif device_slug(str(data.get("device", ""))) != device_slug(device_name):
         return {}, f"{path}: tuned on {data.get('device')!r}, running on {device_name!r}; ignored"
     rl = range_len() if rl is None else rl
     if data.get("range_len") != rl:
@@ -187,10 +217,12 @@ def read_tuned(path: Path, *, device_name: str, version: str, rl: int | None = N
 
 
 def write_tuned(
-    path: Path, entries: list[dict], *, device_name: str, version: str | None = None, extra: dict | None = None
+    path: Path, entries: list[dict], *, device_name: str, version: str | None = None, extra: dict | None = None, clear=True
 ) -> Path:
     """Merge `entries` into the tuned file at `path` (same key and bucket: replaced). A file of
-    another triton version or device is replaced, not merged. Written atomically."""
+    another triton version or device is replaced, not merged. Written atomically; `clear`
+    forgets this process's selections (the first-call autotune, which already holds its
+    result, keeps them)."""
     version = version or triton_version()
     old = []
     if path.exists():
@@ -212,10 +244,11 @@ def write_tuned(
         "entries": [merged[k] for k in sorted(merged)],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)
-    clear_cache()
+    if clear:
+        clear_cache()
     return path
 
 
@@ -227,10 +260,10 @@ class _State:
         self.owner = owner  # the load_config() dict this state was built from
         self.range_len = range_len(owner)
         self.cache: dict = {}
-        self.table: dict | None = None  # tuned table (lazy)
-        self.session: dict = {}  # SELGATE_TRITON_AUTOTUNE results of this process
-        self.path: Path | None = None
-        self.reason: str | None = None
+        self.tables: list | None = None  # [(label, table)] of the tuned files in force, first wins (lazy)
+        self.sources: list = []  # what tuning_status() says of each tuned file
+        self.session: dict = {}  # autotune results of this process
+        self.autotune_s = 0.0  # seconds the first-call autotune spent in this process
         self.last: dict = {}
         self.plans: dict = {}  # fwd.triton_forward's launch plans, dropped with this state
         self.env_fwd = env_vars.get(ENV_FWD)  # read once per state: no environ access per call
@@ -267,31 +300,59 @@ def clear_cache() -> None:
     _state = None
 
 
-def _tuned(st: _State) -> dict:
-    if st.table is None:
+def _tables(st: _State) -> list:
+    """[(label, table)]: the device's tuned file, then its class's, then the first-call
+    autotune's cache; a key takes the first table that has it."""
+    if st.tables is None:
+        st.tables, st.sources = [], []
         if not env_vars.get(ENV_TUNED):
-            st.table, st.reason = {}, f"{ENV_TUNED}=0"
-        else:
-            name = current_device_name()
-            st.path = tuned_path(name)
-            st.table, st.reason = read_tuned(st.path, device_name=name, version=triton_version(), rl=st.range_len)
-            if st.reason and st.path.exists():
-                log.warning("sel.triton.tuned_ignored reason=%s", st.reason)
-    return st.table
+            st.sources.append({"kind": "all", "path": None, "used": False, "reason": f"{ENV_TUNED}=0", "keys": 0})
+            return st.tables
+        prof = st.owner["_profile"]
+        name, cls, version = prof["device_name"], prof["class"], triton_version()
+        files = [("device", tuned_path(name), dict(device_name=name))]
+        if cls:
+            files.append(("class", class_tuned_path(cls), dict(cls=cls)))
+        files.append(("cache", cache_tuned_path(name), dict(device_name=name)))
+        for kind, path, expect in files:
+            table, reason = read_tuned(path, version=version, rl=st.range_len, **expect)
+            if reason and path.exists():
+                log.warning("sel.triton.tuned_ignored reason=%s", reason)
+            st.sources.append({"kind": kind, "path": str(path), "used": reason is None, "reason": reason, "keys": len(table)})
+            if reason is None:
+                st.tables.append((f"tuned ({kind}) {path}", table))
+    return st.tables
 
 
 def tuning_status() -> dict:
-    """Which tuned file is used (or why not), how many keys it holds, the last selections."""
+    """Which tuned files serve (device, class, first-call cache) or why not, which profile
+    files served the launch parameters, the autotune mode, the last selections."""
     st = current_state()
-    table = _tuned(st)
+    _tables(st)
+    used = [s for s in st.sources if s["used"]]
     return {
-        "path": str(st.path) if st.path else None,
-        "used": st.reason is None,
-        "reason": st.reason,
-        "keys": len(table),
+        "served_by": used[0]["kind"] if used else "none",
+        "path": used[0]["path"] if used else None,
+        "used": bool(used),
+        "reason": None if used else "; ".join(s["reason"] for s in st.sources),
+        "keys": sum(s["keys"] for s in used),
+        "files": [dict(s) for s in st.sources],
+        "profile": dict(st.owner["_profile"]),
+        "autotune": autotune_mode(st),
+        "autotune_s": round(st.autotune_s, 3),
         "session_keys": len(st.session),
         "last": dict(st.last),
     }
+
+
+def autotune_mode(st: _State) -> str:
+    """'on' (SELGATE_TRITON_AUTOTUNE=1: any key without a tuned entry, the full search), 'off',
+    or 'first-call' (unset, on a GPU whose device and class profiles measured no launches: a few
+    forward configs per key within FIRST_CALL_BUDGET_S a process, persisted in the user's cache)."""
+    flag = env_vars.get(ENV_AUTOTUNE)
+    if flag is not None:
+        return "on" if flag else "off"
+    return "first-call" if st.owner["_profile"]["served_by"] == "none" and torch.cuda.is_available() else "off"
 
 
 def last_choice(op: str = "fwd") -> tuple | None:
@@ -308,7 +369,7 @@ def _lookup(st: _State, op, kind, Dk, Dv, dtype, b):
     if b is None or dtype is None:
         return None
     k = (op, kind, Dk, Dv, dtype_name(dtype))
-    for table, label in ((st.session, "autotuned in this process"), (_tuned(st), f"tuned {st.path}")):
+    for label, table in (("autotuned in this process", st.session), *_tables(st)):
         pick = nearest_bucket(table.get(k, {}), b)
         if pick is not None:
             return dict(table[k][pick]), f"{label} L<={pick}"
@@ -329,14 +390,23 @@ def _select(op, key, resolve, tune, keys, env_name, env):
     if hit is None:
         cfg, source = resolve(st)
         tuned = source.startswith(("tuned", "autotuned"))
-        if tune is not None and not env and not tuned and env_vars.get(ENV_AUTOTUNE):
+        mode = "off" if tune is None or env or tuned else autotune_mode(st)
+        # a kind the profile reads through tensor descriptors ignores tuned entries (resolve)
+        first_call = mode == "first-call" and op == "fwd" and key[1] != "interpreter" and not st.tma.get(key[1], False)
+        if first_call and st.autotune_s >= FIRST_CALL_BUDGET_S:
+            log.info("sel.triton.autotune_skipped reason=first-call budget %ss spent key=%s", FIRST_CALL_BUDGET_S, key)
+        elif mode == "on" or first_call:
             if _capturing():
                 log.info("sel.triton.autotune_skipped reason=cuda graph capture key=%s", key)
                 st.last[op] = (key, cfg, source)
                 return dict(cfg)  # not cached: tune on the next call outside capture
-            best = tune(cfg)
+            t0 = time.perf_counter()
+            best = tune(cfg, FIRST_CALL_FWD_SPACE) if first_call else tune(cfg)
+            st.autotune_s += time.perf_counter() - t0
             kind, Dk, Dv, item, dtype, b = key[1:7]
             st.session.setdefault((op, kind, Dk, Dv, dtype_name(dtype)), {})[b] = best
+            if first_call:
+                _persist_first_call(st, op, kind, Dk, Dv, dtype, b, best)
             cfg, source = resolve(st)
         if env:
             cfg = {**cfg, **parse_override(env, keys, env_name)}
@@ -344,6 +414,17 @@ def _select(op, key, resolve, tune, keys, env_name, env):
         hit = st.cache[key] = (cfg, source)
     st.last[op] = (key, *hit)
     return dict(hit[0])
+
+
+def _persist_first_call(st: _State, op, kind, Dk, Dv, dtype, b, best) -> None:
+    """Keep a first-call result in the user's cache for the next process; a cache that cannot
+    be written costs the next process another tune, never this call."""
+    name = st.owner["_profile"]["device_name"]
+    entry = {"op": op, "kind": kind, "Dk": Dk, "Dv": Dv, "L_bucket": b, "dtype": dtype_name(dtype), "config": best}
+    try:
+        write_tuned(cache_tuned_path(name), [entry], device_name=name, extra={"command": "first-call autotune"}, clear=False)
+    except OSError as e:
+        log.warning("sel.triton.autotune_cache_unwritable path=%s error=%s", cache_tuned_path(name), e)
 
 
 def profile_fwd_config(cfg_all: dict, Dk: int, Dv: int, item: int, kind: str, b: int | None) -> tuple[dict, str]:
