@@ -28,12 +28,14 @@ from selgate.reference.ranges import key_limit
 from .registry import ALL_DTYPES, Impl
 
 FIRST_TILE = 16  # BLOCK_L of the truncated tile loop
+TILES_READ = 128  # keys a row's tile loop reads before it stops (SPEC.md's listed mistake)
 
 
-def attend(q, k, v, ranges, *, scale=None, positions=None, check=True, norm=None, keys=None, scale_of=None):
+def attend(q, k, v, ranges, *, scale=None, positions=None, check=True, norm=None, keys=None, scale_of=None, rows=None):
     """Correct selection attention `(o, lse)` by gathering each row's keys, with hooks to
     inject a fault: `norm(ranges, S_kv, positions)` (range handling), `keys(idx, valid)`
-    (which gathered keys count), `scale_of(scale, Dk)`."""
+    (which gathered keys count), `scale_of(scale, Dk)`, `rows` (the softmax over the gathered
+    keys, `gather_rows`'s signature)."""
     if check:
         check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     B, S, G, h, Dk = q.shape
@@ -44,8 +46,95 @@ def attend(q, k, v, ranges, *, scale=None, positions=None, check=True, norm=None
     bi = torch.arange(B, device=q.device)[:, None, None, None]
     gi = torch.arange(G, device=q.device)[None, None, :, None]
     sc = (scale_of or resolve_scale)(scale, Dk)
-    o, lse = gather_rows(q, k[bi, gi, idx], v[bi, gi, idx], valid, sc, torch.float64)
+    o, lse = (rows or gather_rows)(q, k[bi, gi, idx], v[bi, gi, idx], valid, sc, torch.float64)
     return o.to(v.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
+
+
+def _fp32_softmax(offset):
+    """`gather_rows` as an fp32 kernel computes it, with `offset(scores)` in place of each row's
+    own max (scores [..., h, L], masked keys -inf; the offset broadcasts against them)."""
+
+    def rows(q, k_sel, v_sel, valid, scale, dtype):
+        keep = valid.unsqueeze(-2)
+        k_sel, v_sel = (torch.where(valid.unsqueeze(-1), t.float(), 0.0) for t in (k_sel, v_sel))
+        scores = ((q.float() @ k_sel.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
+        m = offset(scores)
+        e = torch.where(keep, torch.exp(scores - m), 0.0)
+        total = e.sum(-1, keepdim=True)
+        nonempty = keep.any(-1, keepdim=True)
+        o = torch.where(nonempty, (e @ v_sel) / torch.where(nonempty, total, 1.0), 0.0)
+        lse = torch.where(nonempty, m + torch.log(total), float("-inf"))
+        return o, lse.squeeze(-1)
+
+    return rows
+
+
+def _no_max(q, k, v, ranges, *, scale=None, positions=None):
+    """Softmax as exp(s) / sum exp(s): exact but for overflow, which N(0, 1) inputs never reach."""
+    return attend(q, k, v, ranges, scale=scale, positions=positions, rows=_fp32_softmax(lambda s: torch.zeros_like(s[..., :1])))
+
+
+def _group_max(q, k, v, ranges, *, scale=None, positions=None):
+    """One max per group's tile (over all its heads) in place of each head's own max: heads of
+    much smaller scores underflow to 0 / 0."""
+    return attend(
+        q, k, v, ranges, scale=scale, positions=positions, rows=_fp32_softmax(lambda s: s.amax((-2, -1), keepdim=True))
+    )
+
+
+def _group_zero_keys(q, k, v, ranges, *, scale=None, positions=None):
+    """Every KV group reads group 0's keys and values (a group stride of 0)."""
+    return attend(q, k[:, :1].expand_as(k), v[:, :1].expand_as(v), ranges, scale=scale, positions=positions)
+
+
+def _heads_by_shift(q, k, v, ranges, *, scale=None, positions=None):
+    """The group of flat head j computed as j >> log2(h) with log2 rounded down: right when h is
+    a power of two; otherwise heads read another group's ranges and keys."""
+    B, S, G, h, Dk = q.shape
+    j = torch.arange(G * h, device=q.device)
+    group = (j >> (h.bit_length() - 1)).clamp(max=G - 1)
+    o, lse = attend(
+        q.reshape(B, S, G * h, 1, Dk), k[:, group], v[:, group], ranges[:, :, group], scale=scale, positions=positions
+    )
+    return o.reshape(B, S, G, h, -1), lse.reshape(B, S, G, h)
+
+
+def _groups_padded(q, k, v, ranges, *, scale=None, positions=None):
+    """K/V of (b, g) addressed at b * G' + g with G' the next power of two above G (a batch
+    stride of G' groups): right when G is a power of two; otherwise later batches read the
+    wrong groups."""
+    B, G = k.shape[:2]
+    padded = 1 << (G - 1).bit_length()
+    row = (torch.arange(B, device=q.device)[:, None] * padded + torch.arange(G, device=q.device)).clamp(max=B * G - 1)
+    k, v = (t.reshape(B * G, *t.shape[2:])[row] for t in (k, v))
+    return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
+def _head_dim_rounded_down(q, k, v, ranges, *, scale=None, positions=None):
+    """Scores over the first 2^floor(log2 Dk) head dims only (a BLOCK_D rounded down)."""
+    Dk = q.shape[-1]
+    keep = torch.arange(Dk, device=q.device) < 1 << (Dk.bit_length() - 1)
+    return attend(q * keep, k, v, ranges, scale=scale, positions=positions)
+
+
+def _ignores_k_offset(q, k, v, ranges, *, scale=None, positions=None):
+    """k read from the start of its storage (a pointer taken from the storage, not the view):
+    right for any k but a view at an offset, as `cache[1:]` is."""
+    return attend(q, k.as_strided(k.shape, k.stride(), 0), v, ranges, scale=scale, positions=positions)
+
+
+def _normalises_in_place(q, k, v, ranges, *, scale=None, positions=None):
+    """Ranges normalised (clamped, sorted, merged) into the caller's tensor: this call's answer
+    is right, the caller's ranges are not theirs any more."""
+    with torch.no_grad():
+        ranges.copy_(normalize_ranges(ranges, k.shape[2], positions))
+    return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
+def _dq_scaled_by_dv(q, k, v, ranges, *, scale=None, positions=None):
+    """dq computed with 1/sqrt(Dv) in place of 1/sqrt(Dk): right whenever Dv == Dk."""
+    factor = math.sqrt(q.shape[-1] / v.shape[-1])
+    return attend(_GradTimes.apply(q, factor), k, v, ranges, scale=scale, positions=positions)
 
 
 def _concat_slots(ranges, S_kv, positions):
@@ -269,11 +358,15 @@ class BadImpl:
     device: str = "cpu"  # where the self-test runs it
 
 
-def _bad(name, call, caught_by, bug, varlen=None, device="cpu"):
+def _bad(name, call, caught_by, bug, varlen=None, device="cpu", **declared):
+    """`declared`: Impl fields that narrow what it claims, as the kernel that shipped the bug
+    declared them (so the matrix of before missed it)."""
+
     def wrapped(q, k, v, ranges, *, scale=None, want_lse=True):
         return call(q, k, v, ranges, scale=scale)
 
-    impl = Impl(name, wrapped, dtypes=ALL_DTYPES, varlen=varlen or _varlen(call), backward=True, lse=True)
+    fields = {"dtypes": ALL_DTYPES, "varlen": varlen or _varlen(call), "backward": True, "lse": True, **declared}
+    impl = Impl(name, wrapped, **fields)
     return BadImpl(impl, caught_by, bug, device)
 
 
@@ -396,4 +489,60 @@ BAD_IMPLS = (
         "local ranges not shifted by the sequence's key offset",
         varlen=_varlen_unshifted,
     ),
+    _bad(
+        "every-group-reads-group-0",
+        _group_zero_keys,
+        "parity",
+        "every KV group reads group 0's keys; declares fp32, decode, head dims <= 8 (which left only G = 1)",
+        dtypes=(torch.float32,),
+        modes=("decode",),
+        max_head_dim=8,
+    ),
+    _bad(
+        "heads-to-group-by-shift",
+        _heads_by_shift,
+        "parity",
+        "head-to-group index j >> log2(h): wrong when h is not a power of two; declares h a multiple of 2",
+        heads_multiple_of=2,
+    ),
+    _bad(
+        "groups-padded-to-power-of-two",
+        _groups_padded,
+        "parity",
+        "K/V batch stride of G rounded up to a power of two: wrong when G is not one",
+    ),
+    _bad(
+        "head-dim-rounded-down",
+        _head_dim_rounded_down,
+        "parity",
+        "scores over the first 2^floor(log2 Dk) dims: wrong when Dk is not a power of two; declares head dims <= 128",
+        max_head_dim=128,
+    ),
+    _bad(
+        "softmax-without-max",
+        _no_max,
+        "parity",
+        "exp(s) / sum exp(s) without subtracting the row max: overflows past s = 88.7; declares fp32",
+        dtypes=(torch.float32,),
+    ),
+    _bad(
+        "max-shared-by-group",
+        _group_max,
+        "parity",
+        "one softmax max per group tile, shared by its heads: heads with small scores underflow",
+    ),
+    _bad(
+        f"tile-loop-stops-after-{TILES_READ}",
+        _keys(lambda i, m: (i, m & (_pos_in_row(i) < TILES_READ))),
+        "parity",
+        f"tile loop stops after {TILES_READ} keys (no tiny row had more)",
+    ),
+    _bad(
+        "ignores-k-storage-offset",
+        _ignores_k_offset,
+        "dtype",
+        "k read from its storage's start while declaring the strided layout (k = cache[1:] reads cache[0])",
+    ),
+    _bad("normalises-ranges-in-place", _normalises_in_place, "parity", "writes the normalised ranges into the caller's tensor"),
+    _bad("dq-scaled-by-dv", _dq_scaled_by_dv, "backward", "dq scaled with 1/sqrt(Dv): wrong only when Dv != Dk"),
 )

@@ -13,7 +13,7 @@ from selgate.conformance.compare import ConformanceFailure, assert_close
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.families.bad_input import BAD_INPUTS
 from selgate.conformance.families.bad_input import check as check_bad_input
-from selgate.conformance.registry import REGISTRY, Xfail, known_bug, load_user_impl, skip_reason
+from selgate.conformance.registry import REGISTRY, Xfail, fit, known_bug, load_user_impl, skip_reason
 from selgate.conformance.tolerances import ENV, tolerance
 from tests.helpers import running_lane_device
 
@@ -46,11 +46,9 @@ CPU_LANE_ONLY = (
 
 
 def _cases(impl, family, seed, shapes=None):
-    cases = [
-        c
-        for c in select("tiny")
-        if family.applies(c) and (shapes is None or c.shape in shapes) and not family.skip(impl, c, DEVICE)
-    ]
+    """The tiny cases `family` runs `impl` on, fitted to its declarations as the matrix fits them."""
+    fitted = [fit(c, impl) for c in select("tiny") if family.applies(c) and (shapes is None or c.shape in shapes)]
+    cases = [c for c in fitted if not family.skip(impl, c, DEVICE)]
     cases.sort(key=lambda c: (ORDER.index(c.pattern), c.dtype.itemsize == 2, c.seed))
     return [dataclasses.replace(c, seed=seed) for c in cases]
 
