@@ -84,11 +84,20 @@ def test_compare_to_baseline_uses_newest_run_of_the_same_matrix(results):
     assert regression.compare_to_baseline("nvidia-h100-80gb-hbm3").blocking == cmp.blocking  # slug works too
 
 
-def test_missing_baseline_is_reported_not_blocking(tmp_path, monkeypatch):
-    monkeypatch.setattr(tables, "RESULTS_DIR", tmp_path)
-    cmp = regression.compare_to_baseline("NVIDIA A100-SXM4-80GB")
-    assert cmp.blocking == [] and cmp.rows == []
-    assert "no committed baseline" in cmp.markdown()
+def test_a_device_with_no_baseline_and_no_class_blocks_naming_what_is_missing(tmp_path, monkeypatch, capsys):
+    """Never "nothing to compare": without a baseline of its own or of its class the gate blocks,
+    and `compare` exits 1."""
+    monkeypatch.setattr(tables, "RESULTS_DIR", tmp_path / "bench" / "results")
+    monkeypatch.chdir(tmp_path)
+    cmp = regression.compare_to_baseline("NVIDIA H200")
+    assert cmp.rows == [] and cmp.blocking == [
+        "no committed baseline for NVIDIA H200 (bench/results/nvidia-h200/) nor for its class (unknown): "
+        "run python -m selgate.bench sel --sweep full and python -m selgate.bench baseline"
+    ]
+    assert "the GPU class is unknown: pass `--class`" in cmp.markdown()
+    assert main(["compare", "--device", "NVIDIA H200"]) == 1
+    out = capsys.readouterr().out
+    assert "1 blocking:" in out and "no committed baseline for NVIDIA H200" in out and "nothing to compare" not in out
 
 
 def test_a_baseline_without_a_new_run_blocks(results):
@@ -244,3 +253,163 @@ def test_a_failed_re_timing_keeps_the_first_timing_and_the_sweep():
     assert latest[0]["graph_ms"] == 0.0078
     assert latest[0]["note"] == "an earlier note; graph re-time failed (RuntimeError: CUDA out of memory), first timing kept"
     assert len(regression.compare_rows(base, latest)[1]) == 1  # unconfirmed, still blocking
+
+
+# A GPU class whose baseline device is the H100; the runs below are synthetic rows of one decode
+# shape: 1 GB of K/V and q/o read, 100 GFLOP, on an H100-like run (3000 GB/s, 800 TFLOP/s).
+H200 = "NVIDIA H200"
+IO_BYTES, FLOPS = 1e9, 1e11
+CONFIGS = ("decode L=512 few", "decode L=1024 many")
+
+
+def run_row(config, method, ms, *, copy_gbps, matmul_tflops, ours=True, device=H200, graph_ms=None):
+    """One results row timed at `ms`, its fractions computed from the run's own rates as `sel` does."""
+    floor_copy, floor_mm = IO_BYTES / (copy_gbps * 1e6), FLOPS / (matmul_tflops * 1e9)  # ms
+    return {
+        "config": config, "kind": "decode", "method": method, "ours": ours, "status": "ok",
+        "ms": ms, "ms_lo": ms * 0.99, "ms_hi": ms * 1.01, "iters": 100, "host_ms": ms * 0.2, "graph_ms": graph_ms,
+        "io_bytes": int(IO_BYTES), "gbps": IO_BYTES / (ms * 1e6), "tflops": FLOPS / (ms * 1e9),
+        "frac_copy": floor_copy / ms, "frac_matmul": floor_mm / ms, "note": "", "device": device,
+        "copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "software": "torch 2.11.0 commit abc1234",
+    }  # fmt: skip
+
+
+def a_run(*, copy_gbps, matmul_tflops, scale=1.0, device=H200, graph=False):
+    """Rows of ours (sdpa, triton: memory-bound, 80% of the copy floor) and a torch baseline;
+    each time is what the run's rates give, times `scale`; sdpa is 10x triton (speedups)."""
+    rows = []
+    for config in CONFIGS:
+        t = IO_BYTES / (copy_gbps * 1e6) / 0.8 * scale
+        tri = run_row(config, "triton", t, copy_gbps=copy_gbps, matmul_tflops=matmul_tflops, device=device,
+                      graph_ms=0.9 * t if graph else None)  # fmt: skip
+        sdpa = run_row(config, "sdpa", 10 * t, copy_gbps=copy_gbps, matmul_tflops=matmul_tflops, device=device)
+        torch_row = run_row(
+            config, "gather_sdpa", 20 * t, copy_gbps=copy_gbps, matmul_tflops=matmul_tflops, ours=False, device=device
+        )
+        tri["speedups"] = "sdpa=10;gather_sdpa=20"
+        rows += [sdpa, tri, torch_row]
+    return rows
+
+
+@pytest.fixture
+def classed(tmp_path, monkeypatch):
+    """configs/classes/sm90.yaml naming the H100 as bench_baseline, the H100's committed baseline
+    `full` (3000 GB/s, 800 TFLOP/s); returns a writer of the H200's latest `full.csv`."""
+    from selgate.kernels import config
+
+    monkeypatch.setattr(tables, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path / "configs")
+    (tmp_path / "configs" / "classes").mkdir(parents=True)
+    (tmp_path / "configs" / "classes" / "sm90.yaml").write_text(f'capabilities: ["9.0"]\nbench_baseline: {DEVICE}\n')
+    (tmp_path / "configs" / "classes" / "sm89.yaml").write_text('capabilities: ["8.9"]\n')
+    tables.write_csv(a_run(copy_gbps=3000, matmul_tflops=800, device=DEVICE), regression.baseline_path(DEVICE, "full"))
+
+    def latest(rows, date="2026-12-01"):
+        return tables.write_csv(rows, tables.results_dir(H200, date) / "full.csv")
+
+    return latest
+
+
+AGAINST = "vs class sm90 baseline (NVIDIA H100 80GB HBM3), as ratios to this run's floors"
+
+
+def test_faster_memory_equal_in_ratios_passes_against_the_class_baseline(classed):
+    """The H200's memory is 1.6x faster: its times are 1.6x shorter, its matmul fraction better,
+    its copy fraction the H100's. Compared, not skipped, and nothing blocks."""
+    classed(a_run(copy_gbps=4800, matmul_tflops=800))
+    cmp = regression.compare_to_baseline(H200, device_class="sm90")
+    assert cmp.blocking == [] and cmp.against == AGAINST
+    ours = [r for r in cmp.rows if r["ours"]]
+    assert len(ours) == 4 and all(r["verdict"] == "ok" for r in ours)
+    tri = next(r for r in ours if r["method"] == "triton")
+    assert tri["copy"] == pytest.approx(1.0) and tri["matmul"] == pytest.approx(1 / 1.6)
+    assert tri["latest_ms"] == pytest.approx(tri["base_ms"] / 1.6)
+    assert (tri["base_vs_sdpa"], tri["vs_sdpa"]) == (10.0, 10.0)  # the speedups cell, information
+    md = cmp.markdown()
+    assert md.startswith(f"### Performance {AGAINST}: {H200}")
+    assert f"No regression over 4 measured configurations of ours {AGAINST}." in md
+    assert "| 1.000 | 0.625 | 10.00 / 10.00 | ok |" in md
+    # the class follows the capability too, as the lane's environment gives it
+    assert regression.compare_to_baseline(H200, capability="9.0").against == AGAINST
+
+
+@pytest.mark.parametrize(
+    "copy_gbps, scale, scales",
+    [
+        (3000, 1.5, "1.50x on the copy floor, 1.50x on the matmul rate"),
+        (4800, 2.4, "2.40x on the copy floor, 1.50x on the matmul rate"),
+    ],
+    ids=["the same rates", "faster memory, 1.5x the H100's time"],
+)
+def test_a_real_slowdown_on_both_scales_blocks_against_the_class_baseline(classed, capsys, copy_gbps, scale, scales):
+    """1.5x slower on both scales: neither the run's memory nor its math explains it."""
+    classed(a_run(copy_gbps=copy_gbps, matmul_tflops=800, scale=scale))
+    cmp = regression.compare_to_baseline(H200, device_class="sm90")
+    assert len(cmp.blocking) == 4  # sdpa and triton of both configs; the torch baseline only shown
+    tri = next(b for b in cmp.blocking if b.startswith(f"{CONFIGS[0]} / triton"))
+    assert tri.startswith(f"{CONFIGS[0]} / triton: {scales} {AGAINST}")
+    gather = next(r for r in cmp.rows if r["method"] == "gather_sdpa")
+    assert gather["verdict"] == "slower (torch baseline)"
+    assert main(["compare", "--device", H200, "--class", "sm90"]) == 1
+    assert "4 blocking:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "copy_gbps, matmul_tflops",
+    [(3000, 800 / 1.5), (2000, 800)],
+    ids=["copy fraction worse, matmul fraction the same", "slower memory: matmul fraction worse"],
+)
+def test_a_slowdown_on_one_scale_only_passes(classed, copy_gbps, matmul_tflops):
+    """1.5x the H100's times: where one of the two floors explains it (the run's copy bandwidth or
+    its matmul rate 1.5x lower), that scale reads 1.0 and nothing blocks; the other reads 1.5."""
+    rows = a_run(copy_gbps=3000, matmul_tflops=800, scale=1.5)
+    for r in rows:  # the same times, measured beside other rates
+        r.update(run_row(r["config"], r["method"], r["ms"], copy_gbps=copy_gbps, matmul_tflops=matmul_tflops, ours=r["ours"]))
+    classed(rows)
+    cmp = regression.compare_to_baseline(H200, device_class="sm90")
+    assert cmp.blocking == [], cmp.blocking
+    tri = next(r for r in cmp.rows if r["method"] == "triton")
+    assert sorted([tri["copy"], tri["matmul"]]) == pytest.approx([1.0, 1.5])
+    assert main(["compare", "--device", H200, "--class", "sm90"]) == 0
+
+
+def test_a_device_slowdown_in_graph_time_blocks_against_the_class_baseline(classed):
+    """Eager times equal in ratios, graph-replayed device times 1.5x on both scales: blocks."""
+    rows = a_run(copy_gbps=3000, matmul_tflops=800, graph=True)
+    for r in rows:
+        if r["graph_ms"]:
+            r["graph_ms"] *= 1.5
+    classed(rows)
+    base = regression.baseline_path(DEVICE, "full")
+    tables.write_csv(a_run(copy_gbps=3000, matmul_tflops=800, device=DEVICE, graph=True), base)
+    cmp = regression.compare_to_baseline(H200, device_class="sm90")
+    assert [b.split(":")[0] for b in cmp.blocking] == [f"{c} / triton" for c in CONFIGS]
+    assert "device time (CUDA graph) 1.50x on the copy floor" in cmp.blocking[0]
+
+
+def test_the_class_stands_in_only_where_its_baseline_exists(classed, tmp_path):
+    """Class sm89 names no bench_baseline; a class whose baseline matrix has no run here blocks;
+    a device with a baseline of its own is judged by it alone."""
+    classed(a_run(copy_gbps=4800, matmul_tflops=800))
+    cmp = regression.compare_to_baseline(H200, device_class="sm89")
+    assert cmp.blocking[0].startswith("no committed baseline for NVIDIA H200 (")
+    assert "nor for its class sm89: run" in cmp.blocking[0]
+    assert "configs/classes/sm89.yaml names no `bench_baseline` device" in cmp.markdown()
+    tables.write_csv(a_run(copy_gbps=3000, matmul_tflops=800, device=DEVICE), regression.baseline_path(DEVICE, "launch"))
+    cmp = regression.compare_to_baseline(H200, device_class="sm90")
+    assert cmp.blocking == [f"baseline-launch.csv of class sm90 ({DEVICE}): no `launch.csv` run under "
+                            f"{tables.RESULTS_DIR / 'nvidia-h200'}; run the same matrix again"]  # fmt: skip
+    own = a_run(copy_gbps=4800, matmul_tflops=800)
+    tables.write_csv(own, regression.baseline_path(H200, "full"))
+    cmp = regression.compare_to_baseline(H200, device_class="sm90")
+    assert cmp.against is None and cmp.blocking == [] and cmp.markdown().startswith(f"### Performance vs baseline: {H200}")
+
+
+def test_a_row_without_floors_cannot_pass_against_the_class_baseline(classed):
+    rows = a_run(copy_gbps=4800, matmul_tflops=800)
+    for r in rows:
+        if r["method"] == "triton":
+            r.update(frac_copy=None, frac_matmul=None, tflops=None, io_bytes=None)
+    classed(rows)
+    cmp = regression.compare_to_baseline(H200, device_class="sm90")
+    assert len(cmp.blocking) == 2 and "the latest run recorded no copy or matmul floor" in cmp.blocking[0]
