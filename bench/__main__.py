@@ -221,9 +221,17 @@ def cmd_baseline(a) -> int:
 
 
 def cmd_compare(a) -> int:
+    """Exit 1 when a configuration regressed, and when no baseline judges the device (its own or its class's)."""
+    from selgate.kernels.config import current_capability
+    from selgate.kernels.config import device_slug
+
     from .regression import compare_to_baseline
 
-    cmp = compare_to_baseline(a.device or current_device_name())
+    device_name = a.device or current_device_name()
+    capability = a.capability
+    if a.device_class is None and capability is None and device_slug(device_name) == device_slug(current_device_name()):
+        capability = current_capability()  # the device this runs on: its class is known
+    cmp = compare_to_baseline(device_name, device_class=a.device_class, capability=capability)
     print(cmp.markdown())
     return 1 if cmp.blocking else 0
 
@@ -267,8 +275,15 @@ def main(argv=None) -> int:
     b = sub.add_parser("baseline", help="promote a results CSV to the device's committed baseline")
     b.add_argument("csv", type=Path, nargs="?")
     b.add_argument("--device")
-    c = sub.add_parser("compare", help="latest results vs the committed baseline")
+    c = sub.add_parser("compare", help="latest results vs the committed baseline (the device's, else its class's)")
     c.add_argument("--device")
+    c.add_argument(
+        "--class",
+        dest="device_class",
+        help="GPU class of the device (sm90, sm89, sm80) whose baseline judges it without one of its own "
+        "(default: the class of --capability, or of the current GPU when --device names it)",
+    )
+    c.add_argument("--capability", help="compute capability of the device, e.g. 9.0 (gives its class)")
     pl = sub.add_parser("plot", help="decode and prefill PNGs from results CSVs (bench/plots.py)")
     pl.add_argument(
         "--csv",
