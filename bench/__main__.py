@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from selgate.kernels.config import current_device_name
+from selgate.kernels.config import device_slug as config_slug
 
 from . import outside, tables
 from .baselines import METHODS, default_methods, get_method
@@ -201,7 +202,10 @@ def cmd_thresholds(a) -> int:
         raise SystemExit(f"{sources}: no configuration with both `sdpa` and `triton` measured; profile not written")
     if not a.dry_run:
         a.csv[0].with_suffix(".thresholds.md").write_text(result.markdown())
-        path = write_profile(result, device_name, source=sources, software=rows[0].get("software") or "")
+        from selgate.kernels.config import current_capability
+
+        here = current_capability() if config_slug(device_name) == config_slug(current_device_name()) else None
+        path = write_profile(result, device_name, source=sources, software=rows[0].get("software") or "", capability=here)
         print(f"wrote {path}")
     return 0
 
