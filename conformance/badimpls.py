@@ -77,9 +77,7 @@ def _no_max(q, k, v, ranges, *, scale=None, positions=None):
 def _group_max(q, k, v, ranges, *, scale=None, positions=None):
     """One max per group's tile (over all its heads) in place of each head's own max: heads of
     much smaller scores underflow to 0 / 0."""
-    return attend(
-        q, k, v, ranges, scale=scale, positions=positions, rows=_fp32_softmax(lambda s: s.amax((-2, -1), keepdim=True))
-    )
+    return attend(q, k, v, ranges, scale=scale, positions=positions, rows=_fp32_softmax(lambda s: s.amax((-2, -1), keepdim=True)))
 
 
 def _group_zero_keys(q, k, v, ranges, *, scale=None, positions=None):
