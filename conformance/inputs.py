@@ -80,14 +80,15 @@ def large_logit_scale(Dk: int) -> float:
 def large_logit_qkv(B, S, G, h, Dk, Dv, S_kv, *, dtype, generator: torch.Generator, scale: float):
     """q [B,S,G,h,Dk], k [B,G,S_kv,Dk] whose scores `scale * q.k` sit around +86 on head 0 of
     group 0 (-86 on every fourth query row): a softmax that does not subtract the row's max
-    overflows fp32's exp past 88.72. The other heads' q are scaled down by 2^-4 to 2^-12, so
-    heads of one group differ by orders of magnitude and a max shared across them underflows
-    the small ones. q and k are small integers times powers of two (a common first component
-    carries the size): exact in fp16 and bf16, and every dot product is exact in fp32. One
-    large head per row keeps a correct fp32 kernel within SPEC.md's mean bound on lse (1e-6,
-    where fp32's spacing at |lse| ~ 90 is 7.6e-6: rounding alone costs ~1.9e-6 on average
-    there; the Triton kernel's lse measured 4.5e-6 mean on those rows). v is standard normal.
-    Drawn from `generator` in the order k, q, row scales, v."""
+    overflows fp32's exp past 88.72. The other heads' q are scaled by -2^-4 to -2^-12 (scores
+    from -5 to 0), so heads of one group differ by orders of magnitude and a max shared across
+    them underflows the small ones (exp(-5 - 92) is a denormal of ~2 significant digits).
+    q and k are small integers times powers of two (a common first component carries the
+    size): exact in fp16 and bf16, and every dot product is exact in fp32. One large head per
+    row keeps a correct fp32 kernel within SPEC.md's mean bound on lse (1e-6, where fp32's
+    spacing at |lse| ~ 90 is 7.6e-6: rounding alone costs ~1.9e-6 on average there; with a
+    large head in every group the Triton kernel's lse measured 1.2e-6 mean). v is standard
+    normal. Drawn from `generator` in the order k, q, row scales, v."""
     k = torch.randint(-3, 4, (B, G, S_kv, Dk), generator=generator, dtype=torch.float64)
     q = torch.randint(-3, 4, (B, S, G, h, Dk), generator=generator, dtype=torch.float64)
     c = 16.0
@@ -96,6 +97,6 @@ def large_logit_qkv(B, S, G, h, Dk, Dv, S_kv, *, dtype, generator: torch.Generat
     exponent = torch.tensor([4.0, 8.0, 12.0])[torch.randint(0, 3, (B, S, G, h, 1), generator=generator)]
     exponent[:, :, 0, 0] = 0.0
     sign = torch.where(torch.arange(B * S).reshape(B, S, 1, 1, 1) % 4 == 3, -1.0, 1.0)
-    q = q * torch.where(exponent == 0, sign, 1.0) * 2.0**-exponent
+    q = q * torch.where(exponent == 0, sign, -1.0) * 2.0**-exponent
     v = torch.randn(B, G, S_kv, Dv, generator=generator, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
