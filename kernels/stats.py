@@ -119,8 +119,14 @@ def served_by() -> dict:
     out = {"profile": config.profile_source()}
     tuning = sys.modules.get("selgate.kernels.triton.tuning")  # never imported (triton) just to say so
     if tuning is not None:
-        status = tuning.tuning_status()
-        out["tuned"] = {k: status[k] for k in ("served_by", "path", "files", "autotune", "autotune_s")}
+        from .errors import ConfigError
+
+        try:
+            status = tuning.tuning_status()
+        except ConfigError as e:  # a malformed launch variable: the calls say so; the counters still read
+            out["tuned"] = {"served_by": None, "error": str(e)}
+        else:
+            out["tuned"] = {k: status[k] for k in ("served_by", "path", "files", "autotune", "autotune_s")}
     return out
 
 
