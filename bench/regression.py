@@ -189,13 +189,8 @@ def _add_note(r: dict, text: str) -> None:
 
 def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = MAX_SLOWDOWN):
     """Rows and blocking lines of `latest` against `base` (each a list of results rows)."""
-    now = _by_config(latest, "latest")
     rows, blocking = [], []
-    for b in _by_config(base, "baseline").values():
-        if b["status"] != "ok":
-            continue
-        r = now.get((b["config"], b["method"]))
-        what = f"{b['config']} / {b['method']}"
+    for b, r, what in _pairs(base, latest):
         if r is None or r["status"] == "skip":
             rows.append({**_key(b), "base_ms": b["ms"], "latest_ms": None, "ratio": None, "verdict": "not measured"})
             continue
@@ -240,6 +235,15 @@ def compare_rows(base: list[dict], latest: list[dict], *, max_slowdown: float = 
         if verdict == "BLOCKING":
             blocking.append(f"{what}: baseline {b['ms']:.4f} ms, latest {r['ms']:.4f} ms ({ratio:.2f}x)")
     return rows, blocking
+
+
+def _pairs(base: list[dict], latest: list[dict]):
+    """(baseline row, the latest row of its configuration or None, its name) for each baseline
+    row that measured something."""
+    now = _by_config(latest, "latest")
+    for b in _by_config(base, "baseline").values():
+        if b["status"] == "ok":
+            yield b, now.get((b["config"], b["method"])), f"{b['config']} / {b['method']}"
 
 
 def _samples(r: dict) -> int:
@@ -390,15 +394,10 @@ def compare_class_rows(base: list[dict], latest: list[dict], *, against: str, ma
     `max_slowdown` on both the copy and the matmul scale, i.e. `t / (t_base * K) > 1 + max_slowdown`
     with K the larger of the two floor ratios; the noise, graph and host-bound rules of
     `compare_rows` then apply to the times so scaled."""
-    now = _by_config(latest, "latest")
     sdpa_base, sdpa_now = _sdpa_ms(base), _sdpa_ms(latest)
     lim = 1 + max_slowdown
     rows, blocking = [], []
-    for b in _by_config(base, "baseline").values():
-        if b["status"] != "ok":
-            continue
-        r = now.get((b["config"], b["method"]))
-        what = f"{b['config']} / {b['method']}"
+    for b, r, what in _pairs(base, latest):
         row = {**_key(b), "base_ms": b["ms"], "latest_ms": None, "ratio": None, "copy": None, "matmul": None}
         row["base_vs_sdpa"], row["vs_sdpa"] = _vs_sdpa(b, sdpa_base), None
         if r is None or r["status"] == "skip":
