@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -125,6 +126,15 @@ def prepare_out(out: Path) -> None:
         )
 
 
+def _child_setup() -> None:
+    """`preexec_fn` of the check's children: SIGINT as `default_sigint` leaves it, and no core
+    files. A kernel that aborts takes its worker down with a core file of the whole process
+    (190 MB each on CPU, one per crash) written into the kernel's folder; the case's report
+    already names the crash, and its repro script brings it back under a debugger."""
+    default_sigint()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """Every process the child started (workers, the kernel's own) dies with the run."""
     try:
@@ -142,7 +152,7 @@ class Run:
 
     def start(self, cmd, env, graceful, **kw) -> subprocess.Popen:
         self.graceful = graceful
-        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=default_sigint, **kw)
+        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_child_setup, **kw)
         return self.proc
 
     def cut(self) -> None:

@@ -135,6 +135,19 @@ def pytest_xdist_make_scheduler(config, log):
             if node in self.registered_collections:
                 super()._assign_work_unit(node)
 
+        def _reschedule(self, node):
+            """As xdist's, except that the worker is filled to more than two pending cases, and
+            told to finish once the queue is empty. A worker runs a case only once it knows the
+            next one (or that there is none), so a replacement handed one single-case unit (a
+            unit whose other case crashed) with work still queued waited forever: no case of
+            its finished to ask for more."""
+            if node.shutting_down or node not in self.registered_collections:
+                return
+            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+            if not self.workqueue:
+                node.shutdown()
+
         def remove_node(self, node):
             """As xdist's, except that the case a crashed worker was running is reported as
             that crash and never handed out again: a kernel that aborts on a case every time

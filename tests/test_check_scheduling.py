@@ -35,3 +35,43 @@ def test_costliest_variants_are_handed_out_first():
     )
     d192 = [i for i in reversed(ids) if variant_of(i) == "h1-D192x128-fp32"]
     assert [i for i in ordered if variant_of(i) == "h1-D192x128-fp32"] == d192
+
+
+class _Worker:
+    """What the scheduler uses of xdist's WorkerController: the cases it was sent, shutdown."""
+
+    def __init__(self, name):
+        self.gateway = SimpleNamespace(id=name)
+        self.sent: list = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices):
+        self.sent += indices
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_a_replacement_handed_single_case_units_is_filled_and_told_to_finish():
+    """A worker runs a case only once it knows the next one, or that none comes: a replacement
+    given one unit of one pending case (its other case crashed) while another unit waited in
+    the queue ran nothing, and the check hung until its caller's timeout."""
+    from selgate.conformance.check_plugin import pytest_xdist_make_scheduler
+
+    config = SimpleNamespace(option=SimpleNamespace(), getvalue={"tx": ["2*popen"]}.get)
+    ids = [f"t.py::test_parity[k:f-decode-B1S1Skv{t}-G2h{h}-D16x16-n4-single-fp32-s0]" for h in (1, 3) for t in (29, 45)]
+    sched = pytest_xdist_make_scheduler(config, None)
+    first, second = _Worker("gw0"), _Worker("gw1")
+    for w in (first, second):
+        sched.add_node(w)
+        sched.add_node_collection(w, ids)
+    sched.schedule()
+    assert sched.remove_node(second) == ids[2]  # the G2h3 unit's first case crashed
+    assert sched.remove_node(first) == ids[0]  # and so did the G2h1 unit's
+    assert len(sched.workqueue) == 2 and all(sum(not d for d in u.values()) == 1 for u in sched.workqueue.values())
+    replacement = _Worker("gw2")
+    sched.add_node(replacement)
+    sched.add_node_collection(replacement, ids)
+    sched.schedule()
+    assert sorted(replacement.sent) == [1, 3] and replacement.shutting_down
+    assert not sched.workqueue
