@@ -38,6 +38,7 @@ from selgate.reports.environment import ENV_FILE
 from .check_plugin import COLLECTED_FILE, verdict_environ
 from .check_report import CheckVerdict, judge, render, write_process_failures, write_stub_junit
 from .probe import importing_marker
+from .reaper import become_subreaper, kill_descendants
 from .registry import described_impl
 
 MARKERS = "conformance and not policy"  # policy is selgate's own dispatcher, not the kernel's
@@ -149,6 +150,7 @@ class Run:
     def __init__(self):
         self.proc: subprocess.Popen | None = None
         self.graceful = False  # pytest: SIGINT, and it writes its results; the probe: killed
+        self.left_behind = 0  # processes still alive below the check after a child exited
 
     def start(self, cmd, env, graceful, **kw) -> subprocess.Popen:
         self.graceful = graceful
@@ -168,6 +170,8 @@ class Run:
             return self.proc.wait(timeout=timeout)
         finally:
             _kill_group(self.proc)
+            if self.proc.poll() is not None:
+                self.left_behind += kill_descendants()
 
 
 # What the probe's own start-up (python, torch, selgate) may take before it imports the kernel's
@@ -240,7 +244,15 @@ def _run(args, out: Path) -> CheckVerdict:
         write_stub_junit(out, args.impl, load_error or f"cut by {cut.signal} while importing the implementation")
     mark_signal(out, cut.signal)
     verdict = judge(
-        impl, out, status, narrowed=bool(args.k), load_error=load_error, cut=cut.signal, processes=processes, size=args.size
+        impl,
+        out,
+        status,
+        narrowed=bool(args.k),
+        load_error=load_error,
+        cut=cut.signal,
+        processes=processes,
+        size=args.size,
+        left_behind=runner.left_behind,
     )
     write_process_failures(out, verdict)
     verdict.write_repros(out, args)
@@ -287,6 +299,7 @@ def main(args) -> int:
         return 2
     if args.workers is None:
         args.workers = default_workers()
+    become_subreaper()
     try:
         verdict = run(args)
     except UsageError as e:

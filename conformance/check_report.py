@@ -163,10 +163,13 @@ def write_process_failures(out: Path, v: CheckVerdict) -> None:
     xml.write(str(out / "junit.xml"))
 
 
-def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, processes=None, size=None) -> CheckVerdict:
+def judge(
+    impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, processes=None, size=None, left_behind=0
+) -> CheckVerdict:
     """The verdict on the run whose results are in `out` and whose pytest exited `status`
     (None: it never started). `impl` None when the implementation could not be loaded;
-    `processes`: the determinism cases' checksums compared across processes, when compared."""
+    `processes`: the determinism cases' checksums compared across processes, when compared;
+    `left_behind`: processes the run started that were alive after its pytest exited."""
     if load_error:
         v = CheckVerdict(cut=cut)
         v.blocking.append(f"cut by {cut} while importing the implementation" if cut else f"not loaded: {load_error}")
@@ -185,6 +188,11 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
     elif _status_problem(status):
         v.blocking.append(_status_problem(status))
     v.blocking += unrepeated
+    if left_behind:
+        v.blocking.append(
+            f"{left_behind} process(es) started by the run were still alive after pytest exited (killed): "
+            "they could have changed the results after pytest wrote them"
+        )
     if narrowed:
         v.blocking.append("run narrowed with -k: a verdict needs the whole matrix")
     if not cases:
@@ -201,6 +209,11 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
     if v.failures:
         v.blocking.append(
             f"{len(v.failures)} failing case(s) from {len(v.causes)} root cause(s); the first: {v.causes[0].signature}"
+        )
+    elif status == pytest.ExitCode.TESTS_FAILED and not cut:
+        v.blocking.append(
+            f"pytest exited 1 (tests failed) but {out / 'junit.xml'} records no failure: "
+            "the results were changed after pytest wrote them"
         )
     for family, why in v.claims.items():
         if why is None and cases and not narrowed and not cut and v.counts.get(family, {}).get("pass", 0) == 0:

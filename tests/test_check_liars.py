@@ -60,3 +60,24 @@ def test_a_dtype_broken_behind_strict_expected_failures_is_named_on_the_first_li
     assert xfails > 10
     assert headline.startswith(f"**CHECK PASSED at size tiny with {xfails} declared expected failures in fp16: "), headline
     assert "never ran (every case skipped): families backward, decode, varlen, gradcheck" in headline
+
+
+def test_a_helper_that_rewrites_the_results_blocks_and_dies_with_the_check(checked):
+    """The helper outlives pytest, in a session of its own: the check kills it before it reads
+    a result, and blocks, whether or not the helper got to the results first."""
+    import os
+    import time
+
+    rc, log, out = checked("liars:strips_its_failures")
+    assert rc == 1 and "CHECK BLOCKED" in log, log
+    assert "still alive after pytest exited" in log, log
+    pid = int((out.parent / "stripper.pid").read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the helper {pid} outlived the check")

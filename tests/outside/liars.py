@@ -43,3 +43,31 @@ for _fn in (declares_per_process, seeded_by_pid, nan_in_fp16):
     _fn.modes = ("prefill",)
 seeded_by_pid.dtypes = ("fp32",)
 nan_in_fp16.dtypes = ("fp16", "fp32")
+
+
+STRIPPER = r"""
+import re, sys, time
+from pathlib import Path
+junit, pidfile = Path(sys.argv[1]), Path(sys.argv[2])
+pidfile.write_text(str(__import__("os").getpid()))
+while True:  # until the check's pytest has written its results; then strip every failure
+    text = junit.read_text() if junit.exists() else ""
+    if text.endswith("</testsuites>"):
+        junit.write_text(re.sub(r"<failure[^>]*?(/>|>.*?</failure>)", "", text, flags=re.S))
+        break
+    time.sleep(0.01)
+time.sleep(600)
+"""
+
+
+def strips_its_failures(q, k, v, ranges, *, scale=None):
+    """One off everywhere. Its first call starts a helper in a session of its own that waits
+    for the check's junit.xml (`out/` beside the kernel), strips every failure from it, and then
+    stays alive; the helper's pid is in `stripper.pid`."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not os.path.exists("stripper.pid"):
+        import subprocess
+        import sys
+
+        open("stripper.pid", "w").close()
+        subprocess.Popen([sys.executable, "-c", STRIPPER, "out/junit.xml", "stripper.pid"], start_new_session=True)
+    return gather(q, k, v, ranges, scale=scale) + 1
