@@ -83,9 +83,11 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: conformance family: {what}")
     spec = config.getoption("--impl")
     here = str(config.invocation_params.dir)
-    if spec and ":" in spec and here not in sys.path:
-        sys.path.insert(0, here)  # as `python -m pytest` has it: the kernel's module beside the caller
     decided = getattr(config.option, "check_declared", None)  # selgate check's workers (check_plugin)
+    if spec and ":" in spec and here not in sys.path:
+        # as `python -m pytest` has it: the kernel's module beside the caller; last in the check,
+        # so that nothing there shadows what the workers import later
+        sys.path.append(here) if decided else sys.path.insert(0, here)
     try:
         if decided:
             from .check_plugin import decided_impl

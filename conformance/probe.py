@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def probe(spec: str, declare: str | None, importing: Path | None = None) -> dict
     if importing is not None:
         importing.touch()
     module = spec.partition(":")[0]
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # the check starts this process with PYTHONSAFEPATH
     try:
         if module:
             importlib.import_module(module)

@@ -81,3 +81,12 @@ def test_a_helper_that_rewrites_the_results_blocks_and_dies_with_the_check(check
         time.sleep(0.1)
     else:
         raise AssertionError(f"the helper {pid} outlived the check")
+
+
+def test_a_plugin_shadowed_beside_the_kernel_cannot_turn_failures_into_passes(checked, tmp_path):
+    """A `pytest_timeout.py` in the kernel's folder (the real plugin plus a hook that passes every
+    failed report) is never the plugin the check's pytest loads."""
+    (tmp_path / "pytest_timeout.py").write_text((OUTSIDE / "pytest_timeout_shadow.txt").read_text())
+    rc, log, out = checked("tokenkernels:off_by_a_little")
+    assert rc == 1 and "CHECK BLOCKED" in log, log
+    assert any(c.outcome == "fail" for c in load_lane("check", out).cases)
