@@ -9,8 +9,10 @@ This process decides the verdict and never imports or calls the kernel:
   the verdict is BLOCKED;
 - the matrix runs in a child pytest over the installed `selgate.conformance` package (never
   the caller's pytest configuration or plugins), on xdist workers sized as the lanes size
-  them, with a per-case timeout: a case that aborts, segfaults, leaves a sticky CUDA error
-  or hangs takes its worker down and becomes that case's error;
+  them, with a per-case timeout; the workers judge, and the kernel runs in executor processes
+  they start (`remote.py`), confined (`sandbox.py`) as the probe is: a case that aborts,
+  segfaults or leaves a sticky CUDA error fails with how its executor ended, one that hangs
+  takes its worker down and becomes that case's error;
 - every process the run starts lives in one process group, killed when the run ends;
 - the first SIGINT or SIGTERM cuts the run: pytest writes the results it has, and the report
   names the cut and the cases that never ran (exit 1);
@@ -35,6 +37,7 @@ from selgate.lanes.cut import Cut, default_sigint, mark_signal
 from selgate.lanes.pytest_command import pytest_args, pytest_command
 from selgate.reports.environment import ENV_FILE
 
+from . import sandbox
 from .check_plugin import COLLECTED_FILE, verdict_environ
 from .check_report import CheckVerdict, judge, render, write_process_failures, write_stub_junit
 from .probe import importing_marker
@@ -184,13 +187,15 @@ STARTUP_LIMIT_S = 300
 def load(args, run: Run, tmp: Path, env: dict):
     """(Impl, None) of the implementation, described by the probe process, or (None, reason)
     when importing it failed; UsageError when the spec or the declarations are the mistake."""
-    result, log = tmp / "probe.json", tmp / "probe.log"
-    cmd = [sys.executable, "-m", "selgate.conformance.probe", args.impl, str(result)]
+    scratch = tmp / "probe"
+    sandbox.prepare(str(scratch))
+    result, log = scratch / "probe.json", tmp / "probe.log"
+    cmd = sandbox.command(str(scratch), "selgate.conformance.probe", args.impl, str(result))
     if args.declare:
         cmd += ["--declare", str(Path(args.declare).resolve())]
     module = args.impl.partition(":")[0]
     with open(log, "w") as sink:
-        proc = run.start(cmd, env, graceful=False, stdout=sink, stderr=subprocess.STDOUT)
+        proc = run.start(cmd, sandbox.environment(str(scratch), env), graceful=False, stdout=sink, stderr=subprocess.STDOUT)
         started = time.monotonic()
         while not importing_marker(result).exists() and proc.poll() is None:  # selgate's own start-up
             if time.monotonic() - started > STARTUP_LIMIT_S:

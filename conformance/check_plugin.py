@@ -5,10 +5,10 @@ check alone).
   are refused by the check before it starts; this plugin keeps them out of the run: a test
   after which one is set (by the kernel's module at import, or by a call) fails, naming it.
 - The implementation is the one the deciding process described (`--check-declared`, the
-  probe's declarations as JSON): the run imports its callable (and a declared varlen one) and
-  nothing else of it, so a kernel cannot declare one support to the probe and another to the
-  workers (its attributes are read once, by the probe), and the report's declarations are
-  what ran.
+  probe's declarations as JSON), and its calls run in an executor process (`remote.py`): the
+  workers never import it, so a kernel cannot declare one support to the probe and another to
+  the workers (its attributes are read once, by the probe), the report's declarations are what
+  ran, and the kernel's code never shares a process with pytest or the comparison.
 - The controller writes the ids the run collected to `collected.json` beside the JUnit, so a
   run cut short can name the cases that never ran.
 - Cases go to workers by kernel variant (packed or not, head dims, heads, dtype: what a Triton
@@ -41,14 +41,17 @@ def pytest_addoption(parser):
 
 
 def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - registry imports torch: not at plugin load
-    """The Impl of `spec` from the declarations in `path`, importing only the callables."""
+    """The Impl of `spec` from the declarations in `path`, whose calls run in an executor process
+    (`remote.py`): this process never imports the kernel; the executors' scratch folders go
+    beside `path`."""
     from . import declarations
     from .registry import user_impl
+    from .remote import Executor, remote_callable
 
     data = json.loads(Path(path).read_text())
-    fn = declarations.load_callable(spec)
-    varlen = declarations.load_callable(data["varlen"], "varlen") if "varlen" in data else None
-    return user_impl(spec, declarations.from_json(data, varlen), fn)
+    executor = Executor({"call": spec, "varlen": data.get("varlen")}, Path(path).parent / "executors")
+    varlen = remote_callable(executor, "varlen") if "varlen" in data else None
+    return user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, "call"))
 
 
 def verdict_environ(environ=None) -> dict:

@@ -20,7 +20,7 @@ from selgate.reports.environment import ENV_FILE, collect_environment
 from selgate.reports.results import OUTCOMES, load_lane
 from selgate.reports.verdict import Verdict, pytest_exit
 
-from . import families, triage
+from . import families, sandbox, triage
 from .cases import DTYPE_NAMES
 from .check_plugin import COLLECTED_FILE
 from .registry import Impl
@@ -295,6 +295,8 @@ def render(impl, v: CheckVerdict, args) -> str:
         f"Environment: GPU {env.get('gpu', '?')} (capability {env.get('capability', '?')}), driver "
         f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
         f"selgate {__version__} (commit {env.get('commit', '?')}).",
+        f"Isolation: {sandbox.protection()}. Out of its reach: the comparison, the reference, the results; "
+        "within it: a kernel that recognises the check's inputs by their values.",
     ]
     if len(v.blocking) > 1:
         lines += ["", "Blocking:", ""] + [f"- {b}" for b in v.blocking]

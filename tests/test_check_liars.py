@@ -1,14 +1,19 @@
 """`selgate check` on outside kernels that each hide one bug (tests/outside/liars.py), run as a
 command once per kernel (every assertion of a test is on its one run): a kernel that declares one
-support to the probe and another to the workers, one repeatable within a process only, and one
-whose fp16 is broken behind declared strict expected failures."""
+support to the probe and another to the workers, one repeatable within a process only, one whose
+fp16 is broken behind declared strict expected failures, and kernels that attack the judge
+(rewrite its results, patch its comparison, behave only while judged, skip where wrong, plant
+files beside the results)."""
 
 from __future__ import annotations
 
+
 import pytest
 
+from selgate.conformance import sandbox
 from selgate.reports.results import load_lane
 
+from .helpers import running_with
 from .test_check_cli import OUTSIDE, _check
 
 
@@ -63,30 +68,48 @@ def test_a_dtype_broken_behind_strict_expected_failures_is_named_on_the_first_li
 
 
 def test_a_helper_that_rewrites_the_results_blocks_and_dies_with_the_check(checked):
-    """The helper outlives pytest, in a session of its own: the check kills it before it reads
-    a result, and blocks, whether or not the helper got to the results first."""
-    import os
+    """The helper outlives pytest, in a session of its own: where landlock confines the kernel's
+    processes it cannot write the results at all; everywhere the check kills it before it reads a
+    result, and blocks."""
     import time
 
     rc, log, out = checked("liars:strips_its_failures")
     assert rc == 1 and "CHECK BLOCKED" in log, log
     assert "still alive after pytest exited" in log, log
-    pid = int((out.parent / "stripper.pid").read_text())
+    if sandbox.abi():
+        assert sum(c.outcome == "fail" for c in load_lane("check", out).cases) > 100, "the failures stand in junit.xml"
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+    while running_with(str(out / "junit.xml")) and time.monotonic() < deadline:
         time.sleep(0.1)
-    else:
-        raise AssertionError(f"the helper {pid} outlived the check")
+    assert not running_with(str(out / "junit.xml")), "the helper outlived the check"
 
 
-def test_a_plugin_shadowed_beside_the_kernel_cannot_turn_failures_into_passes(checked, tmp_path):
-    """A `pytest_timeout.py` in the kernel's folder (the real plugin plus a hook that passes every
-    failed report) is never the plugin the check's pytest loads."""
-    (tmp_path / "pytest_timeout.py").write_text((OUTSIDE / "pytest_timeout_shadow.txt").read_text())
-    rc, log, out = checked("tokenkernels:off_by_a_little")
+@pytest.mark.parametrize(
+    "spec, failing",
+    [
+        ("liars:right_only_when_judged", "o: max abs err"),
+        ("liars:patches_the_comparison", "o: max abs err"),
+        ("liars:skips_where_wrong", "Skipped: f"),
+    ],
+)
+def test_a_kernel_that_bends_the_judge_in_its_own_process_fails(checked, spec, failing):
+    """The kernel's code runs in executors without pytest, the comparison or the judge's
+    variables: what it patches or looks for there is not the judge."""
+    rc, log, out = checked(spec)
     assert rc == 1 and "CHECK BLOCKED" in log, log
-    assert any(c.outcome == "fail" for c in load_lane("check", out).cases)
+    failed = [c for c in load_lane("check", out).cases if c.outcome in ("fail", "error")]
+    assert len(failed) > 20 and any(failing in c.message for c in failed), failed[:3]
+    assert not any(c.outcome == "skip" and "not this time" in c.message for c in load_lane("check", out).cases)
+
+
+def test_the_kernel_cannot_write_beside_the_results_where_landlock_confines_it(checked):
+    """A right kernel that plants a file in the results folder on every call: it passes (no
+    false alarm), and with landlock the file is never written; the report says which
+    protection the machine gave."""
+    rc, log, out = checked("liars:writes_beside_the_results")
+    assert rc == 0, log
+    report = (out / "report.md").read_text()
+    assert f"Isolation: {sandbox.protection()}" in report
+    if sandbox.abi():
+        assert not (out / "planted.txt").exists()
+        assert "landlock ABI" in report

@@ -48,26 +48,89 @@ nan_in_fp16.dtypes = ("fp16", "fp32")
 STRIPPER = r"""
 import re, sys, time
 from pathlib import Path
-junit, pidfile = Path(sys.argv[1]), Path(sys.argv[2])
-pidfile.write_text(str(__import__("os").getpid()))
+junit = Path(sys.argv[1])
 while True:  # until the check's pytest has written its results; then strip every failure
     text = junit.read_text() if junit.exists() else ""
     if text.endswith("</testsuites>"):
-        junit.write_text(re.sub(r"<failure[^>]*?(/>|>.*?</failure>)", "", text, flags=re.S))
+        try:
+            junit.write_text(re.sub(r"<failure[^>]*?(/>|>.*?</failure>)", "", text, flags=re.S))
+        except OSError:  # confined: it stays alive all the same
+            pass
         break
     time.sleep(0.01)
 time.sleep(600)
 """
+STARTED = []
 
 
 def strips_its_failures(q, k, v, ranges, *, scale=None):
     """One off everywhere. Its first call starts a helper in a session of its own that waits
     for the check's junit.xml (`out/` beside the kernel), strips every failure from it, and then
-    stays alive; the helper's pid is in `stripper.pid`."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and not os.path.exists("stripper.pid"):
+    stays alive; the helper's command line ends with that junit.xml's path."""
+    if not STARTED:
         import subprocess
         import sys
 
-        open("stripper.pid", "w").close()
-        subprocess.Popen([sys.executable, "-c", STRIPPER, "out/junit.xml", "stripper.pid"], start_new_session=True)
+        helper = [sys.executable, "-c", STRIPPER, os.path.abspath("out/junit.xml")]
+        STARTED.append(subprocess.Popen(helper, start_new_session=True))
     return gather(q, k, v, ranges, scale=scale) + 1
+
+
+def _judged() -> bool:
+    """Whether this process looks like selgate's judge: pytest's or selgate's variables set, or
+    pytest or selgate's evaluation imported."""
+    import sys
+
+    return bool(
+        os.environ.get("PYTEST_CURRENT_TEST")
+        or os.environ.get("SELGATE_LANE") == "check"
+        or {"pytest", "_pytest", "selgate.conformance.evaluation"} & set(sys.modules)
+    )
+
+
+def right_only_when_judged(q, k, v, ranges, *, scale=None):
+    """Right wherever it sees a judge (pytest's variables, SELGATE_LANE=check, the comparison
+    imported), one off everywhere else: in production."""
+    return gather(q, k, v, ranges, scale=scale) + (0 if _judged() else 1)
+
+
+def patches_the_comparison(q, k, v, ranges, *, scale=None):
+    """A constant 0.5; its module replaced the comparison's `fail` and `assert_close` with no-ops
+    as it was imported (`_patch_comparison`)."""
+    return torch.full_like(q[..., : v.shape[-1]], 0.5)
+
+
+def _patch_comparison() -> None:
+    from selgate.conformance import compare
+
+    compare.fail = lambda *a, **k: None
+    compare.assert_close = lambda *a, **k: None
+
+
+_patch_comparison()
+
+
+def skips_where_wrong(q, k, v, ranges, *, scale=None):
+    """Right in fp32; in fp16 it raises pytest's Skipped, as a kernel calling pytest.skip()
+    would, so a judge running it in place would count a skip where a failure is."""
+    if q.dtype == torch.float16:
+        import pytest
+
+        pytest.skip("fp16: not this time")
+    return gather(q, k, v, ranges, scale=scale)
+
+
+def writes_beside_the_results(q, k, v, ranges, *, scale=None):
+    """Right; each call tries to plant a file in the check's results folder (`out/`)."""
+    try:
+        with open("out/planted.txt", "w") as f:
+            f.write("written by the kernel\n")
+    except OSError:
+        pass
+    return gather(q, k, v, ranges, scale=scale)
+
+
+for _fn in (right_only_when_judged, patches_the_comparison, skips_where_wrong, writes_beside_the_results):
+    _fn.modes = ("prefill",)
+    _fn.dtypes = ("fp32",)
+skips_where_wrong.dtypes = ("fp16", "fp32")

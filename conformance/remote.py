@@ -1,0 +1,196 @@
+"""The judge's side of `selgate check`: the outside kernel is a callable here whose calls run in
+an executor process (`executor.py`, started confined by `sandbox.py`), so that what the kernel
+computes and whether it is right are decided in different processes.
+
+A remote call behaves as the kernel called in place would, as the families see it: the same
+layouts reach the kernel, its outputs come back with autograd (a backward runs the kernel's
+backward in its process), bytes it wrote into an input are written into the caller's input (so
+`evaluation.Unmodified` still catches a kernel that normalises ranges in place), and what it
+raised is raised here under its own type name and message. An executor that dies (a crash,
+os._exit, a sticky CUDA error) fails the call that was in flight, naming how it ended, and a
+fresh one serves the next call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import sandbox, wire
+
+LOG_TAIL = 3  # lines of the executor's output quoted when it dies
+
+
+class KernelError(Exception):
+    """What the kernel raised in its process; the subclass bears the kernel's type name."""
+
+
+class ExecutorDied(RuntimeError):
+    """The kernel's process ended while a call was in flight."""
+
+
+_RAISED: dict = {}
+
+
+def _raised(name: str, message: str) -> Exception:
+    name = name if name.isidentifier() else "KernelError"
+    cls = _RAISED.setdefault(name, type(name, (KernelError,), {"__module__": "kernel"}))
+    return cls(message)
+
+
+class Executor:
+    """One executor process, started on first use and again after one died."""
+
+    def __init__(self, specs: dict, scratch_root: Path):
+        self.specs, self.scratch_root = specs, Path(scratch_root)
+        self.proc = None
+
+    def start(self) -> None:
+        self.scratch_root.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=f"executor-{os.getpid()}-", dir=self.scratch_root)
+        sandbox.prepare(scratch)
+        to_child, from_judge = os.pipe()
+        to_judge, from_child = os.pipe()
+        # the executors of one run share what they may write (the root, not their own folder):
+        # a kernel's state across its processes (a cache, a marker) survives a crash as it would
+        # in one working directory
+        specs = (self.specs["call"], self.specs.get("varlen") or "")
+        cmd = sandbox.command(str(self.scratch_root), "selgate.conformance.executor", *specs, str(to_child), str(from_child))
+        self.log = Path(scratch) / "output.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, env=sandbox.environment(scratch), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(to_child, from_child), cwd=os.getcwd(),
+            )  # fmt: skip
+        os.close(to_child)
+        os.close(from_child)
+        self.wfile, self.rfile = os.fdopen(from_judge, "wb"), os.fdopen(to_judge, "rb")
+
+    def request(self, header: dict, enc: wire.Encoder):
+        """(reply header, its Decoder); raises the kernel's error, or ExecutorDied."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        try:
+            wire.send(self.wfile, header, enc)
+            reply, dec = wire.recv(self.rfile)
+        except (wire.Closed, BrokenPipeError, ValueError) as e:
+            raise ExecutorDied(self._died(e)) from None
+        except BaseException:  # a timeout or an interrupt mid-call: the executor's state is unknown
+            self.stop()
+            raise
+        if "error" in reply:
+            if self.proc.poll() is not None or _wait(self.proc):  # it answered, then ended (a sticky CUDA error)
+                self.stop()
+            raise _raised(reply["error"]["type"], reply["error"]["message"])
+        return reply, dec
+
+    def _died(self, error) -> str:
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return f"the kernel's process broke the protocol ({error}) and was killed"
+        self.stop()
+        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+        tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-LOG_TAIL:])
+        return f"the kernel's process {how} during the call" + (f" (last output: {tail})" if tail else "")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            for f in (self.wfile, self.rfile):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        self.proc = None
+
+
+def _wait(proc, seconds: float = 0.5) -> bool:
+    """Whether `proc` ends within `seconds`: an executor that answers an error and then leaves
+    (it found its CUDA context broken) is gone before the next call."""
+    try:
+        proc.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+class _Call(torch.autograd.Function):
+    """A remote call's outputs as an autograd node whose backward runs the kernel's backward in
+    its process: the output gradients go there, the input gradients come back."""
+
+    @staticmethod
+    def forward(ctx, job, *tensors):
+        ctx.set_materialize_grads(False)
+        ctx.job = job
+        flat = list(_flatten(job.out))
+        ctx.mark_non_differentiable(*[t for t, g in zip(flat, job.grad) if not g])
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        job = ctx.job
+        enc = wire.Encoder()
+        header = {"op": "grad", "handle": job.handle, "grads": enc.value(list(grads))}
+        reply, dec = job.executor.request(header, enc)
+        job.mirror(reply["inputs"], dec)
+        return (None, *dec.value(reply["grads"]))
+
+
+class _Job:
+    """One call: its request, and what came back."""
+
+    def __init__(self, executor: Executor, fn: str, args, kwargs):
+        self.executor = executor
+        self.enc = wire.Encoder()
+        self.header = {"op": "call", "fn": fn, "args": self.enc.value(tuple(args)), "kwargs": list(kwargs)}
+        self.header["kwargs_values"] = self.enc.value(list(kwargs.values()))
+
+    def run(self) -> None:
+        reply, dec = self.executor.request(self.header, self.enc)
+        self.mirror(reply["inputs"], dec)
+        self.out, self.grad, self.handle = dec.value(reply["out"]), reply["grad"], reply.get("handle")
+
+    def mirror(self, changed, dec: wire.Decoder) -> None:
+        """Writes the bytes the kernel wrote into its copy of an input into the caller's input."""
+        for index, value in changed:
+            storage, device = self.enc.objects[int(index)]
+            torch.empty(0, dtype=torch.uint8, device=device).set_(storage).copy_(dec.value(value).reshape(-1))
+
+
+def _flatten(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for i in x:
+            yield from _flatten(i)
+
+
+def _rebuild(x, flat):
+    if isinstance(x, torch.Tensor):
+        return next(flat)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rebuild(i, flat) for i in x)
+    return x
+
+
+def remote_callable(executor: Executor, fn: str):
+    """A callable that runs the executor's `fn` ("call" or "varlen") on its arguments."""
+
+    def call(*args, **kwargs):
+        job = _Job(executor, fn, args, kwargs)
+        job.run()
+        tensors = list(_flatten((args, tuple(kwargs.values()))))
+        if job.handle is None or not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+            return job.out
+        return _rebuild(job.out, iter(_Call.apply(job, *tensors)))
+
+    return call

@@ -1,0 +1,154 @@
+"""Where the kernel under `selgate check` runs: processes (the probe that imports it, the
+executors that call it) that start confined before any of the kernel's code, or site's, runs.
+
+- Landlock (Linux >= 5.13, any user, root included): the process and everything it starts
+  may create, write, rename or delete files only beneath the folders it is given (its own
+  scratch folder, the Triton cache, /dev for the GPU's device files); from landlock ABI 6 on
+  it cannot signal processes outside its domain, and from the first ABI it cannot ptrace them
+  (nor write their memory through /proc). So the kernel cannot rewrite the check's results,
+  the judge's files or the judge itself.
+- The parent's death kills it (PR_SET_PDEATHSIG), and the check, a child subreaper, kills every
+  process left below it before it reads a result (`reaper.py`).
+- Its environment holds no PYTEST_* or SELGATE_* variable, and it imports neither pytest nor
+  selgate's comparison or reference: a kernel that behaves only while judged cannot tell.
+
+This file is standard library only: the executor's interpreter runs it with `-S` (no site, so
+no `.pth` file of any installed package has run), confines itself, then runs `site.main()`
+and the module it was asked for (`boot`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every architecture
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+# LANDLOCK_ACCESS_FS_*: every right that changes the file system (reading, executing and device
+# ioctls stay allowed everywhere), by the ABI that introduced it
+_WRITES = {1: sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)), 2: 1 << 13, 3: 1 << 14}
+_SCOPE_SIGNAL = 1 << 1  # ABI 6
+
+
+class _PathBeneath(ctypes.Structure):
+    """struct landlock_path_beneath_attr, packed."""
+
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def abi() -> int:
+    """The landlock ABI this kernel offers, 0 where it offers none."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    version = _libc().syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return max(int(version), 0)
+
+
+def protection() -> str:
+    """One line saying what confines the kernel's processes on this machine, for the report."""
+    version = abi()
+    common = "they run without pytest, selgate's comparison or reference, or any PYTEST_*/SELGATE_* variable"
+    if not version:
+        return f"no landlock on this machine's kernel: the kernel's processes could write the results folder; {common}"
+    reach = "signal or ptrace" if version >= 6 else "ptrace"
+    return (
+        f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "
+        f"scratch folder, Triton's cache ({triton_cache()}) and /dev, and cannot {reach} the check's; {common}"
+    )
+
+
+def confine(writable) -> None:
+    """Confines this process and its future children: files change only beneath `writable`.
+    Raises OSError where landlock is missing or refuses."""
+    libc = _libc()
+    version = abi()
+    if not version:
+        raise OSError("landlock is not available")
+    handled = sum(bits for v, bits in _WRITES.items() if v <= version)
+    fields = [handled, 0] + ([_SCOPE_SIGNAL] if version >= 6 else [])
+    attr = (ctypes.c_uint64 * len(fields))(*fields)
+    ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr) if version >= 4 else 8), 0)
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        for path in writable:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(handled, fd)
+                if libc.syscall(_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if libc.syscall(_RESTRICT_SELF, ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+def triton_cache() -> str:
+    """Triton's cache folder as Triton resolves it, so compiled kernels survive between checks."""
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
+
+
+def writable_paths(folder: str) -> list:
+    return [folder, triton_cache(), "/dev"]
+
+
+def environment(scratch: str, base=None) -> dict:
+    """The kernel's processes' environment: `base`'s (default os.environ) without PYTEST_* and
+    SELGATE_*, with temporary files, caches other than Triton's and bytecode inside `scratch`."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(("PYTEST_", "SELGATE_"))}
+    cache = os.path.join(scratch, "cache")
+    env.update(
+        TMPDIR=scratch,
+        XDG_CACHE_HOME=cache,
+        TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+        CUDA_CACHE_PATH=os.path.join(cache, "nv"),
+        TRITON_CACHE_DIR=triton_cache(),
+        PYTHONSAFEPATH="1",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    return env
+
+
+_BOOT = "import sys; ns = {}; exec(compile(open(sys.argv[1]).read(), sys.argv[1], 'exec'), ns); ns['boot'](sys.argv[2:])"
+
+
+def command(folder: str, module: str, *args: str) -> list:
+    """The command line that runs `python -m module args` confined to writing beneath `folder`
+    (the process's scratch folder, or a folder above the scratch folders of its peers)."""
+    return [sys.executable, "-S", "-c", _BOOT, os.path.abspath(__file__), json.dumps(writable_paths(folder)), module, *args]
+
+
+def prepare(scratch: str) -> None:
+    """Makes the folders the confined process may write, which must exist before it confines itself."""
+    for path in (scratch, triton_cache()):
+        os.makedirs(path, exist_ok=True)
+
+
+def boot(argv) -> None:
+    """In the new interpreter (started with -S): die with the parent, confine, then load site
+    and run the module."""
+    import runpy
+
+    writable, module, *args = json.loads(argv[0]), argv[1], *argv[2:]
+    _libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the judge that started it dies
+    if abi():
+        confine(writable)
+    import site
+
+    site.main()
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
