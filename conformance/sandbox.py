@@ -3,7 +3,7 @@ executors that call it) that start confined before any of the kernel's code, or 
 
 - Landlock (Linux >= 5.13, any user, root included): the process and everything it starts
   may create, write, rename or delete files only beneath the folders it is given (its own
-  scratch folder, the Triton cache, /dev for the GPU's device files); from landlock ABI 6 on
+  scratch folder, the Triton cache, /dev and /proc for CUDA); from landlock ABI 6 on
   it cannot signal processes outside its domain, and from the first ABI it cannot ptrace them
   (nor write their memory through /proc). So the kernel cannot rewrite the check's results,
   the judge's files or the judge itself.
@@ -62,7 +62,7 @@ def protection() -> str:
     reach = "signal or ptrace" if version >= 6 else "ptrace"
     return (
         f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "
-        f"scratch folder, Triton's cache ({triton_cache()}) and /dev, and cannot {reach} the check's; {common}"
+        f"scratch folder, Triton's cache ({triton_cache()}), /dev and /proc, and cannot {reach} the check's; {common}"
     )
 
 
@@ -103,7 +103,11 @@ def triton_cache() -> str:
 
 
 def writable_paths(folder: str) -> list:
-    return [folder, triton_cache(), "/dev"]
+    """`folder`, Triton's cache, /dev (the GPU's device files) and /proc: CUDA's initialisation
+    fails (cudaGetDeviceCount, error 304) where /proc cannot be written, on an H100 with landlock
+    ABI 7. /proc of another process stays closed: landlock refuses ptrace access to processes
+    outside the domain, which /proc/<pid>/mem, fd and the like require."""
+    return [folder, triton_cache(), "/dev", "/proc"]
 
 
 def environment(scratch: str, base=None) -> dict:
