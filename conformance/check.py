@@ -241,6 +241,7 @@ def _run(args, out: Path) -> CheckVerdict:
     with Cut(runner.cut) as cut, tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
         tmp = Path(tmp)
         impl, load_error = load(args, runner, tmp, env)
+        isolation = sandbox.recorded(tmp / "probe")
         if impl is not None and cut.signal is None:
             print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
             runner.start(check_command(args, out / "junit.xml", tmp, tmp / "sums-1"), env, graceful=True)
@@ -261,6 +262,7 @@ def _run(args, out: Path) -> CheckVerdict:
         size=args.size,
         left_behind=runner.left_behind,
     )
+    verdict.isolation = isolation
     write_process_failures(out, verdict)
     verdict.write_repros(out, args)
     (out / "report.md").write_text(render(impl, verdict, args))

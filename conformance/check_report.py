@@ -20,7 +20,7 @@ from selgate.reports.environment import ENV_FILE, collect_environment
 from selgate.reports.results import OUTCOMES, load_lane
 from selgate.reports.verdict import Verdict, pytest_exit
 
-from . import families, sandbox, triage
+from . import families, triage
 from .cases import DTYPE_NAMES
 from .check_plugin import COLLECTED_FILE
 from .registry import Impl
@@ -44,6 +44,7 @@ class CheckVerdict(Verdict):
     size: str | None = None  # the largest case size class run
     xfails: Counter = field(default_factory=Counter)  # dtype (or "bad input") -> declared expected failures
     uncovered: list = field(default_factory=list)  # what no case ran of: "families a, b", "dtype bf16", "mode decode"
+    isolation: str = "not started"  # how the kernel's processes were confined, as the probe recorded it
 
     def scope(self) -> str:
         """The claimed families, then what never ran of the kernel (every case skipped)."""
@@ -295,7 +296,7 @@ def render(impl, v: CheckVerdict, args) -> str:
         f"Environment: GPU {env.get('gpu', '?')} (capability {env.get('capability', '?')}), driver "
         f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
         f"selgate {__version__} (commit {env.get('commit', '?')}).",
-        f"Isolation: {sandbox.protection()}. Out of its reach: the comparison, the reference, the results; "
+        f"Isolation: {v.isolation}. Out of its reach: the comparison, the reference, the results; "
         "within it: a kernel that recognises the check's inputs by their values.",
     ]
     if len(v.blocking) > 1:

@@ -53,17 +53,21 @@ def abi() -> int:
     return max(int(version), 0)
 
 
-def protection() -> str:
-    """One line saying what confines the kernel's processes on this machine, for the report."""
-    version = abi()
-    common = "they run without pytest, selgate's comparison or reference, or any PYTEST_*/SELGATE_* variable"
-    if not version:
-        return f"no landlock on this machine's kernel: the kernel's processes could write the results folder; {common}"
-    reach = "signal or ptrace" if version >= 6 else "ptrace"
-    return (
-        f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "
-        f"scratch folder, Triton's cache ({triton_cache()}), /dev and /proc, and cannot {reach} the check's; {common}"
-    )
+COMMON = "they run without pytest, selgate's comparison or reference, or any PYTEST_*/SELGATE_* variable"
+RECORD = "confinement.txt"  # what `boot` got, written beneath the first folder it may write
+# What a root process may still write beneath /proc that reaches outside its sandbox (kernel
+# settings such as core_pattern run a program outside it): read-only in its own mount namespace,
+# as container runtimes mount them
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+def recorded(folder) -> str:
+    """The confinement a confined process recorded in `folder`, for the report."""
+    try:
+        with open(os.path.join(folder, RECORD)) as f:
+            return f.read().strip()
+    except OSError:
+        return f"unknown (the confined process recorded nothing); {COMMON}"
 
 
 def confine(writable) -> None:
@@ -142,15 +146,49 @@ def prepare(scratch: str) -> None:
         os.makedirs(path, exist_ok=True)
 
 
+def _proc_read_only() -> str:
+    """As root: the kernel settings under /proc read-only in a mount namespace of this process's
+    own (mount(2) is closed to it once landlock confines it, so it cannot undo this)."""
+    if os.geteuid() != 0:
+        return ""
+    if all(os.statvfs(p).f_flag & os.ST_RDONLY for p in PROC_READ_ONLY if os.path.exists(p)):
+        return "; /proc/sys and the other kernel settings read-only (as mounted)"
+    libc = _libc()
+    ms_rdonly, ms_remount, ms_bind, ms_rec, ms_private = 1, 0x20, 0x1000, 0x4000, 1 << 18
+    steps = [lambda: libc.unshare(0x20000), lambda: libc.mount(b"none", b"/", None, ms_rec | ms_private, None)]
+    for path in (p.encode() for p in PROC_READ_ONLY if os.path.exists(p)):
+        steps.append(lambda path=path: libc.mount(path, path, None, ms_bind | ms_rec, None))
+        steps.append(lambda path=path: libc.mount(None, path, None, ms_bind | ms_remount | ms_rdonly, None))
+    for step in steps:
+        if step() != 0:
+            return f"; as root it could write /proc/sys (no mount namespace: {os.strerror(ctypes.get_errno())})"
+    return "; /proc/sys and the other kernel settings read-only in a mount namespace of its own"
+
+
+def confinement(writable) -> str:
+    """Confines this process as far as the machine allows; the line saying how."""
+    version = abi()
+    proc = _proc_read_only()
+    if not version:
+        return f"no landlock on this machine's kernel: the kernel's processes could write the results folder; {COMMON}"
+    confine(writable)
+    reach = "signal or ptrace" if version >= 6 else "ptrace"
+    return (
+        f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "
+        f"scratch folder, Triton's cache ({triton_cache()}), /dev and /proc, and cannot {reach} the check's{proc}; {COMMON}"
+    )
+
+
 def boot(argv) -> None:
-    """In the new interpreter (started with -S): die with the parent, confine, then load site
-    and run the module."""
+    """In the new interpreter (started with -S): die with the parent, confine (recording how),
+    then load site and run the module."""
     import runpy
 
     writable, module, *args = json.loads(argv[0]), argv[1], *argv[2:]
     _libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the judge that started it dies
-    if abi():
-        confine(writable)
+    line = confinement(writable)
+    with open(os.path.join(writable[0], RECORD), "w") as f:
+        f.write(line + "\n")
     import site
 
     site.main()

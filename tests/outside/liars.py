@@ -121,13 +121,21 @@ def skips_where_wrong(q, k, v, ranges, *, scale=None):
 
 
 def writes_beside_the_results(q, k, v, ranges, *, scale=None):
-    """Right; each call tries to plant a file in the check's results folder (`out/`)."""
-    try:
-        with open("out/planted.txt", "w") as f:
-            f.write("written by the kernel\n")
-    except OSError:
-        pass
-    return gather(q, k, v, ranges, scale=scale)
+    """Right, unless one of its writes outside its sandbox lands: each call tries to plant a file
+    in the check's results folder (`out/`) and to write a kernel setting (core_pattern, written
+    back unchanged), and answers one off everywhere once either write succeeded."""
+    escaped = False
+    for path, text in (("out/planted.txt", "written by the kernel\n"), ("/proc/sys/kernel/core_pattern", None)):
+        try:
+            if text is None:
+                with open(path) as f:
+                    text = f.read()
+            with open(path, "w") as f:
+                f.write(text)
+            escaped = True
+        except OSError:
+            pass
+    return gather(q, k, v, ranges, scale=scale) + (1 if escaped else 0)
 
 
 for _fn in (right_only_when_judged, patches_the_comparison, skips_where_wrong, writes_beside_the_results):
