@@ -49,9 +49,9 @@ def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - registry imports to
     from .remote import Executor, remote_callable
 
     data = json.loads(Path(path).read_text())
-    executor = Executor({"call": spec, "varlen": data.get("varlen")}, Path(path).parent / "executors")
-    varlen = remote_callable(executor, "varlen") if "varlen" in data else None
-    return user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, "call"))
+    executor = Executor(Path(path).parent / "executors")
+    varlen = remote_callable(executor, data["varlen"]) if "varlen" in data else None
+    return user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, spec))
 
 
 def verdict_environ(environ=None) -> dict:

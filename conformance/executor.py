@@ -1,13 +1,14 @@
-"""`python -m selgate.conformance.executor SPEC VARLEN_SPEC IN_FD OUT_FD`: the process that calls
-an outside kernel for `selgate check` (started confined by `sandbox.command`, driven by
-`remote.Executor`). It receives inputs, runs the kernel's forward (and, on request, its
+"""`python -m selgate.conformance.executor IN_FD OUT_FD`: the process that calls a kernel for a
+judge (`remote.Executor`: `selgate check`'s workers, started confined by `sandbox.command`, or a
+lane's with `--executors`). It receives inputs, runs the kernel's forward (and, on request, its
 backward), and sends back the outputs, the gradients and the bytes of any input the call wrote
-into; nothing else. No pytest, no reference, no comparison is imported here, and no variable of
-pytest's or selgate's is set: whether a result is right is decided in another process.
+into; nothing else. No pytest, no reference, no comparison is imported here (and under the check
+no variable of pytest's or selgate's is set): whether a result is right is decided elsewhere.
 
-Requests (wire.py): {"op": "call", "fn": "call" | "varlen", "args", "kwargs"} answers
-{"out", "handle", "inputs"}; {"op": "grad", "handle", "grads"} answers {"grads", "inputs"};
-a raising kernel answers {"error": {"type", "message"}}.
+Requests (wire.py): {"op": "call", "fn": SPEC, "args", "kwargs"} answers {"out", "grad",
+"handle", "inputs"}; {"op": "grad", "handle", "grads"} answers {"grads", "inputs"}; a raising
+kernel answers {"error": {"type", "message"}}. SPEC is `package.module:callable`, or
+`registry:NAME` / `registry:NAME.varlen` for a registered implementation's calls.
 """
 
 from __future__ import annotations
@@ -21,25 +22,25 @@ import torch
 from . import wire
 from .poison import poison_cuda_cache
 
-KEPT_GRAPHS = 16  # forward graphs kept for backward requests (gradcheck runs several per forward)
-
 
 class Server:
-    def __init__(self, specs: dict):
-        self.specs = specs
+    def __init__(self):
         self.fns: dict = {}
-        self.graphs: dict = {}  # handle -> (output tensors, input tensors, the inputs' storages)
+        self.graphs: dict = {}  # handle -> (outputs, inputs, their Decoder, q k v): until the judge releases it
         self.next_handle = 0
 
-    def fn(self, name: str):
-        if name not in self.fns:
-            from .declarations import load_callable
+    def fn(self, spec: str):
+        if spec not in self.fns:
+            if spec.startswith("registry:"):
+                from .registry import REGISTRY
 
-            spec = self.specs.get(name)
-            if not spec:
-                raise TypeError(f"no {name} callable is declared")
-            self.fns[name] = load_callable(spec, "varlen" if name == "varlen" else "--impl")
-        return self.fns[name]
+                name, _, part = spec.removeprefix("registry:").partition(".")
+                self.fns[spec] = getattr(REGISTRY[name], part or "call")
+            else:
+                from .declarations import load_callable
+
+                self.fns[spec] = load_callable(spec)
+        return self.fns[spec]
 
     def call(self, header: dict, dec: wire.Decoder) -> tuple[dict, wire.Encoder]:
         args, kwargs = dec.value(header["args"]), dict(zip(header["kwargs"], dec.value(header["kwargs_values"])))
@@ -61,8 +62,6 @@ class Server:
     def keep(self, graph) -> int:
         self.next_handle += 1
         self.graphs[self.next_handle] = graph
-        while len(self.graphs) > KEPT_GRAPHS:
-            self.graphs.pop(next(iter(self.graphs)))
         return self.next_handle
 
     def grad(self, header: dict, dec: wire.Decoder) -> tuple[dict, wire.Encoder]:
@@ -119,13 +118,15 @@ def _changed(enc: wire.Encoder, dec: wire.Decoder, before: list) -> list:
     return out
 
 
-def serve(specs: dict, rfile, wfile) -> None:
-    server = Server(specs)
+def serve(rfile, wfile) -> None:
+    server = Server()
     while True:
         try:
             header, dec = wire.recv(rfile)
         except wire.Closed:
             return
+        for handle in header.get("release", ()):  # graphs the judge no longer holds
+            server.graphs.pop(handle, None)
         try:
             reply, enc = (server.call if header["op"] == "call" else server.grad)(header, dec)
         except Exception as e:  # noqa: BLE001 - whatever the kernel raised is its answer
@@ -149,11 +150,11 @@ def _sticky_cuda_error() -> bool:
 
 
 def main(argv) -> int:
-    spec, varlen, rfd, wfd = argv
+    rfd, wfd = argv
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the kernel's folder: started with PYTHONSAFEPATH, appended last
     with os.fdopen(int(rfd), "rb") as rfile, os.fdopen(int(wfd), "wb") as wfile:
-        serve({"call": spec, "varlen": varlen}, rfile, wfile)
+        serve(rfile, wfile)
     return 0
 
 

@@ -53,6 +53,13 @@ def pytest_addoption(parser):
         "package.module:callable named by --impl, for a kernel whose module you do not own",
     )
     group.addoption(
+        "--executors",
+        action="store_true",
+        default=False,
+        help="run the registered implementations' calls in an executor process of each worker, "
+        "as selgate check runs an outside kernel (unconfined: the reviewed tree's own kernels)",
+    )
+    group.addoption(
         "--checksums",
         default=None,
         metavar="DIR",
@@ -84,10 +91,9 @@ def pytest_configure(config):
     spec = config.getoption("--impl")
     here = str(config.invocation_params.dir)
     decided = getattr(config.option, "check_declared", None)  # selgate check's workers (check_plugin)
-    if spec and ":" in spec and here not in sys.path:
-        # as `python -m pytest` has it: the kernel's module beside the caller; last in the check,
-        # so that nothing there shadows what the workers import later
-        sys.path.append(here) if decided else sys.path.insert(0, here)
+    if spec and ":" in spec and here not in sys.path and not decided:
+        sys.path.insert(0, here)  # as `python -m pytest` has it: the kernel's module beside the caller
+        # (under selgate check the workers judge and never import it: its executors do)
     try:
         if decided:
             from .check_plugin import decided_impl
@@ -95,6 +101,8 @@ def pytest_configure(config):
             config._selgate_impls = [decided_impl(spec, decided)]
         else:
             config._selgate_impls = resolve(spec, declare=config.getoption("--declare"))
+        if config.getoption("--executors"):
+            config._selgate_impls = _in_executors(config._selgate_impls)
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
         raise pytest.UsageError(str(e)) from e
     if config.getoption("--checksums"):
@@ -104,6 +112,20 @@ def pytest_configure(config):
         determinism.CHECKSUMS["dir"] = str(Path(config.getoption("--checksums")).resolve())
     if spec and not config.option.collectonly:  # a collection runs nothing, by design
         config.pluginmanager.register(RanCount(impl.name for impl in config._selgate_impls), "selgate-ran-count")
+
+
+def _in_executors(impls: list) -> list:
+    """The registered implementations' calls in one executor process of this worker."""
+    import tempfile
+
+    from .registry import REGISTRY
+    from .remote import Executor, in_executor
+
+    outside = [i.name for i in impls if i.name not in REGISTRY]
+    if outside:
+        raise ValueError(f"--executors: runs registered implementations only; {', '.join(outside)} is not one")
+    executor = Executor(Path(tempfile.mkdtemp(prefix="selgate-executors-")), confined=False)
+    return [in_executor(impl, executor) for impl in impls]
 
 
 def run_device() -> str:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -44,27 +46,34 @@ def _raised(name: str, message: str) -> Exception:
 
 
 class Executor:
-    """One executor process, started on first use and again after one died."""
+    """One executor process, started on first use and again after one died. `confined`: started
+    by `sandbox.command` (the check: the kernel is untrusted); otherwise a plain child with this
+    process's environment (a lane's `--executors`: the reviewed tree's own kernels)."""
 
-    def __init__(self, specs: dict, scratch_root: Path):
-        self.specs, self.scratch_root = specs, Path(scratch_root)
+    def __init__(self, scratch_root: Path, confined: bool = True):
+        self.scratch_root, self.confined = Path(scratch_root), confined
         self.proc = None
+        self.released: list = []  # graphs whose autograd node is gone, told with the next request
 
     def start(self) -> None:
         self.scratch_root.mkdir(parents=True, exist_ok=True)
         scratch = tempfile.mkdtemp(prefix=f"executor-{os.getpid()}-", dir=self.scratch_root)
-        sandbox.prepare(scratch)
         to_child, from_judge = os.pipe()
         to_judge, from_child = os.pipe()
-        # the executors of one run share what they may write (the root, not their own folder):
-        # a kernel's state across its processes (a cache, a marker) survives a crash as it would
-        # in one working directory
-        specs = (self.specs["call"], self.specs.get("varlen") or "")
-        cmd = sandbox.command(str(self.scratch_root), "selgate.conformance.executor", *specs, str(to_child), str(from_child))
+        fds = (str(to_child), str(from_child))
+        if self.confined:
+            # the executors of one run share what they may write (the root, not their own folder):
+            # a kernel's state across its processes (a cache, a marker) survives a crash as it would
+            # in one working directory
+            sandbox.prepare(scratch)
+            cmd = sandbox.command(str(self.scratch_root), "selgate.conformance.executor", *fds)
+            env = sandbox.environment(scratch)
+        else:
+            cmd, env = [sys.executable, "-m", "selgate.conformance.executor", *fds], None
         self.log = Path(scratch) / "output.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                cmd, env=sandbox.environment(scratch), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(to_child, from_child), cwd=os.getcwd(),
             )  # fmt: skip
         os.close(to_child)
@@ -75,6 +84,7 @@ class Executor:
         """(reply header, its Decoder); raises the kernel's error, or ExecutorDied."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
+        header, self.released = {**header, "release": self.released}, []
         try:
             wire.send(self.wfile, header, enc)
             reply, dec = wire.recv(self.rfile)
@@ -99,6 +109,10 @@ class Executor:
         how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
         tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-LOG_TAIL:])
         return f"the kernel's process {how} during the call" + (f" (last output: {tail})" if tail else "")
+
+    def release(self, proc, handle) -> None:
+        if proc is self.proc:  # a graph of an executor that died died with it
+            self.released.append(handle)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -183,14 +197,25 @@ def _rebuild(x, flat):
 
 
 def remote_callable(executor: Executor, fn: str):
-    """A callable that runs the executor's `fn` ("call" or "varlen") on its arguments."""
+    """A callable that runs `fn` (an executor SPEC: `package.module:callable`, `registry:NAME`
+    or `registry:NAME.varlen`) in `executor` on its arguments."""
 
     def call(*args, **kwargs):
         job = _Job(executor, fn, args, kwargs)
         job.run()
         tensors = list(_flatten((args, tuple(kwargs.values()))))
+        if job.handle is not None:  # the executor keeps the graph until the node holding this job is gone
+            weakref.finalize(job, executor.release, executor.proc, job.handle)
         if job.handle is None or not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
             return job.out
         return _rebuild(job.out, iter(_Call.apply(job, *tensors)))
 
     return call
+
+
+def in_executor(impl, executor: Executor):
+    """`impl` (a registered implementation) with its calls run in `executor`."""
+    import dataclasses
+
+    varlen = remote_callable(executor, f"registry:{impl.name}.varlen") if impl.varlen else None
+    return dataclasses.replace(impl, call=remote_callable(executor, f"registry:{impl.name}"), varlen=varlen)

@@ -1,0 +1,108 @@
+"""The executor boundary of `selgate check` (conformance/remote.py, executor.py, wire.py): a
+kernel called through it behaves as the kernel called in place, as the families see it, in
+another process: the same outputs and gradients bit for bit, the layouts it was handed, its
+writes into an input, its exceptions by name, and a crash as that call's error only."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from selgate.conformance.remote import Executor, ExecutorDied, KernelError, remote_callable
+from selgate.reference import normalize_ranges
+
+from .helpers import random_inputs
+from .test_check_cli import OUTSIDE
+
+
+@pytest.fixture
+def executor(tmp_path, monkeypatch):
+    """A confined executor serving the outside kernels (tests/outside) and `tmp_path`'s modules."""
+    for f in OUTSIDE.glob("*.py"):
+        (tmp_path / f.name).write_text(f.read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ex = Executor(tmp_path / "executors")
+    yield ex
+    ex.stop()
+
+
+def _inputs(requires_grad=False):
+    q, k, v, r = random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.float64, seed=3)
+    big = torch.randn(3, *k.shape[1:], dtype=k.dtype)  # k as a view at a storage offset
+    big[1:] = k
+    k = big[1:]
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)] + [r]
+
+
+def test_a_remote_call_gives_what_the_call_in_place_gives_forward_and_backward(executor):
+    from tokenkernels import gather
+
+    remote = remote_callable(executor, "tokenkernels:gather")
+    q, k, v, r = _inputs(requires_grad=True)
+    assert k.storage_offset() > 0
+    o = remote(q, k, v, r, scale=0.3)
+    o_here = gather(q, k, v, r, scale=0.3)
+    assert torch.equal(o, o_here) and o.requires_grad
+    do = torch.randn_like(o)
+    assert all(
+        torch.equal(a, b) for a, b in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(o_here, (q, k, v), do))
+    )
+    assert executor.proc.pid != os.getpid() and executor.proc.poll() is None
+
+
+def test_gradcheck_runs_through_the_boundary(executor):
+    remote = remote_callable(executor, "tokenkernels:gather")
+    q, k, v, r = _inputs(requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: remote(q, k, v, r), (q, k, v), eps=1e-6, atol=1e-5)
+
+
+def test_the_kernels_writes_into_an_input_come_back_into_the_callers_input(executor):
+    remote = remote_callable(executor, "selgate.conformance.badimpls:_normalises_in_place")
+    q, k, v, r = _inputs()
+    before = r.clone()
+    remote(q, k, v, r)
+    assert not torch.equal(r, before) and torch.equal(r, normalize_ranges(before, k.shape[2]))
+
+
+def test_the_kernels_exception_keeps_its_type_name_and_message(executor):
+    remote = remote_callable(executor, "tokenkernels:gather")
+    q, k, v, r = _inputs()
+    with pytest.raises(KernelError, match=r"\bq\b") as raised:
+        remote(q[0], k, v, r)
+    assert type(raised.value).__name__ == "ValueError"
+
+
+def test_a_crash_fails_its_call_and_a_fresh_executor_serves_the_next(executor, tmp_path):
+    (tmp_path / "crashy.py").write_text(
+        "import os\nfrom tokenkernels import gather\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    if q.shape[0] == 1:\n        os.abort()\n"
+        "    return gather(q, k, v, ranges, scale=scale)\n"
+    )
+    remote = remote_callable(executor, "crashy:fn")
+    q, k, v, r = _inputs()
+    with pytest.raises(ExecutorDied, match="killed by SIGABRT during the call"):
+        remote(q[:1], k[:1], v[:1], r[:1])
+    assert remote(q, k, v, r).shape == (*q.shape[:4], v.shape[-1])
+
+
+def test_the_executor_holds_no_judge(executor, tmp_path):
+    """No pytest, no comparison or reference module, no PYTEST_* or SELGATE_* variable."""
+    (tmp_path / "looks.py").write_text(
+        "import os, sys\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    seen = [m for m in ('pytest', '_pytest', 'selgate.conformance.compare', 'selgate.conformance.evaluation',\n"
+        "        'selgate.reference') if m in sys.modules]\n"
+        "    seen += [k for k in os.environ if k.startswith(('PYTEST_', 'SELGATE_'))]\n"
+        "    raise RuntimeError(repr(seen))\n"
+    )
+    q, k, v, r = _inputs()
+    os.environ["SELGATE_LANE"] = "check"
+    try:
+        with pytest.raises(KernelError, match=r"^\[\]$"):
+            remote_callable(executor, "looks:fn")(q, k, v, r)
+    finally:
+        del os.environ["SELGATE_LANE"]
