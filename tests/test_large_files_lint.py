@@ -57,7 +57,9 @@ def test_listed_large_files_pass(repo):
     reason="needs the repository's git checkout (images leave .git out)",
 )
 def test_the_repository_passes_its_own_size_check():
-    """Every tracked file over 1 MB here is on the allow-list, and the tree stays under 8 MB."""
+    """Every tracked file over 1 MB here is on the allow-list, and the tree stays under 9 MB (8.3 MB
+    once the sm90 lane's evidence held the default matrix's 9170 tests: its manifest and inventory
+    are 1.0 MB each)."""
     sizes = subprocess.run(
         "git ls-files -s | sed 's/^[0-9]* \\([0-9a-f]*\\) [0-9]*\\t/\\1 /' | git cat-file --batch-check='%(objectsize) %(rest)'",
         shell=True,
@@ -73,4 +75,4 @@ def test_the_repository_passes_its_own_size_check():
         if line.strip() and not line.startswith("#")
     }
     assert [p for n, p in rows if int(n) > 1 << 20 and p not in allowed] == []
-    assert sum(int(n) for n, _ in rows) < 8_000_000
+    assert sum(int(n) for n, _ in rows) < 9_000_000
