@@ -294,6 +294,7 @@ def find_bad_input(impl: Impl, name: str) -> tuple:
 _HEAD = """# Reproduces root cause {signature} ({count} failure(s)) of `selgate check {impl}`
 # on its smallest case, {nodeid}.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
+# Exit status 1 while the case fails, 0 once it passes (`git bisect run python <this file>`).
 import os
 import sys
 
@@ -317,6 +318,7 @@ try:
     print("{family}: passed on this case")
 except ConformanceFailure as e:
     print(f"{family} FAILED: {{e}}")
+    sys.exit(1)
 """
 
 _BATCHED = """o, lse = impl.forward(q, k, v, ranges, scale=inp.scale)
@@ -334,6 +336,7 @@ try:
     print(f"bad input {name}: an error naming {{bad.arg!r}}, as required")
 except ConformanceFailure as e:
     print(f"bad_input FAILED: {{e}}")
+    sys.exit(1)
 """
 
 

@@ -252,14 +252,15 @@ def kernels(tmp_path, monkeypatch):
     sys.modules.pop("mykern", None)
 
 
-def run_reproducer(cause, cwd, impl):
-    """The stdout of the cause's reproducer, written under `cwd` and run there in a fresh process."""
+def run_reproducer(cause, cwd, impl, status=1):
+    """The stdout of the cause's reproducer, written under `cwd` and run there in a fresh process,
+    which exits `status`: 1 while the case fails (so `git bisect run` can use it), 0 once it passes."""
     path = triage.write_reproducers([cause], cwd / "out", impl=impl, declare=None, size="tiny", device="cpu")[cause.signature]
     assert path == cwd / "out" / "repro" / "cause-1.py"
     assert len(path.read_text().splitlines()) <= 35
     env = {**os.environ, "PYTHONPATH": str(OUTSIDE), "PYTHONDONTWRITEBYTECODE": "1"}
     out = subprocess.run([sys.executable, str(path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == status, out.stdout + out.stderr
     return out.stdout
 
 
@@ -298,7 +299,7 @@ def test_a_varlen_reproducer_calls_the_varlen_entry(tmp_path):
     correct implementation, so the family's check passes)."""
     case = next(c for c in select("tiny") if c.mode == "varlen" and c.dtype == torch.float32)
     (cause,) = triage.group([result("varlen", case.id, "TypeError: flaky")])
-    stdout = run_reproducer(cause, tmp_path, "reference")
+    stdout = run_reproducer(cause, tmp_path, "reference", status=0)
     assert "o: max abs err 0.000e+00" in stdout and "varlen: passed on this case" in stdout, stdout
 
 
