@@ -223,13 +223,29 @@ def load(args, run: Run, tmp: Path, env: dict):
 def run(args) -> CheckVerdict:
     out = Path(args.out).resolve()
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot make the folder ({e.strerror or e})") from None
+    try:
+        writable(out)
         return _run(args, out)
     except UsageError:
-        if created and not any(out.iterdir()):
+        if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a usage error leaves nothing behind
         raise
+
+
+def writable(out: Path) -> None:
+    """UsageError unless `out` takes a file of a report's size: a read-only or full folder is the
+    caller's to fix, said before the run rather than as a traceback after it."""
+    probe = out / ".selgate-check-writable"
+    try:
+        probe.write_bytes(bytes(1 << 20))
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write a report there ({e.strerror or e})") from None
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def _run(args, out: Path) -> CheckVerdict:

@@ -10,6 +10,7 @@ import sys
 from .sizes import SIZES
 
 DEFAULT_OUT = "selgate-check"
+MAX_TIMEOUT_S = 7 * 24 * 3600  # beyond, a timer overflows (pytest-timeout raised OverflowError in every case)
 DESCRIPTION = """\
 Runs selgate's conformance matrix on one selection-attention kernel, compared with the fp64
 golden reference on fresh random inputs, and decides a verdict: exit 0 PASSED (every claimed
@@ -34,12 +35,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="tiny", choices=SIZES, help="largest case size class (default tiny)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default ./{DEFAULT_OUT})")
     p.add_argument("--workers", type=int, default=None, help="isolated worker processes (default: the lanes' sizing)")
-    p.add_argument("--timeout", type=int, default=300, help="seconds one case may take before it is an error")
+    p.add_argument("--timeout", type=int, default=300, help="seconds one case may take before it is an error (default 300)")
     p.add_argument(
         "--import-timeout",
         type=int,
         default=300,
-        help="seconds importing the kernel's module may take (selgate's own start-up not counted)",
+        help="seconds importing the kernel's module may take, selgate's own start-up not counted (default 300)",
     )
     p.add_argument("-k", help="pytest -k expression (debugging: the verdict is then BLOCKED as narrowed)")
     return p
@@ -51,8 +52,15 @@ def main(argv=None) -> int:
     module, sep, attr = args.impl.partition(":")
     if not (module and sep and attr):
         p.error(f"impl: expected package.module:callable (the callable after a colon), got {args.impl!r}")
+    if not all(part.isidentifier() for part in module.split(".")):
+        p.error(
+            f"impl: {module!r} is not a module name: the module is imported from the current folder "
+            "(run from the kernel's folder, or put it on PYTHONPATH, and name it as Python imports it: pkg.mod:fn)"
+        )
     if (args.workers is not None and args.workers < 1) or args.timeout < 1 or args.import_timeout < 1:
         p.error("--workers, --timeout and --import-timeout must be >= 1 (a crashing case needs a worker to die in)")
+    if max(args.timeout, args.import_timeout) > MAX_TIMEOUT_S:
+        p.error(f"--timeout and --import-timeout: at most {MAX_TIMEOUT_S} s (a week); got {max(args.timeout, args.import_timeout)}")
     from .check import main as check
 
     return check(args)

@@ -184,6 +184,9 @@ PARSERS = {
 }
 
 
+MAX_HEADS = 256  # the most heads per group a case is fitted to (the widest NSA configurations use 64)
+
+
 def parse(mapping: dict, where: str) -> dict:
     """Validated declarations keyed by their canonical names; ValueError names an unknown
     key or a bad value."""
@@ -197,6 +200,18 @@ def parse(mapping: dict, where: str) -> dict:
         out[name] = PARSERS[name](value, f"{where}.{key}")
     if "max_heads" in out and out["max_heads"] < out.get("min_heads", 1):
         raise ValueError(f"{where}: max_heads {out['max_heads']} is below min_heads {out.get('min_heads', 1)}")
+    heads = {k: out[k] for k in ("heads_multiple_of", "heads_power_of_two", "min_heads", "max_heads") if k in out}
+    if heads:
+        fewest = allowed_heads(
+            1,
+            multiple_of=heads.get("heads_multiple_of", 1),
+            power_of_two=heads.get("heads_power_of_two", False),
+            minimum=heads.get("min_heads", 1),
+            maximum=heads.get("max_heads"),
+        )
+        if fewest is None or fewest > MAX_HEADS:
+            need = "no count satisfies them" if fewest is None else f"the fewest they allow is {fewest}"
+            raise ValueError(f"{where}: heads per group {heads}: {need}; the matrix runs 1 to {MAX_HEADS} heads a group")
     return out
 
 
@@ -272,8 +287,11 @@ def allowed_heads(
     h: int, *, multiple_of: int = 1, power_of_two: bool = False, minimum: int = 1, maximum: int | None = None
 ) -> int | None:
     """The smallest heads-per-group count >= h the constraints allow; None if none does."""
-    limit = maximum if maximum is not None else max(h, minimum) * 2 * multiple_of + 64
-    for n in range(max(h, minimum), limit + 1):
-        if n % multiple_of == 0 and (not power_of_two or n & (n - 1) == 0):
-            return n
-    return None
+    start = max(h, minimum, 1)
+    if power_of_two:
+        if multiple_of & (multiple_of - 1):  # no power of two is a multiple of it
+            return None
+        n = max(multiple_of, 1 << (start - 1).bit_length())
+    else:
+        n = -(-start // multiple_of) * multiple_of
+    return n if maximum is None or n <= maximum else None

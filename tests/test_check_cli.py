@@ -98,6 +98,27 @@ def test_a_missing_module_or_a_bad_declaration_is_a_usage_error_leaving_nothing(
     assert rc == 2 and "unknown declaration 'block_sise'" in log, log
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["../k/refk:selection"], "is not a module name"),
+        (["tokenkernels:gather", "--timeout", "99999999999999999999"], "at most 604800 s"),
+        (["tokenkernels:gather", "--out", "tokenkernels.py/out"], "cannot make the folder"),
+    ],
+)
+def test_a_path_for_a_module_an_unbounded_timeout_or_an_unusable_out_is_a_usage_error(work, args, says):
+    rc, log = _check(work, *args)
+    assert rc == 2 and says in log, log
+    assert "Traceback" not in log
+
+
+def test_a_heads_declaration_no_case_can_meet_is_a_usage_error(work):
+    """It hung collection: the fitting searched every count up to the multiple."""
+    (work / "d.yaml").write_text("heads_multiple_of: 1000000007\n")
+    rc, log = _check(work, "tokenkernels:gather", "--declare", "d.yaml", "--out", "usage", timeout=60)
+    assert rc == 2 and "the fewest they allow is 1000000007; the matrix runs 1 to 256 heads a group" in log, log
+
+
 @pytest.mark.parametrize("name", ["SELGATE_TOL_OVERRIDES", "PYTEST_ADDOPTS"])
 def test_a_setting_that_changes_the_verdict_is_refused(work, name):
     value = "{fp32: {max_abs: 1.0e+30, mean_abs: 1.0e+30}}" if name == "SELGATE_TOL_OVERRIDES" else "-k parity"
