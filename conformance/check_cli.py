@@ -59,8 +59,9 @@ def main(argv=None) -> int:
         )
     if (args.workers is not None and args.workers < 1) or args.timeout < 1 or args.import_timeout < 1:
         p.error("--workers, --timeout and --import-timeout must be >= 1 (a crashing case needs a worker to die in)")
-    if max(args.timeout, args.import_timeout) > MAX_TIMEOUT_S:
-        p.error(f"--timeout and --import-timeout: at most {MAX_TIMEOUT_S} s (a week); got {max(args.timeout, args.import_timeout)}")
+    longest = max(args.timeout, args.import_timeout)
+    if longest > MAX_TIMEOUT_S:
+        p.error(f"--timeout and --import-timeout: at most {MAX_TIMEOUT_S} s (a week); got {longest}")
     from .check import main as check
 
     return check(args)
