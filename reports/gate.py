@@ -14,7 +14,7 @@ from .families import names
 from .inventory import difference
 from .results import LaneResult
 from .sanitizer import sanitizer_blocking
-from .tree import FULL_COMMIT, untracked_config
+from .tree import FULL_COMMIT, differing, untracked_config
 from .verdict import ABORTED, Verdict, pytest_exit
 
 POLICY_FILE = Path(__file__).resolve().parent / "gate.yaml"
@@ -318,7 +318,7 @@ def provenance(name: str, stamp: dict | None, tree: dict) -> list:
     if stamp.get("digest") != tree["digest"]:
         out.append(
             f"required lane {name} ran other files than this tree has (digest {str(stamp.get('digest'))[:12]}, "
-            f"here {tree['digest'][:12]}): rerun the lane on this tree"
+            f"here {tree['digest'][:12]}; {differing(stamp, tree)}): rerun the lane on this tree"
         )
     if config := untracked_config(stamp):
         out.append(f"required lane {name} ran with untracked pytest configuration {config}: commit or remove it")

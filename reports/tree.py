@@ -1,8 +1,11 @@
 """The tree a lane ran: the full commit and a digest of every file the run can read: every
-tracked file, and every untracked or ignored file in the checkout except the outputs listed in
-OUTPUTS. The gate compares it with the tree being gated, so results from another commit,
-another working tree or a tree with an extra `pytest.ini`, an ignored conftest or an edited
-doc a test reads cannot stand in for this one."""
+tracked file, and every untracked or ignored file a run can load or read (`read_by_runs`: code
+and configuration anywhere, any file inside the project's own folders) except the outputs
+listed in OUTPUTS. The gate compares it with the tree being gated, so results from another
+commit, another working tree or a tree with an extra `pytest.ini`, an ignored conftest or an
+edited doc a test reads cannot stand in for this one; a wheel built into dist/, downloaded
+results or notes beside the checkout do not change it. The stamp keeps each file's hash, so
+a mismatch names the files."""
 
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ OUTPUTS = (
 )
 # Files pytest reads its own configuration from; untracked, they can narrow a run unseen.
 PYTEST_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "conftest.py", "pyproject.toml")
+# What Python loads wherever it lies on the import path (the checkout's root is on a lane's)
+LOADABLE = (".py", ".pyc", ".pth", ".so", ".pyd")
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -68,6 +73,27 @@ def output(path: str) -> bool:
 def runs(path: str) -> bool:
     """Whether the file at `path` (relative, `/`-separated) is in the digest: every file but outputs."""
     return not output(path)
+
+
+def read_by_runs(path: str, project_folders: set) -> bool:
+    """Whether an untracked or ignored file at `path` can change a run: code or pytest
+    configuration anywhere, or any file inside a folder of the project (one that holds tracked
+    files, the checkout's root aside: tests copy and glob their folders). A wheel in dist/,
+    results downloaded into results/, notes or editor files at the root do not."""
+    name = path.rsplit("/", 1)[-1]
+    if name.endswith(LOADABLE) or name in PYTEST_CONFIG:
+        return True
+    parts = path.split("/")[:-1]
+    return any("/".join(parts[: i + 1]) in project_folders for i in range(len(parts)))
+
+
+def _folders(paths) -> set:
+    """Every folder holding one of `paths`, at any depth (the root, "", left out)."""
+    out = set()
+    for p in paths:
+        parts = p.split("/")[:-1]
+        out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    return out
 
 
 def _walk(root: Path, under: str = "") -> list[str]:
@@ -106,14 +132,16 @@ def tree_files(root: Path = ROOT) -> tuple[dict, dict]:
         untracked = ignored = dirty = None
     else:
         status = dict.fromkeys(_split(tracked), "tracked")
+        project = _folders(status)
         others = _split(_git(root, "ls-files", "-z", "--others", "--exclude-standard") or "")
-        status.update(dict.fromkeys((p for p in others if runs(p)), "untracked"))
+        status.update(dict.fromkeys((p for p in others if runs(p) and read_by_runs(p, project)), "untracked"))
         # ignored files come as their topmost ignored folder (`x/`) or file; outputs are not entered
         for entry in _split(_git(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory") or ""):
             if output(entry):
                 continue
             for path in _walk(root, entry) if entry.endswith("/") else [entry]:
-                status.setdefault(path, "ignored")
+                if read_by_runs(path, project):
+                    status.setdefault(path, "ignored")
         untracked = sorted(p for p, s in status.items() if s == "untracked")
         ignored = sorted(p for p, s in status.items() if s == "ignored")
         changed = _split(_git(root, "diff", "--name-only", "-z", "HEAD") or "")
@@ -134,15 +162,27 @@ def tree_files(root: Path = ROOT) -> tuple[dict, dict]:
         "untracked": untracked,
         "ignored": ignored,
         "dirty": dirty,
+        "hashes": {path: sha[:16] for path, (sha, _) in files.items()},
     }
     return stamp, files
 
 
+def differing(ran: dict, here: dict, most: int = 5) -> str:
+    """The files two tree stamps disagree on, named (at most `most`), for a digest mismatch."""
+    a, b = ran.get("hashes"), here.get("hashes")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return "(the lane's stamp lists no files: rerun it to see which)"
+    names = [f"{p} ({'only where the lane ran' if p not in b else 'only here' if p not in a else 'changed'})"
+             for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)]  # fmt: skip
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return "files that differ: " + ", ".join(names[:most]) + more
+
+
 def tree_stamp(root: Path = ROOT) -> dict:
-    """{commit, digest, files, untracked, ignored, dirty} of the tree at `root`. `untracked` and
-    `ignored` list the files in the digest that git does not track (ignored ones outside
-    OUTPUTS), and `dirty` says whether any file in the digest differs from the commit; all three
-    are None in a copy without git."""
+    """{commit, digest, files, untracked, ignored, dirty, hashes} of the tree at `root`.
+    `untracked` and `ignored` list the files in the digest that git does not track (ignored ones
+    outside OUTPUTS), and `dirty` says whether any file in the digest differs from the commit; all
+    three are None in a copy without git. `hashes`: each file's sha256, shortened, by path."""
     return tree_files(root)[0]
 
 

@@ -284,7 +284,7 @@ def test_the_gate_judges_each_loaded_record(tmp_path, capsys, record, expected):
 
 # The digest: every file a run can read ------------------------------------------------------
 
-READ_BY_TESTS = ["docs/configuration.md", "bin/gate", "CHANGELOG.md", ".ci/check-lanes", "bin/setup"]
+READ_BY_TESTS = ["docs/configuration.md", "bin/gate", "CHANGELOG.md", ".ci/check-lanes", "bin/setup", "tests/helpers.py"]
 
 
 @pytest.fixture
@@ -340,6 +340,28 @@ def test_a_release_sees_an_edited_doc_or_an_ignored_file(full_repo, tmp_path, ca
         write_lane(tmp_path / "res", lane, passing_cases() + passing_cases(["dtype"]), tree=stamp)
     rc, line, _, _ = gate_lines(tmp_path, capsys, "--tree", str(full_repo), "--profile", "release")
     assert rc == 1 and line.startswith("GATE BLOCKED: the tree being gated has uncommitted changes"), line
+
+
+def test_what_no_run_reads_leaves_the_digest_alone_and_a_mismatch_names_the_files(full_repo, tmp_path, capsys, monkeypatch):
+    """A wheel built into dist/ (docs/validate.md's own step), lane results downloaded into
+    results/, notes and editor files at the root: none can change a run. A file that can (code
+    anywhere, any file in a project folder) changes the digest, and the block names it."""
+    monkeypatch.setattr("selgate.reports.__main__.tree_stamp", tree_mod.tree_stamp)
+    clean = tree_mod.tree_stamp(full_repo)
+    for path in ("dist/selgate-0.1.0-py3-none-any.whl", "results/cpu/junit.xml", "results/cpu/environment.json",
+                 "notes.md", ".idea/workspace.xml", "report.md~"):  # fmt: skip
+        (full_repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (full_repo / path).write_text("not read by any run\n")
+    assert tree_mod.tree_stamp(full_repo)["digest"] == clean["digest"]
+    write_lane(tmp_path / "res", "cpu", passing_cases(), tree=clean)
+    assert gate_lines(tmp_path, capsys, "--tree", str(full_repo))[0] == 0
+    (full_repo / "results" / "sitecustomize.py").write_text("import os\n")  # code: on the path of a run from the root
+    (full_repo / "docs" / "extra.md").write_text("a test may glob docs/\n")
+    (full_repo / "bin" / "setup").write_text("edited\n")
+    rc, line, _, _ = gate_lines(tmp_path, capsys, "--tree", str(full_repo))
+    assert rc == 1 and "ran other files than this tree has" in line, line
+    for named in ("bin/setup (changed)", "docs/extra.md (only here)", "results/sitecustomize.py (only here)"):
+        assert named in line, line
 
 
 def test_the_stamp_of_this_checkout_is_fast():
