@@ -1,4 +1,4 @@
-"""`python -m selgate.bench <command>`.
+"""`selgate bench <command>` (or `python -m selgate.bench <command>`).
 
 sel         run a benchmark (one decode or prefill matrix, or a `--sweep` preset)
 thresholds  derive the device profile (`sel_triton_min_L`, block sizes) from a results CSV
@@ -7,6 +7,8 @@ compare     compare the latest results with the baseline (exit 1 when a config r
 tune        tune the Triton launch parameters ahead of time (writes configs/tuned/<device>.json)
 plot        draw the decode and prefill PNGs from results CSVs (needs matplotlib: selgate[plots])
 host        host time per decode call of each path against SDPA's, eager against CUDA graph (GPU; writes host.csv)
+triton-bwd  the Triton backward at the 64k prefill: forward+backward, launch configs, memory (GPU)
+cuda-decode the CUDA decode kernel's grid against the HBM floor and packed SDPA (GPU)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from selgate.cli import prog
 from selgate.kernels.config import current_device_name
 from selgate.kernels.config import device_slug as config_slug
 
@@ -102,15 +105,22 @@ def add_sel(sub) -> None:
     p.add_argument(
         "--declare", type=Path, help="YAML declarations of the one outside kernel in --backends (as `selgate check --declare`)"
     )
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=50, help="timed calls per (config, method) (default 50)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     p.add_argument("--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
     p.add_argument("--budget_s", type=float, default=330.0, help="stop measuring after this many seconds")
     p.add_argument(
         "--graph", action="store_true", help="also time decode rows of capturable methods from a CUDA graph (graph_ms column)"
     )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", type=Path, help="output folder (default bench/results/<device>/<date>)")
+    p.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device (default: cuda when present)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output folder (default: bench/results/<device>/<date> in a checkout, "
+        "./bench-results/<device>/<date> from an installed wheel)",
+    )
     p.add_argument("--name", help="file name stem (default: the preset, else 'sel')")
 
 
@@ -268,7 +278,7 @@ DEVICE_BENCHES = {
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m selgate.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog("python -m selgate.bench"), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     add_sel(sub)

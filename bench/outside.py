@@ -9,6 +9,9 @@ at its declared block size (`Method.block_size`, see sweep.run_problem).
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 from selgate.conformance.cases import Case, Shape
@@ -49,12 +52,14 @@ def load(names, declare=None) -> None:
     """Load the outside kernels among `names`; `declare` (a YAML file) declares the one
     outside kernel named, as `--declare` does for the matrix."""
     specs = [n for n in names if is_outside(n)]
+    if specs and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the kernel's module beside the caller, as `selgate check` finds it
     if declare and len(specs) != 1:
         raise ValueError(
             f"--declare {declare}: declares one package.module:callable named by --backends; --backends names {len(specs)}"
         )
     for spec in specs:
-        _LOADED[spec] = _method(load_user_impl(spec, declare))
+        _LOADED[spec] = _method(load_user_impl(spec, declare, what="--backends"))
 
 
 def get(spec: str):

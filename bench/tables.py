@@ -58,8 +58,19 @@ COLUMNS = [
 ]
 
 
+def _write_root() -> Path:
+    """RESULTS_DIR, unless it is the folder inside an installed wheel (no checkout around it)."""
+    packaged = Path(__file__).resolve().parent / "results"
+    if Path(RESULTS_DIR) == packaged and not (packaged.parent.parent / "pyproject.toml").is_file():
+        return Path.cwd() / "bench-results"
+    return Path(RESULTS_DIR)
+
+
 def results_dir(device_name: str, date: str | None = None) -> Path:
-    return RESULTS_DIR / device_slug(device_name) / (date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"))
+    """Where a run's tables go by default: the checkout's bench/results/<device>/<date>, beside
+    the committed baselines; from an installed wheel, ./bench-results/<device>/<date> in the
+    current folder (never into site-packages)."""
+    return _write_root() / device_slug(device_name) / (date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"))
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from selgate.cli import prog
 from selgate.kernels import env_vars
 
 from .config import lane_names, load_lane
@@ -111,7 +112,7 @@ def _sanitize(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m selgate.lanes", description=__doc__)
+    p = argparse.ArgumentParser(prog=prog("python -m selgate.lanes"), description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="lanes and what each runs (* = detected here)").set_defaults(fn=_list)
     d = sub.add_parser("detect", help="the lane for this machine's GPU class")

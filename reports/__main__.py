@@ -21,25 +21,45 @@ OUT = ROOT / "reports" / "out"
 MAX_LISTED = 20  # blocking lines on the terminal; the report has them all
 
 
+COMMANDS = {
+    "gate": "gate the lanes' results under a gate.yaml profile (default: its default_profile) and write report.md",
+    "release": "the gate under the release profile, plus each GPU's benchmarks against its baseline and the "
+    "host-cost bars; writes release.md",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    from selgate.cli import prog
+
+    p = argparse.ArgumentParser(prog=prog("python -m selgate.reports"), description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, what in COMMANDS.items():
+        c = sub.add_parser(name, help=what, description=what)
+        c.add_argument(
+            "--lanes",
+            help="comma-separated lanes to read and require: they replace the default profile's lanes "
+            "(bin/gate gates the lane it ran) and add to any other profile's (a release keeps its GPU lanes)",
+        )
+        c.add_argument("--profile", help="gate.yaml profile (default: its default_profile; release: release)")
+        c.add_argument(
+            "--results",
+            action="append",
+            type=Path,
+            help=f"folder of <lane>/junit.xml, repeatable, first wins per lane (default {OUT})",
+        )
+        c.add_argument("--policy", type=Path, default=POLICY_FILE, help="gate policy YAML")
+        c.add_argument("--out", type=Path, default=OUT, help="where merged.xml and the report go")
+        c.add_argument(
+            "--tree",
+            type=Path,
+            default=ROOT,
+            help=f"the checkout being gated, whose commit and files the lanes must have run (default {ROOT})",
+        )
+    return p
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m selgate.reports", description=__doc__)
-    p.add_argument("command", choices=("gate", "release"))
-    p.add_argument("--lanes", help="comma-separated lanes to require and read (replaces the profile's)")
-    p.add_argument("--profile", help="gate.yaml profile (default: its default_profile; release: release)")
-    p.add_argument(
-        "--results",
-        action="append",
-        type=Path,
-        help=f"folder of <lane>/junit.xml, repeatable, first wins per lane (default {OUT})",
-    )
-    p.add_argument("--policy", type=Path, default=POLICY_FILE, help="gate policy YAML")
-    p.add_argument("--out", type=Path, default=OUT, help="where merged.xml and the report go")
-    p.add_argument(
-        "--tree",
-        type=Path,
-        default=ROOT,
-        help=f"the checkout being gated, whose commit and files the lanes must have run (default {ROOT})",
-    )
+    p = parser()
     args = p.parse_args(argv)
     lanes = [x for x in (args.lanes or "").split(",") if x] or None
     if not args.tree.is_dir():
@@ -50,7 +70,7 @@ def main(argv=None) -> int:
         policy = load_policy(args.policy, today)
         profile = args.profile or ("release" if args.command == "release" else None)
         required = required_lanes(policy, profile, lanes)
-        results = load_results(args.results or [OUT], lanes)
+        results = load_results(args.results or [OUT], required if lanes else None)
         chosen = profile_of(policy, profile)
         sanitizer = load_sanitizer(args.results or [OUT]) if chosen.get("sanitizer") else None
         verdict = evaluate(

@@ -238,9 +238,15 @@ def profile_of(policy: dict, profile: str | None) -> dict:
 
 
 def required_lanes(policy: dict, profile: str | None, lanes: list | None) -> list:
-    if lanes:
+    """The lanes a verdict requires. `lanes` (`--lanes`) replace the default profile's (bin/gate
+    gates the one lane its machine ran) and add to any other profile's: a release never
+    requires fewer lanes than its profile names."""
+    named = list(profile_of(policy, profile)["required_lanes"])
+    if not lanes:
+        return named
+    if (profile or policy["default_profile"]) == policy["default_profile"]:
         return list(lanes)
-    return list(profile_of(policy, profile)["required_lanes"])
+    return list(dict.fromkeys([*named, *lanes]))
 
 
 def _lane_config(lane: str) -> dict | None:

@@ -23,6 +23,12 @@ def checkout() -> Path | None:
     return root if (root / "pyproject.toml").is_file() and (root / "lanes").is_dir() else None
 
 
+def prog(module_prog: str) -> str:
+    """A tool's name in its usage lines: `selgate <tool>` when run through this script (main sets
+    argv[0] so), else the `python -m` form it was started with."""
+    return sys.argv[0] if sys.argv[0].startswith("selgate ") else module_prog
+
+
 def usage() -> str:
     here = checkout()
     lines = ["usage: selgate <tool> [arguments]   (selgate <tool> --help for each)", "", "tools:"]
@@ -49,5 +55,5 @@ def main(argv=None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    sys.argv = [f"selgate {argv[0]}", *argv[1:]]
-    runpy.run_module(TOOLS[argv[0]][0], run_name="__main__", alter_sys=True)
+    sys.argv = [f"selgate {argv[0]}", *argv[1:]]  # kept (alter_sys=False): usage lines say `selgate <tool>`
+    runpy.run_module(TOOLS[argv[0]][0], run_name="__main__", alter_sys=False)

@@ -95,3 +95,27 @@ def test_bad_outside_backends_are_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         main([*DECODE, *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_kernel_beside_the_caller_loads_without_the_folder_on_the_path(tmp_path):
+    """As the `selgate` console script runs (no current folder on sys.path: PYTHONSAFEPATH),
+    `--backends mysel:fn` imports mysel.py from the current folder, as `selgate check` does."""
+    import os
+    import subprocess
+
+    (tmp_path / "mysel.py").write_text((ROOT / "tests" / "outside" / "tokenkernels.py").read_text())
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    code = "import sys; from selgate.cli import main; sys.exit(main())"
+    args = [*DECODE, "--dtype", "fp32", "--backends", "sdpa,mysel:gather", "--out", "res"]
+    out = subprocess.run([sys.executable, "-c", code, "bench", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert {r["method"] for r in tables.read_csv(tmp_path / "res" / "sel.csv")} == {"sdpa", "mysel:gather"}
+
+
+def test_from_a_wheel_the_tables_go_to_the_current_folder(tmp_path, monkeypatch):
+    """An installed package's bench/results is inside site-packages: never written there."""
+    packaged = tmp_path / "site-packages" / "selgate" / "bench"
+    monkeypatch.setattr(tables, "__file__", str(packaged / "tables.py"))
+    monkeypatch.setattr(tables, "RESULTS_DIR", packaged / "results")
+    monkeypatch.chdir(tmp_path)
+    assert tables.results_dir("NVIDIA H200", "2026-12-06") == tmp_path / "bench-results" / "nvidia-h200" / "2026-12-06"

@@ -5,6 +5,7 @@ The tree being gated is a fixed stamp here; tests/test_gate_adversarial.py stamp
 
 import datetime
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -187,10 +188,18 @@ def test_a_missing_required_lane_blocks(tmp_path, capsys):
     assert line.startswith("GATE BLOCKED: required lane sm90 missing: no sm90/junit.xml")
 
 
-def test_lanes_flag_replaces_the_profile(tmp_path, capsys):
+def test_lanes_flag_replaces_the_default_profile_and_adds_to_a_release(tmp_path, capsys):
+    """`--lanes sm90` gates the lane bin/gate ran on a GPU host; `--lanes cpu` under the release
+    profile dropped sm90 from what a release requires: it adds to it instead."""
     write_lane(tmp_path / "res", "cpu", passing_cases())
+    write_lane(tmp_path / "res", "sm90", passing_cases() + passing_cases(["dtype"]))
+    rc, line = gate(tmp_path, capsys, "--lanes", "sm90")
+    assert (rc, line) == (0, "GATE PASSED: required lanes sm90")
     rc, line = gate(tmp_path, capsys, "--profile", "release", "--lanes", "cpu")
-    assert (rc, line) == (0, "GATE PASSED: required lanes cpu")
+    assert (rc, line) == (0, "GATE PASSED: required lanes cpu, sm90")
+    shutil.rmtree(tmp_path / "res" / "sm90")
+    rc, line = gate(tmp_path, capsys, "--profile", "release", "--lanes", "cpu")
+    assert rc == 1 and line.startswith("GATE BLOCKED: required lane sm90 missing"), line
 
 
 @pytest.mark.parametrize(
