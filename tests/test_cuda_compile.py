@@ -12,15 +12,28 @@ the three took 330-587 s on one core of the CPU lane; on one idle core the front
 
 It runs in the CPU lane: three architectures of nvcc take minutes (283 s on the H100's host),
 which would be the longest test of a GPU lane, where the kernel is built and run for the
-device's own architecture (tests/test_cuda_decode.py). A GPU lane lists it as a skip."""
+device's own architecture (tests/test_cuda_decode.py). A GPU lane lists it as a skip.
+
+What ptxas reported is committed (tests/data/cuda_ptxas.json), keyed by everything the build
+reads: the CUDA sources, the nvcc command line, nvcc's and torch's versions. While the key holds,
+the test judges that report and compiles nothing (the two builds were 4 of the CPU suite's 22
+worker-minutes on CI's two cores); when any of it changes, it compiles, judges the new report and
+fails until the report is recorded again (`SELGATE_PTXAS_RECORD=1`) and committed."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
+from filelock import FileLock
 from torch.utils import cpp_extension
 
 from selgate.kernels.cuda.build import CUDA_FLAGS, SOURCE_DIR
@@ -31,18 +44,13 @@ BUILDS = {"sm80-sm89": ("80", ("80", "89")), "sm90": ("90", ("90",))}
 NVCC = shutil.which("nvcc")
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
-@pytest.mark.skipif(
-    running_lane_device() == "cuda",
-    reason="cross-architecture compile runs in the CPU lane; a GPU lane builds and runs the decode "
-    "kernel for its own device (tests/test_cuda_decode.py)",
-)
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("build", BUILDS)
-def test_decode_kernel_compiles_for(build, tmp_path):
+REPORT = Path(__file__).resolve().parent / "data" / "cuda_ptxas.json"
+RECORD_ENV = "SELGATE_PTXAS_RECORD"
+
+
+def command(build: str, obj: Path) -> list:
     virtual, archs = BUILDS[build]
-    obj = tmp_path / "sel_decode.o"
-    cmd = [
+    return [
         NVCC,
         "-c",
         str(SOURCE_DIR / "sel_decode.cu"),
@@ -57,14 +65,72 @@ def test_decode_kernel_compiles_for(build, tmp_path):
         *(f"-I{p}" for p in cpp_extension.include_paths()),
         f"-gencode=arch=compute_{virtual},code=[{','.join(f'sm_{a}' for a in archs)}]",
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, f"nvcc failed:\n{out.stderr[-4000:]}"
-    log = out.stdout + out.stderr
-    for arch in archs:
+
+
+def build_key(build: str) -> str:
+    """Everything a build reads: the sources, the command line (the object's path aside), nvcc's
+    and torch's versions."""
+    digest = hashlib.sha256()
+    for path in sorted(SOURCE_DIR.glob("sel_decode*")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    version = subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout
+    cmd = [a for a in command(build, Path("OBJ")) if a != "OBJ" and not a.startswith("-I")]
+    digest.update("\0".join([*cmd, version, torch.__version__]).encode())
+    return digest.hexdigest()
+
+
+def judge(build: str, log: str) -> None:
+    """Every architecture of the build compiled, with no register spill."""
+    for arch in BUILDS[build][1]:
         assert f"for 'sm_{arch}'" in log, f"no sm_{arch} code was compiled"
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
     assert spills and not any(spills), f"register spills: {spills}"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
+@pytest.mark.skipif(
+    running_lane_device() == "cuda",
+    reason="cross-architecture compile runs in the CPU lane; a GPU lane builds and runs the decode "
+    "kernel for its own device (tests/test_cuda_decode.py)",
+)
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("build", BUILDS)
+def test_decode_kernel_compiles_for(build, tmp_path):
+    key = build_key(build)
+    recorded = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    if recorded.get(build, {}).get("key") == key and not os.environ.get(RECORD_ENV):
+        judge(build, recorded[build]["ptxas"])  # this very build, compiled when the report was recorded
+        return
+    obj = tmp_path / "sel_decode.o"
+    out = subprocess.run(command(build, obj), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"nvcc failed:\n{out.stderr[-4000:]}"
+    log = out.stdout + out.stderr
+    judge(build, log)
     if shutil.which("cuobjdump"):
         elf = subprocess.run(["cuobjdump", "--list-elf", str(obj)], capture_output=True, text=True).stdout
-        for arch in archs:
+        for arch in BUILDS[build][1]:
             assert f"sm_{arch}" in elf, elf
+    ptxas = "\n".join(
+        line for line in log.splitlines() if (line.startswith("ptxas") or "bytes spill" in line) and "Compile time" not in line
+    )
+    if os.environ.get(RECORD_ENV):
+        with FileLock(str(REPORT) + ".lock"):
+            current = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+            current[build] = {"key": key, "ptxas": ptxas}
+            REPORT.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+        return
+    pytest.fail(
+        f"{build}: the build changed since {REPORT.name} was recorded (sources, flags, nvcc or torch) and it compiles "
+        f"without spills: record it with `{RECORD_ENV}=1 bash bin/test tests/test_cuda_compile.py` and commit the file"
+    )
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
+def test_the_recorded_report_stands_only_for_the_sources_it_was_built_from(tmp_path, monkeypatch):
+    """An edit of any CUDA source changes the key, so the next run compiles again."""
+    for path in SOURCE_DIR.glob("sel_decode*"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(sys.modules[__name__], "SOURCE_DIR", tmp_path)
+    before = build_key("sm90")
+    (tmp_path / "sel_decode.h").write_text((tmp_path / "sel_decode.h").read_text() + "\n// edited\n")
+    assert build_key("sm90") != before

@@ -98,10 +98,12 @@ def test_release_report_includes_benchmarks_and_their_blocking(tmp_path, capsys,
     assert text.startswith("# selgate release report") and "### Performance vs baseline: Fake GPU" in text
 
 
-def test_release_without_gpu_lanes_says_no_benchmark_results(tmp_path, capsys):
+def test_release_without_gpu_lanes_blocks_and_says_no_benchmark_results(tmp_path, capsys):
+    """`--lanes cpu` adds to the release profile's lanes: the missing sm90 lane blocks, and the
+    benchmark section says why it has nothing to compare."""
     write_lane(tmp_path / "res", "cpu", passing_cases())
     rc = run_gate(tmp_path, "--lanes", "cpu", command="release")
-    assert rc == 0, capsys.readouterr().out
+    assert rc == 1 and "required lane sm90 missing" in capsys.readouterr().out
     assert "no benchmark results: no GPU lane in these results" in (tmp_path / "out" / "release.md").read_text()
 
 
