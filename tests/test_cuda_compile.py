@@ -16,9 +16,10 @@ device's own architecture (tests/test_cuda_decode.py). A GPU lane lists it as a 
 
 What ptxas reported is committed (tests/data/cuda_ptxas.json), keyed by everything the build
 reads: the CUDA sources, the nvcc command line, nvcc's and torch's versions. While the key holds,
-the test judges that report and compiles nothing (the two builds were 4 of the CPU suite's 22
-worker-minutes on CI's two cores); when any of it changes, it compiles, judges the new report and
-fails until the report is recorded again (`SELGATE_PTXAS_RECORD=1`) and committed."""
+the test judges that report and compiles nothing (the two builds took 131 of the CPU suite's
+1065 worker-seconds on CI's two cores); when any of it changes, it compiles and judges what
+ptxas says, on every run until the report is recorded again (`SELGATE_PTXAS_RECORD=1`) and
+committed."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -114,15 +116,12 @@ def test_decode_kernel_compiles_for(build, tmp_path):
         line for line in log.splitlines() if (line.startswith("ptxas") or "bytes spill" in line) and "Compile time" not in line
     )
     if os.environ.get(RECORD_ENV):
-        with FileLock(str(REPORT) + ".lock"):
+        with FileLock(os.path.join(tempfile.gettempdir(), "selgate-cuda-ptxas.lock")):  # both builds write it
             current = json.loads(REPORT.read_text()) if REPORT.exists() else {}
             current[build] = {"key": key, "ptxas": ptxas}
             REPORT.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
-        return
-    pytest.fail(
-        f"{build}: the build changed since {REPORT.name} was recorded (sources, flags, nvcc or torch) and it compiles "
-        f"without spills: record it with `{RECORD_ENV}=1 bash bin/test tests/test_cuda_compile.py` and commit the file"
-    )
+    else:  # judged by compiling, as every run will until the report is recorded again
+        print(f"{build}: {REPORT.name} is stale; `{RECORD_ENV}=1 bash bin/test tests/test_cuda_compile.py` records it")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
