@@ -100,11 +100,11 @@ def check_command(args, junit: Path, tmp: Path, checksums: Path, markers: str = 
 
 
 def child_env(workers: int) -> dict:
-    """The caller's environment (refused settings are absent by then), plugin autoloading
-    off, each worker's CPU thread pool its share of the cores, and the caller's directory off
-    the front of the import path (PYTHONSAFEPATH): a `pytest_timeout.py` beside the kernel
-    shadowed the real plugin in the process that writes the JUnit. The probe and the workers
-    put the directory at the end of the path once pytest's plugins are in."""
+    """The judge's environment: the caller's (refused settings are absent by then), plugin
+    autoloading off, each worker's CPU thread pool its share of the cores, and the caller's
+    directory off the import path (PYTHONSAFEPATH): a `pytest_timeout.py` beside the kernel
+    shadowed the real plugin in the process that writes the JUnit. Only the kernel's own
+    processes (probe, executors) put the directory on their path, last."""
     env = dict(os.environ)
     env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", SELGATE_LANE="check", PYTHONSAFEPATH="1")
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))

@@ -9,7 +9,7 @@ when the probe begins importing the module (`importing_marker`): selgate's own s
 import among it, is not charged to the kernel.
 
 RESULT holds `{"ok": true, "declared": {...}}` (the declarations the whole check uses: the
-workers build the implementation from them, importing only its callables) or `{"ok": false, "usage": bool, "error": str}`;
+workers describe the implementation from them and call it in executors) or `{"ok": false, "usage": bool, "error": str}`;
 `usage` marks the caller's mistakes (a malformed spec, a module or callable that does not
 exist, a declaration that does not validate), which `selgate check` reports as exit 2.
 """
