@@ -76,7 +76,8 @@ def build_key(build: str) -> str:
     for path in sorted(SOURCE_DIR.glob("sel_decode*")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     version = subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout
-    cmd = [a for a in command(build, Path("OBJ")) if a != "OBJ" and not a.startswith("-I")]
+    # the command without what depends on the checkout's or the venv's place (source, object, includes)
+    cmd = [a.replace(str(SOURCE_DIR), "") for a in command(build, Path("OBJ")) if a != "OBJ" and not a.startswith("-I")]
     digest.update("\0".join([*cmd, version, torch.__version__]).encode())
     return digest.hexdigest()
 
