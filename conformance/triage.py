@@ -434,4 +434,12 @@ def render(causes: list, repro_paths: dict, *, limit: int = 8) -> list:
     rest = causes[limit:]
     if rest:
         lines.append(f"And {len(rest)} more cause(s) covering {sum(c.count for c in rest)} failure(s): see junit.xml.")
+    bad = [c for c in causes if c.families == ("bad_input",)]
+    if len(bad) > 1:
+        lines += [
+            "",
+            f"{len(bad)} of these causes are bad inputs the kernel accepts: `selgate.reference.check_inputs(q, k, v, "
+            "ranges, scale=scale)` at the top of the kernel raises the errors SPEC.md asks for (naming the argument) "
+            "and fixes them at once.",
+        ]
     return lines

@@ -226,6 +226,17 @@ def test_the_report_section_stays_short_whatever_the_failure_count():
     assert len(triage.render(causes[:2], {})) == 4 + 2 * 4
 
 
+def test_bad_inputs_the_kernel_accepts_point_at_check_inputs():
+    """Missing input checks came out as one cause per bad input (ten for one omission): the
+    section says what fixes them at once."""
+    accepted = [f"{FAILURE}[x] bad input {name}: accepted silently (expected an error naming {arg!r})" for name, arg in
+                (("q-rank", "q"), ("k-dtype", "k"), ("scale-nan", "scale"))]  # fmt: skip
+    causes = triage.group([result("bad_input", n, m) for n, m in zip(("q-rank", "k-dtype", "scale-nan"), accepted)])
+    lines = triage.render(causes, {})
+    assert len(causes) == 3 and "3 of these causes are bad inputs" in lines[-1] and "check_inputs(" in lines[-1]
+    assert not any("check_inputs" in line for line in triage.render(causes[:1], {}))
+
+
 # --- reproducers ------------------------------------------------------------------------------
 
 KERNELS = '''"""Kernels of an outside author for the reproducer tests: off by a little, and one that
