@@ -5,7 +5,9 @@ Kept under GitHub's 1 MiB step-summary limit by dropping failure lines past the 
 from __future__ import annotations
 
 import os
+import re
 import shlex
+from collections import Counter
 from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
@@ -79,6 +81,27 @@ def _cell(counts: dict) -> str:
     return f"**{cell}**" if counts["fail"] or counts["error"] else cell
 
 
+SKIP_REASONS = 6  # the most frequent skip reasons listed per lane
+_SKIP_WHERE = re.compile(r"^(Skipped: )?(\S+\.py:\d+: )?")  # pytest's prefix of a skip's message
+
+
+def skip_summary(results: dict, lanes: list) -> list:
+    """Markdown lines: per lane, how many tests skipped and the most frequent reasons, so that a
+    report with half its tests skipped says why (a declared lack of support, a GPU-only case)."""
+    lines = []
+    for name in lanes:
+        cases = results[name].cases
+        reasons = Counter(_SKIP_WHERE.sub("", c.message)[:160] or "no reason given" for c in cases if c.outcome == "skip")
+        if not reasons:
+            continue
+        skipped = sum(reasons.values())
+        lines.append(f"- {name}: {skipped} of {len(cases)} tests skipped ({100 * skipped // max(len(cases), 1)} %)")
+        lines += [f"  - {n} x {reason}" for reason, n in reasons.most_common(SKIP_REASONS)]
+        rest = skipped - sum(n for _, n in reasons.most_common(SKIP_REASONS))
+        lines += [f"  - {rest} x {len(reasons) - SKIP_REASONS} other reason(s)"] if rest else []
+    return ["", "## Skips, by reason", "", *lines] if lines else []
+
+
 def render(results: dict, verdict: GateVerdict, *, title: str = "selgate gate report", max_bytes: int = SUMMARY_LIMIT) -> str:
     lanes = list(dict.fromkeys([*verdict.required_lanes, *results]))
     present = [n for n in lanes if n in results]
@@ -100,7 +123,7 @@ def render(results: dict, verdict: GateVerdict, *, title: str = "selgate gate re
             f"| {family} | " + " | ".join(_cell(results[n].counts(family)) if n in results else "-" for n in lanes) + " |"
         )
     table.append("| **all** | " + " | ".join(_cell(results[n].counts()) if n in results else "-" for n in lanes) + " |")
-    blocking = ["", "## Blocking", ""] + ([f"- {b}" for b in verdict.blocking] or ["none"])
+    blocking = ["", "## Blocking", ""] + ([f"- {b}" for b in verdict.blocking] or ["none"]) + skip_summary(results, present)
     notes = ["", "## Notes", ""] + [f"- {n}" for n in verdict.notes] if verdict.notes else []
     quarantine = (
         notes

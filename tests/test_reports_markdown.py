@@ -135,3 +135,12 @@ def test_report_says_what_each_lane_never_ran(tmp_path):
     text = render(results, verdict)
     assert text.splitlines()[2] == "**GATE PASSED: required lanes cpu**"
     assert "- cpu: never ran (every case skipped): implementations triton-pairs, cuda; bf16 on triton" in text
+
+
+def test_the_report_says_why_tests_skipped(tmp_path):
+    """Half a lane skipped: the report counts the skips and lists their most frequent reasons."""
+    cases = passing_cases() + [(f"conformance/test_conformance.py::test_dtype[case{i}]", "skip", "dtype", 0) for i in range(12)]
+    write_lane(tmp_path / "res", "cpu", cases)
+    results = load_results([tmp_path / "res"])
+    text = render(results, GateVerdict(required_lanes=["cpu"]))
+    assert f"- cpu: 12 of {len(cases)} tests skipped" in text and "  - 12 x needs a GPU" in text, text
