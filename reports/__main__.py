@@ -4,6 +4,7 @@ report and exit with the verdict (0 passed, 1 blocked, 2 bad policy or arguments
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -99,7 +100,21 @@ def main(argv=None) -> int:
     if len(verdict.blocking) > MAX_LISTED:
         print(f"  ... {len(verdict.blocking) - MAX_LISTED} more in the report", file=sys.stderr)
     print(f"report: {args.out / name}")
+    annotate(verdict.blocking[:ANNOTATED])
     return 0 if verdict.passed else 1
+
+
+ANNOTATED = 10  # GitHub shows at most 10 error annotations a step
+
+
+def annotate(blocking: list) -> None:
+    """On GitHub Actions, each blocking line as an error annotation on the run's summary page
+    (workflow commands: `%`, CR and LF escaped)."""
+    if os.environ.get("GITHUB_ACTIONS") != "true":
+        return
+    for line in blocking:
+        text = line.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        print(f"::error title=selgate gate blocked::{text}")
 
 
 if __name__ == "__main__":

@@ -228,3 +228,13 @@ def test_checking_a_runs_arguments_touches_nothing(tmp_path, monkeypatch, capsys
     assert lanes_main.main(["run", "cpu", "--check", "--workers", "0"]) == 2
     assert "--workers: expected >= 1" in capsys.readouterr().err
     assert sorted(p.name for p in earlier.iterdir()) == before
+
+
+def test_on_github_actions_each_blocking_line_is_an_error_annotation(monkeypatch, capsys):
+    from selgate.reports.__main__ import annotate
+
+    annotate(["lane cpu: FAIL x: 100% off\nsecond line"])
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    annotate(["lane cpu: FAIL x: 100% off\nsecond line"])
+    assert capsys.readouterr().out == "::error title=selgate gate blocked::lane cpu: FAIL x: 100%25 off%0Asecond line\n"
