@@ -37,6 +37,15 @@ def load_durations(path) -> dict:
     return tests
 
 
+def load_others_mean(path) -> float | None:
+    """The mean seconds of the tests a durations file does not list (its `others`: count and
+    seconds of the run's tests under min_s), or None where it records none."""
+    others = json.loads(Path(path).read_text()).get("others")
+    if not isinstance(others, dict) or not others.get("count"):
+        return None
+    return float(others["seconds"]) / int(others["count"])
+
+
 def first_chunks(n: int, workers: int) -> list[int]:
     """The sizes of xdist worksteal's first split of `n` tests over `workers` idle workers: each
     in turn takes the pending tests // the workers still without a chunk."""
@@ -84,13 +93,16 @@ def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S)
     call and teardown) as `dest`; returns what was written."""
     from junitparser import JUnitXml, Properties
 
-    tests = {}
+    tests, others = {}, {"count": 0, "seconds": 0.0}
     for suite in JUnitXml.fromfile(str(junit)):
         for case in suite:
             props = case.child(Properties)
             nodeid = next((p.value for p in props if p.name == "nodeid"), None) if props is not None else None
             if nodeid and (case.time or 0.0) >= min_s:
                 tests[nodeid] = round(max(case.time, tests.get(nodeid, 0.0)), 1)
+            elif nodeid:
+                others["count"] += 1
+                others["seconds"] += case.time or 0.0
     env_file = junit.parent / "environment.json"
     env = json.loads(env_file.read_text()) if env_file.exists() else {}
     commit = (env.get("tree") or {}).get("commit") or env.get("commit", "unknown")  # the tree the run started on
@@ -101,6 +113,7 @@ def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S)
         "finished": env.get("finished", "unknown"),
         "min_s": min_s,
         "tests": dict(sorted(tests.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "others": {"count": others["count"], "seconds": round(others["seconds"], 1)},  # the progress line's first estimate
     }
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(data, indent=1) + "\n")

@@ -30,7 +30,7 @@ STEP_PERCENT = 5
 RATE_MIN_PERCENT = 10
 RATE_MIN_S = 60.0
 # The tests a durations file does not list (each under its min_s) are costed at the mean of
-# at least this many of them measured in this run.
+# at least this many of them measured in this run; before, at the mean the file recorded.
 MIN_MEASURED = 20
 RUNNING_SHOWN = 4
 ORDERING_PLUGIN = "selgate.lanes.ordering"  # its SELGATE_DURATIONS are the recorded durations
@@ -48,9 +48,12 @@ class Progress:
     thread share it, so every method takes the lock. `durations` are recorded seconds per test
     id (the lane's durations file), `workers` the xdist workers that share the tests."""
 
-    def __init__(self, every_s: float = DEFAULT_INTERVAL_S, clock=time.monotonic, durations=None, workers: int = 1):
+    def __init__(
+        self, every_s: float = DEFAULT_INTERVAL_S, clock=time.monotonic, durations=None, workers: int = 1, others_mean=None
+    ):
         self.every_s, self.clock = every_s, clock
         self.durations, self.workers = durations or {}, max(1, workers)
+        self.others_mean = others_mean  # the recorded mean of the tests the durations do not list
         self.lock = threading.RLock()
         self.total = 0
         self.ids: set = set()  # the collected ids, where known: the tests left are these less done
@@ -177,8 +180,12 @@ class Progress:
         ]
         others = len(left) - len(recorded)
         if others and self.measured < MIN_MEASURED:
-            return None
-        work = sum(recorded) + (others * self.measured_s / self.measured if others else 0.0)
+            if self.others_mean is None:
+                return None
+            mean = self.others_mean  # the recorded run's, until this run measured enough of its own
+        else:
+            mean = self.measured_s / self.measured if others else 0.0
+        work = sum(recorded) + others * mean
         return max(work / self.workers, max(recorded, default=0.0))
 
 
@@ -280,17 +287,19 @@ def interval_from_env(environ=os.environ) -> float:
     return value
 
 
-def recorded_durations(config) -> dict:
-    """The durations the ordering plugin orders this run by, where it is loaded and names a
-    readable file; else none (that plugin reports a missing or malformed file)."""
+def recorded_durations(config) -> tuple[dict, float | None]:
+    """The durations the ordering plugin orders this run by, and the recorded mean of the tests
+    they do not list, where that plugin is loaded and names a readable file; else none (that
+    plugin reports a missing or malformed file)."""
     ordering = config.pluginmanager.get_plugin(ORDERING_PLUGIN)
     path = os.environ.get(ordering.DURATIONS_ENV) if ordering else None
     if not path:
-        return {}
+        return {}, None
     try:
-        return ordering.load_durations(Path(config.rootpath) / path)
-    except (OSError, ValueError):
-        return {}
+        full = Path(config.rootpath) / path
+        return ordering.load_durations(full), ordering.load_others_mean(full)
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}, None
 
 
 def distributed(config) -> bool:
@@ -325,5 +334,6 @@ def worker_count(config) -> int:
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) reports
-        progress = Progress(interval_from_env(), durations=recorded_durations(config), workers=worker_count(config))
+        durations, others_mean = recorded_durations(config)
+        progress = Progress(interval_from_env(), durations=durations, workers=worker_count(config), others_mean=others_mean)
         config.pluginmanager.register(ProgressPlugin(config, progress), "selgate-progress")

@@ -97,6 +97,31 @@ def test_the_time_left_from_recorded_durations_once_enough_others_are_measured()
     assert progress.time_left(clock.now) == pytest.approx((1 + 39) / 2)
 
 
+def test_the_recorded_mean_of_the_other_tests_gives_the_time_left_from_the_start():
+    """bin/test showed 0 % and no estimate for minutes while its costly tests ran first: the
+    durations file's `others` (count and seconds of the tests it does not list) cost them until
+    this run has measured enough of its own."""
+    clock = Clock()
+    progress = Progress(every_s=30, clock=clock, durations={"compile": 100.0}, workers=2, others_mean=0.25)
+    progress.collected(["compile", *(f"t{i}" for i in range(40))])
+    progress.started("compile")
+    assert progress.time_left(clock.now) == pytest.approx(max((100 + 40 * 0.25) / 2, 100))
+    for i in range(20):
+        progress.timed(f"t{i}", 1.0)
+        progress.finished(f"t{i}")
+    assert progress.time_left(clock.now) == pytest.approx(max((100 + 20 * 1.0) / 2, 100))  # its own mean now
+
+
+def test_durations_record_the_other_tests_mean(tmp_path):
+    from selgate.lanes.ordering import load_others_mean
+
+    path = tmp_path / "d.json"
+    path.write_text('{"tests": {}, "others": {"count": 4, "seconds": 2.0}}')
+    assert load_others_mean(path) == 0.5
+    path.write_text('{"tests": {}}')
+    assert load_others_mean(path) is None
+
+
 def test_clock_text_and_a_bad_interval_is_named():
     assert (clock_text(59.6), clock_text(3725)) == ("1m00s", "1h02m")
     assert interval_from_env({}) == 30.0 and interval_from_env({"SELGATE_PROGRESS_S": "0"}) == 0.0
