@@ -131,12 +131,15 @@ def serve(rfile, wfile) -> None:
             reply, enc = (server.call if header["op"] == "call" else server.grad)(header, dec)
         except Exception as e:  # noqa: BLE001 - whatever the kernel raised is its answer
             reply, enc = {"error": {"type": type(e).__name__, "message": str(e), "where": traceback.format_exc(limit=-3)}}, None
+        leaving = _sticky_cuda_error()  # the judge starts a fresh executor for the next call
+        if leaving:
+            reply = {**reply, "leaving": True}
         try:
             wire.send(wfile, reply, enc)
         except ValueError as e:  # the kernel returned something that cannot travel
             wire.send(wfile, {"error": {"type": "TypeError", "message": f"the implementation returned {e}", "where": ""}})
-        if _sticky_cuda_error():
-            return  # the judge starts a fresh executor for the next case
+        if leaving:
+            return
 
 
 def _sticky_cuda_error() -> bool:

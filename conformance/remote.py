@@ -93,9 +93,9 @@ class Executor:
         except BaseException:  # a timeout or an interrupt mid-call: the executor's state is unknown
             self.stop()
             raise
+        if reply.get("leaving"):  # it found its CUDA context broken and ends after this answer
+            self.stop()
         if "error" in reply:
-            if self.proc.poll() is not None or _wait(self.proc):  # it answered, then ended (a sticky CUDA error)
-                self.stop()
             raise _raised(reply["error"]["type"], reply["error"]["message"])
         return reply, dec
 
@@ -125,16 +125,6 @@ class Executor:
                 except OSError:
                     pass
         self.proc = None
-
-
-def _wait(proc, seconds: float = 0.5) -> bool:
-    """Whether `proc` ends within `seconds`: an executor that answers an error and then leaves
-    (it found its CUDA context broken) is gone before the next call."""
-    try:
-        proc.wait(timeout=seconds)
-        return True
-    except subprocess.TimeoutExpired:
-        return False
 
 
 class _Call(torch.autograd.Function):
