@@ -44,7 +44,7 @@ class Server:
 
     def call(self, header: dict, dec: wire.Decoder) -> tuple[dict, wire.Encoder]:
         args, kwargs = dec.value(header["args"]), dict(zip(header["kwargs"], dec.value(header["kwargs_values"])))
-        inputs = list(_tensors((args, kwargs)))
+        inputs = list(wire.tensors((args, kwargs)))
         qkv = args[:3] if len(args) >= 3 and all(isinstance(t, torch.Tensor) for t in args[:3]) else None
         before = _snapshot(dec)
         fn = self.fn(header["fn"])
@@ -53,7 +53,7 @@ class Server:
         with torch.set_grad_enabled(any(t.requires_grad for t in inputs)):
             out = fn(*args, **kwargs)
         enc = wire.Encoder()
-        flat = list(_tensors(out))
+        flat = list(wire.tensors(out))
         reply = {"out": enc.value(_detached(out)), "grad": [t.requires_grad for t in flat], "inputs": _changed(enc, dec, before)}
         if any(t.requires_grad for t in flat):
             reply["handle"] = self.keep((flat, inputs, dec, qkv))
@@ -79,17 +79,6 @@ class Server:
         reply = {"grads": enc.value([next(grads) if t.requires_grad else None for t in inputs])}
         reply["inputs"] = _changed(enc, inputs_dec, before)
         return reply, enc
-
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for i in x:
-            yield from _tensors(i)
-    elif isinstance(x, dict):
-        for i in x.values():
-            yield from _tensors(i)
 
 
 def _detached(x):

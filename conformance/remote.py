@@ -135,7 +135,7 @@ class _Call(torch.autograd.Function):
     def forward(ctx, job, *tensors):
         ctx.set_materialize_grads(False)
         ctx.job = job
-        flat = list(_flatten(job.out))
+        flat = list(wire.tensors(job.out))
         ctx.mark_non_differentiable(*[t for t, g in zip(flat, job.grad) if not g])
         return tuple(flat)
 
@@ -170,14 +170,6 @@ class _Job:
             torch.empty(0, dtype=torch.uint8, device=device).set_(storage).copy_(dec.value(value).reshape(-1))
 
 
-def _flatten(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for i in x:
-            yield from _flatten(i)
-
-
 def _rebuild(x, flat):
     if isinstance(x, torch.Tensor):
         return next(flat)
@@ -193,7 +185,7 @@ def remote_callable(executor: Executor, fn: str):
     def call(*args, **kwargs):
         job = _Job(executor, fn, args, kwargs)
         job.run()
-        tensors = list(_flatten((args, tuple(kwargs.values()))))
+        tensors = list(wire.tensors((args, tuple(kwargs.values()))))
         if job.handle is not None:  # the executor keeps the graph until the node holding this job is gone
             weakref.finalize(job, executor.release, executor.proc, job.handle)
         if job.handle is None or not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):

@@ -96,6 +96,18 @@ class Decoder:
         raise ValueError(f"not a value: {str(x)[:80]}")
 
 
+def tensors(x):
+    """The tensors of a value (nested lists, tuples and dict values), in order."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for i in x:
+            yield from tensors(i)
+    elif isinstance(x, dict):
+        for i in x.values():
+            yield from tensors(i)
+
+
 def send(f, header: dict, enc: Encoder | None = None) -> None:
     """Writes `header` (with `enc`'s storages) and the storages' bytes to the binary file `f`."""
     blobs = enc.blobs if enc else []
