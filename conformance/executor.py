@@ -123,10 +123,7 @@ def serve(rfile, wfile) -> None:
         leaving = _sticky_cuda_error()  # the judge starts a fresh executor for the next call
         if leaving:
             reply = {**reply, "leaving": True}
-        try:
-            wire.send(wfile, reply, enc)
-        except ValueError as e:  # the kernel returned something that cannot travel
-            wire.send(wfile, {"error": {"type": "TypeError", "message": f"the implementation returned {e}", "where": ""}})
+        wire.send(wfile, reply, enc)  # an output that cannot travel was refused above, as the call's error
         if leaving:
             return
 
