@@ -5,6 +5,8 @@ D=Dv=128, L in {512, 1024}; prefill bf16 B=1, T=65536, 64 heads in 4 groups, D=D
 16 blocks of 64, K and V as separate tensors, and the same with K and V stored per key,
 reported beside it). `seed`: H in {4, 8}, D, Dv in {64, 128}, L in {16..1024}, N in {64, 256, 1024},
 few/many/mixed (504 decode configurations, few timed calls each). `full`: both.
+`smoke`: the lanes' perf smoke, a few rows of `full` (decode at L=1024, the 64k prefill forward) that
+a GPU lane times after its tests, judged against the standing `full` baseline (bench/regression.py).
 `launch`: Triton launch variants (BLOCK_L x warps x stages) over L, for the optimiser's
 per-bucket block sizes. `prefill_scaling`: the acceptance prefill setting at T in {4k .. 64k}
 (`PREFILL_SCALING_T`), ours beside fla-core and the SDPA baselines that fit, for the prefill
@@ -79,6 +81,21 @@ def full(dtype: str = "bfloat16") -> list[Matrix]:
     return first + [dataclasses.replace(m, problems=[p for p in m.problems if p.key not in seen]) for m in seed(dtype)]
 
 
+SMOKE_BASELINE = "full"  # the matrix whose baseline rows judge the smoke's (its configurations are among them)
+
+
+def smoke(dtype: str = "bfloat16") -> list[Matrix]:
+    """Decode at L=1024 (few and many ranges: our kernels, SDPA and gather-then-SDPA for the acceptance
+    bars, graph-timed) and the 64k prefill forward (Triton only: SDPA's packed prefill alone takes ~0.5 s a call), with
+    `acceptance`'s timing settings, so each row is one of `full`'s configurations timed the same way."""
+    decode = [p for p in acceptance_decode(dtype) if p.L == 1024]
+    methods = ("triton", "cuda", "sdpa", "gather_sdpa")
+    return [
+        Matrix("smoke-decode", decode, MeasureOptions(warmup=10, iters=100, graph=True), methods),
+        Matrix("smoke-prefill", [acceptance_prefill(dtype)], MeasureOptions(warmup=2, iters=10, max_seconds=4.0), ("triton",)),
+    ]
+
+
 PREFILL_SCALING_T = (4096, 8192, 16384, 32768, 65536)
 # gather_sdpa is left out: its gathered K/V (~132 GiB at 64k, linear in T) is over the dense
 # budget (SELGATE_BENCH_DENSE_BUDGET_MB, 8 GiB) even at T=4096; masked_sdpa's mask (quadratic
@@ -96,7 +113,14 @@ def prefill_scaling(dtype: str = "bfloat16") -> list[Matrix]:
     return [Matrix("prefill-scaling", problems, MeasureOptions(warmup=2, iters=10, max_seconds=4.0), PREFILL_SCALING_METHODS)]
 
 
-PRESETS = {"acceptance": acceptance, "seed": seed, "full": full, "launch": launch, "prefill_scaling": prefill_scaling}
+PRESETS = {
+    "acceptance": acceptance,
+    "seed": seed,
+    "full": full,
+    "launch": launch,
+    "prefill_scaling": prefill_scaling,
+    "smoke": smoke,
+}
 
 
 def acceptance_checks(rows: list[dict]) -> list[str]:

@@ -487,17 +487,58 @@ def compare_to_baseline(
             )
             continue
         latest_rows = tables.read_csv(latest)
-        commits = sorted({str(r.get("software") or "").partition("commit ")[2] or "unrecorded" for r in latest_rows})
-        cmp.notes.append(f"`{latest.name}` measured commit {', '.join(commits)}")
-        if stand.kind == "class":
-            rows, blocking = compare_class_rows(
-                tables.read_csv(base), latest_rows, against=stand.against, max_slowdown=max_slowdown
-            )
-        else:
-            rows, blocking = compare_rows(tables.read_csv(base), latest_rows, max_slowdown=max_slowdown)
-        cmp.rows += rows
-        cmp.blocking += blocking
+        cmp.notes.append(f"`{latest.name}` measured commit {', '.join(measured_commits(latest_rows))}")
+        _judge(cmp, stand, tables.read_csv(base), latest_rows, max_slowdown)
     missing = sum(r["verdict"] == "not measured" for r in cmp.rows)
     if missing:
         cmp.notes.append(f"{missing} baseline configurations were not measured in the latest run")
+    return cmp
+
+
+def measured_commits(rows: list[dict]) -> list[str]:
+    """The commits a results table's rows say they measured (its `software` column)."""
+    return sorted({str(r.get("software") or "").partition("commit ")[2] or "unrecorded" for r in rows})
+
+
+def _judge(cmp: Comparison, stand: Standing, base: list[dict], latest: list[dict], max_slowdown: float) -> None:
+    """Add `latest`'s rows against `base` to `cmp`: as ratios to the floors where a class baseline stands."""
+    if stand.kind == "class":
+        rows, blocking = compare_class_rows(base, latest, against=stand.against, max_slowdown=max_slowdown)
+    else:
+        rows, blocking = compare_rows(base, latest, max_slowdown=max_slowdown)
+    cmp.rows += rows
+    cmp.blocking += blocking
+
+
+def compare_smoke(
+    device: str, path: Path, *, device_class: str | None = None, capability=None, max_slowdown: float = MAX_SLOWDOWN
+) -> Comparison:
+    """A lane's perf smoke (`path`, the `smoke` preset's CSV: a few of `full`'s configurations)
+    against the same configurations in the standing `full` baseline, the device's or its class's,
+    by the rules of `compare_to_baseline`. A smoke that no baseline judges, or whose
+    configurations the baseline lacks, blocks: a smoke that compares nothing is no pass."""
+    from .presets import SMOKE_BASELINE
+
+    stand = standing_baselines(device, device_class=device_class, capability=capability)
+    cmp = Comparison(device, against=stand.against if stand.kind == "class" else None)
+    base = next((p for p in stand.paths if p.stem == f"baseline-{SMOKE_BASELINE}"), None)
+    if stand.kind is None:
+        line, note = missing_baseline(device, stand)
+        cmp.blocking.append(line)
+        cmp.notes.append(note)
+        return cmp
+    if base is None:
+        cmp.blocking.append(f"no baseline-{SMOKE_BASELINE}.csv among {', '.join(_shown(p) for p in stand.paths)}")
+        return cmp
+    latest = tables.read_csv(path)
+    timed = {(r["config"], r["method"]) for r in latest}
+    base_rows = [r for r in tables.read_csv(base) if (r["config"], r["method"]) in timed]
+    cmp.pairs.append((base, path))
+    cmp.notes.append(f"`{path.name}` measured commit {', '.join(measured_commits(latest))}")
+    if not base_rows:
+        cmp.blocking.append(f"{_shown(base)} holds none of the smoke's {len(timed)} rows")
+        return cmp
+    _judge(cmp, stand, base_rows, latest, max_slowdown)
+    missing = [r for r in cmp.rows if r["ours"] and r["verdict"] == "not measured"]
+    cmp.blocking += [f"{r['config']} / {r['method']}: the smoke did not measure it" for r in missing]
     return cmp

@@ -29,6 +29,7 @@ REQUIRED = (
     "image",
     "required_families",
     "policy",
+    "perf_smoke",
 )
 IMAGE_KEYS = ("dockerfile", "base_image", "build_args", "tag")
 NOTES = ("reason", "measured")  # what an override says about itself; the rest are bounds
@@ -105,6 +106,10 @@ def validate_lane(lane: dict, where: str, at=None) -> None:
         raise ValueError(f"{at('tolerance_overrides')}: tolerance_overrides: {e}") from None
     for dtype, override in overrides.items():
         _check_measured(dtype, override, at)
+    if not isinstance(lane["perf_smoke"], bool):
+        raise ValueError(f"{at('perf_smoke')}: perf_smoke: expected true or false, got {lane['perf_smoke']!r}")
+    if lane["perf_smoke"] and lane["device"] != "cuda":
+        raise ValueError(f"{at('perf_smoke')}: perf_smoke: times GPU kernels; the lane runs on {lane['device']!r}")
     checks = lane["policy"]
     if not isinstance(checks, list):
         raise ValueError(f"{at('policy')}: policy: expected a list of checks, got {checks!r}")

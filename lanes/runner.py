@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,7 @@ class LanePlan:
     cache_dir: Path = None  # TRITON_CACHE_DIR
     workers: int = 1
     extension_cache_dir: Path = None  # SELGATE_CUDA_CACHE: the CUDA decode extension's builds
+    smoke: bool = False  # time the perf smoke after the tests (a perf_smoke lane, run whole and natively)
 
 
 def visible_gpu_count() -> int:
@@ -308,7 +310,8 @@ def plan_lane(
         k=k,
         output=("-o", "console_output_style=progress", "-rfE", *extra),
     )
-    return LanePlan(lane, out_name, args, env, cache_dir, workers, extension_cache_dir)
+    smoke = lane["perf_smoke"] and not (k or emulate or policy_only or extra)
+    return LanePlan(lane, out_name, args, env, cache_dir, workers, extension_cache_dir, smoke)
 
 
 def shown_path(path: Path) -> str:
@@ -357,6 +360,24 @@ def run_plan(plan: LanePlan, *, docker: bool = False) -> int:
         with Cut(lambda: proc.send_signal(signal.SIGINT)) as cut:
             status = proc.wait()
     mark_signal(out_dir, cut.signal)
+    if plan.smoke and not docker and cut.signal is None:
+        run_smoke(plan, out_dir)
+    return status
+
+
+PERF_DIR = "perf"  # the lane's perf smoke: reports/out/<lane>/perf/smoke.csv
+
+
+def run_smoke(plan: LanePlan, out_dir: Path) -> int:
+    """Time the bench's `smoke` preset into `out_dir/perf` as users run it: the caller's environment,
+    none of the lane's test settings, only its compile caches. Its exit status is printed, not
+    returned to the gate: the release gate reads the CSV, and a missing one blocks there."""
+    cmd = [sys.executable, "-m", "selgate.bench", "sel", "--sweep", "smoke", "--out", str(out_dir / PERF_DIR)]
+    env = {**os.environ, "TRITON_CACHE_DIR": str(plan.cache_dir), "SELGATE_CUDA_CACHE": str(plan.extension_cache_dir)}
+    print(f"lane {plan.out_name}: perf smoke, {shlex.join(cmd[1:])}", flush=True)
+    status = subprocess.run(cmd, cwd=ROOT, env=env, start_new_session=True).returncode
+    if status:
+        print(f"lane {plan.out_name}: the perf smoke exited {status}; the release gate blocks without its CSV", flush=True)
     return status
 
 

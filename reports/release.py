@@ -5,6 +5,8 @@ newest host.csv (whose failures also block)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .gate import GateVerdict
 from .markdown import render
 
@@ -24,13 +26,8 @@ def bench_sections(results: dict) -> tuple[list[str], list[str]]:
     for r in results.values():
         env = r.environment or {}
         gpu = env.get("gpu", "none")
-        if gpu == "none":
-            continue
-        said = classed.setdefault(gpu, {})
-        for key, field in (("device_class", "gpu_class"), ("capability", "gpu_capability")):
-            value = str(env.get(field) or "")
-            if value.lower() not in ("", "none", "unknown") and key not in said:  # the stamp writes "none" for no class
-                said[key] = value
+        if gpu != "none":
+            classed[gpu] = {**lane_class(env), **classed.get(gpu, {})}
     if not classed:
         return ["no benchmark results: no GPU lane in these results"], []
     sections, blocking = [], []
@@ -41,6 +38,48 @@ def bench_sections(results: dict) -> tuple[list[str], list[str]]:
         text, failed = host_section(gpu, required=standing_baselines(gpu, **classed[gpu]).kind is not None)
         sections.append(text)
         blocking += [f"host cost {gpu}: {b}" for b in failed]
+    smoke_text, smoke_blocking = smoke_sections(results)
+    return sections + smoke_text, blocking + smoke_blocking
+
+
+def lane_class(env: dict) -> dict:
+    """{"device_class": ..., "capability": ...} of what a lane's environment.json says (the stamp
+    writes "none" for no class)."""
+    said = {key: str(env.get(field) or "") for key, field in (("device_class", "gpu_class"), ("capability", "gpu_capability"))}
+    return {key: value for key, value in said.items() if value.lower() not in ("", "none", "unknown")}
+
+
+def smoke_sections(results: dict) -> tuple[list[str], list[str]]:
+    """(Markdown sections, blocking lines) of the perf smoke of each lane in `results` whose YAML
+    asks for one (`perf_smoke`): its CSV beside the lane's JUnit, judged by `compare_smoke` on the
+    GPU and class its environment.json names, and measured on the commit the lane ran. A lane
+    that ran without one blocks: its performance would be unmeasured."""
+    from selgate.bench import tables
+    from selgate.bench.regression import compare_smoke, measured_commits
+    from selgate.lanes.config import load_lane
+    from selgate.lanes.runner import PERF_DIR
+
+    sections, blocking = [], []
+    for name, r in sorted(results.items()):
+        try:
+            if name.endswith("-emulated") or not load_lane(name)["perf_smoke"]:
+                continue
+        except ValueError:
+            continue  # not a lane of this tree: the gate's own rules say so
+        env = r.environment or {}
+        path = Path(r.junit).parent / PERF_DIR / "smoke.csv"
+        title = f"### Perf smoke of lane {name}\n"
+        if not path.exists():
+            line = f"lane {name}: no perf smoke ({path}); a whole native `python -m selgate.lanes run {name}` times it"
+            sections.append(f"{title}\n{line}\n")
+            blocking.append(line)
+            continue
+        cmp = compare_smoke(env.get("gpu", "unknown"), path, **lane_class(env))
+        sections.append(title + "\n" + cmp.markdown())
+        blocking += [f"perf smoke {name}: {b}" for b in cmp.blocking]
+        measured, ran = measured_commits(tables.read_csv(path)), str(env.get("commit") or "unrecorded")
+        if measured != [ran]:
+            blocking.append(f"perf smoke {name}: measured commit {', '.join(measured)}, the lane ran {ran}")
     return sections, blocking
 
 
