@@ -120,6 +120,16 @@ def test_presets_hold_the_acceptance_and_seed_matrices():
     assert (pf.kv_layout, pf_key.kv_layout) == ("separate", "key") and pf_key.key == pf.key + " kv=key"
 
 
+def test_the_perf_smoke_times_rows_of_the_full_matrix_the_same_way():
+    """The release gate judges each smoke row by the `full` baseline's row of its configuration and
+    method: a row outside `full`, or timed with other settings, would compare unlike with unlike."""
+    full = {(p.key, m.measure) for m in PRESETS["full"]() for p in m.problems}
+    smoke = [(p, m) for m in PRESETS["smoke"]() for p in m.problems]
+    assert {(p.key, m.measure) for p, m in smoke} <= full
+    assert {(p.kind, p.L if p.kind == "decode" else p.S) for p, _ in smoke} == {("decode", 1024), ("prefill", 65536)}
+    assert all({"triton"} <= set(m.methods) for _, m in smoke)
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
     reason="Triton runs on CPU only under TRITON_INTERPRET=1 (bin/test sets it)",

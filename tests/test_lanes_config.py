@@ -155,3 +155,25 @@ def test_a_run_that_writes_nothing_leaves_no_old_results_behind(tmp_path, monkey
         (out / name).write_text("from an earlier run")
     assert runner.run_plan(plan_lane(load_lane("cpu"), capability=None), docker=True) == 125
     assert not (out / "junit.xml").exists() and not (out / "environment.json").exists()
+
+
+def test_perf_smoke_is_a_boolean_of_gpu_lanes(tmp_path):
+    _write_lane(tmp_path, perf_smoke="yes")
+    with pytest.raises(ValueError, match="perf_smoke: expected true or false, got 'yes'"):
+        load_lane("x", tmp_path)
+    _write_lane(tmp_path, device="cpu", workers=2, perf_smoke=True)
+    with pytest.raises(ValueError, match="perf_smoke: times GPU kernels; the lane runs on 'cpu'"):
+        load_lane("x", tmp_path)
+    assert load_lane("sm90")["perf_smoke"] and not load_lane("cpu")["perf_smoke"]
+
+
+@pytest.mark.parametrize(
+    "narrowed, smoke",
+    [({}, True), ({"k": "parity"}, False), ({"emulate": True}, False), ({"policy_only": True}, False),
+     ({"extra": ["-x"]}, False)],
+)  # fmt: skip
+def test_only_a_whole_native_run_times_the_perf_smoke(narrowed, smoke):
+    """A narrowed run measured less than the lane: its smoke would judge a run the gate blocks anyway."""
+    capability = "8.0" if narrowed.get("emulate") else "9.0"
+    plan = plan_lane(load_lane("sm90"), capability=capability, workers=1, **narrowed)
+    assert plan.smoke is smoke

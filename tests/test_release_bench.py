@@ -58,4 +58,53 @@ def test_a_class_baseline_judges_the_gpu_and_requires_its_host_cost(tmp_path, ca
     text = (tmp_path / "out" / "release.md").read_text()
     assert f"### Performance {regression.Standing('class', 'sm90', DEVICE, []).against}: {H200}" in text
     host.write_csv(good_rows(), tables.results_dir(H200, "2026-12-01") / "host.csv")
+    assert run_gate(tmp_path, command="release") == 1
+    assert capsys.readouterr().out.startswith("GATE BLOCKED: lane sm90: no perf smoke")
+    smoke(tmp_path, a_run(copy_gbps=4800, matmul_tflops=800))
     assert run_gate(tmp_path, command="release") == 0, capsys.readouterr().out
+    assert "### Perf smoke of lane sm90" in (tmp_path / "out" / "release.md").read_text()
+
+
+def smoke(tmp_path, rows, commit="abc123"):
+    """The sm90 lane's perf smoke CSV where the lane runner leaves it, its rows measured on `commit`."""
+    rows = [{**r, "software": f"torch 2.11.0 triton 3.6.0 driver 580.159.04 commit {commit}"} for r in rows]
+    return tables.write_csv(rows, tmp_path / "res" / "sm90" / "perf" / "smoke.csv")
+
+
+@pytest.fixture
+def judged_h200(tmp_path, classed, gated_tree):  # noqa: F811
+    """An H200 whose sweep and host cost pass against the class baseline; only its smoke is left to judge."""
+    classed(a_run(copy_gbps=4800, matmul_tflops=800))
+    host.write_csv(good_rows(), tables.results_dir(H200, "2026-12-01") / "host.csv")
+    lanes(tmp_path, gpu_class="sm90")
+
+
+def test_a_perf_smoke_slower_than_the_class_baseline_blocks_the_release(tmp_path, capsys, judged_h200):
+    """Our rows 2x slower than the H100's run on the copy floor, 1.25x on the matmul rate (the H200's
+    memory is 1.6x faster, its math the same): the sweep passed, the smoke blocks."""
+    smoke(tmp_path, a_run(copy_gbps=4800, matmul_tflops=800, scale=2.0))
+    assert run_gate(tmp_path, command="release") == 1
+    out = capsys.readouterr().out
+    first = "GATE BLOCKED: perf smoke sm90: decode L=512 few / sdpa: 2.00x on the copy floor, 1.25x on the matmul rate"
+    assert out.startswith(first), out
+    assert "(and 3 more)" in out  # the other rows of ours: the report lists them
+    assert "decode L=1024 many | triton | 0.4167 | 0.5208 | 2.000 | 1.250" in (tmp_path / "out" / "release.md").read_text()
+
+
+def test_a_perf_smoke_of_another_commit_or_of_nothing_blocks(tmp_path, capsys, judged_h200):
+    smoke(tmp_path, a_run(copy_gbps=4800, matmul_tflops=800), commit="def456")
+    assert run_gate(tmp_path, command="release") == 1
+    assert capsys.readouterr().out.startswith("GATE BLOCKED: perf smoke sm90: measured commit def456, the lane ran abc123")
+    rows = [{**r, "config": "decode L=4096 few"} for r in a_run(copy_gbps=4800, matmul_tflops=800)]
+    smoke(tmp_path, rows)
+    assert run_gate(tmp_path, command="release") == 1
+    assert "holds none of the smoke's 3 rows" in capsys.readouterr().out
+
+
+def test_a_perf_smoke_that_failed_a_row_of_ours_blocks(tmp_path, capsys, judged_h200):
+    rows = a_run(copy_gbps=4800, matmul_tflops=800)
+    rows[1] = {**rows[1], "status": "error", "note": "CUDA error: out of memory"}
+    smoke(tmp_path, rows)
+    assert run_gate(tmp_path, command="release") == 1
+    out = capsys.readouterr().out
+    assert "perf smoke sm90: decode L=512 few / triton: measured vs class sm90" in out and "out of memory" in out
