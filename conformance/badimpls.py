@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -368,6 +369,15 @@ def _bad(name, call, caught_by, bug, varlen=None, device="cpu", **declared):
     return BadImpl(impl, caught_by, bug, device)
 
 
+def seeded_by_pid(q, k, v, ranges, *, scale=None, positions=None, want_lse=True):
+    """Correct but for one ulp added to the outputs a generator seeded by the process id picks:
+    bitwise repeatable within a process, different in every other (a kernel seeded by its pid,
+    or tuned per process). Module-level, so a second process loads it by name."""
+    o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+    picked = torch.rand(o.shape, generator=torch.Generator().manual_seed(os.getpid())) < 0.5
+    return torch.where(picked.to(o.device), torch.nextafter(o, torch.full_like(o, math.inf)), o), lse
+
+
 def _keys(fn):
     return lambda q, k, v, r, *, scale=None, positions=None: attend(q, k, v, r, scale=scale, positions=positions, keys=fn)
 
@@ -414,6 +424,13 @@ BAD_IMPLS = (
     ),
     _bad("one-ulp-wobble", _wobbling(grad=False), "determinism", "o differs by one ulp on every other run"),
     _bad("dk-wobble", _wobbling(grad=True), "determinism_backward", "dk accumulated in a run-dependent order (atomics)"),
+    _bad(
+        "seeded-by-pid",
+        seeded_by_pid,
+        "determinism",
+        "bitwise repeatable within a process, different in every process (seeded by its pid)",
+        spec="selgate.conformance.badimpls:seeded_by_pid",
+    ),
     _bad(
         "reused-output-buffer", _reused_buffer(), "determinism", "one output buffer for every call, values differing run to run"
     ),

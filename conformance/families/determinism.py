@@ -1,9 +1,13 @@
 """Family determinism: repeated runs are bitwise identical (SPEC.md, "Determinism"), within
 one process and across processes. Within: each case runs several times in its process.
-Across: with the plugin's `--checksums DIR`, each process writes the sha256 of every tensor of
-a case's first run to DIR (`record`), and `differences` compares the files of two runs made
-in distinct processes; `selgate check` runs the determinism cases a second time, in fresh
-processes, for it (a kernel seeded by its process id is repeatable within one process only)."""
+Across, two ways (a kernel seeded by its process id, or tuned differently in each process, is
+repeatable within one process only):
+- in a lane, a registered implementation runs each case once more in a second process of the
+  worker's (an executor, `second_process`), compared bitwise with the first run;
+- with the plugin's `--checksums DIR`, each process writes the sha256 of every tensor of a
+  case's first run to DIR (`record`), and `differences` compares the files of two runs made in
+  distinct processes; `selgate check` runs the determinism cases a second time, in fresh
+  processes, for it."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from ..family import DETERMINISTIC, Family, repeatable
 from ..registry import Impl
 
 CHECKSUMS: dict = {"dir": None}  # where this process records checksums (plugin.py: --checksums)
+SECOND: dict = {"executor": None}  # this worker's second process (`second_process`), started on first use
 PROCESS = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # a pid can be reused; this token cannot
 
 
@@ -39,13 +44,40 @@ def check(impl: Impl, case: Case, device, backward: bool = False) -> None:
     first = evaluate(fn, inp.q, inp.k, inp.v, up)
     record(f"test_determinism{'_backward' if backward else ''}[{impl.name}-{case.id}]", first, (inp.q, inp.k, inp.v, inp.ranges))
     for i in range(1, runs):
-        again = evaluate(fn, inp.q, inp.k, inp.v, up)
-        pairs = [("o", again.o, first.o), ("lse", again.lse, first.lse)]
-        if up is not None:
-            pairs += list(zip(("dq", "dk", "dv"), again.grads, first.grads))
-        for name, a, b in pairs:
-            if a is not None:
-                assert_equal(name, a, b, case_id=case.id, why=f"run {i + 1} vs run 1 must be bitwise identical")
+        _same(evaluate(fn, inp.q, inp.k, inp.v, up), first, case, f"run {i + 1} vs run 1 must be bitwise identical")
+    other = second_process(impl)
+    if other is not None:
+        again = evaluate(impl_fn(other, inp.ranges, inp.scale), inp.q, inp.k, inp.v, up)
+        _same(again, first, case, "a second process's run vs this process's must be bitwise identical")
+
+
+def _same(again: Result, first: Result, case: Case, why: str) -> None:
+    pairs = [("o", again.o, first.o), ("lse", again.lse, first.lse)]
+    if first.grads is not None:
+        pairs += list(zip(("dq", "dk", "dv"), again.grads, first.grads))
+    for name, a, b in pairs:
+        if a is not None:
+            assert_equal(name, a, b, case_id=case.id, why=why)
+
+
+def second_process(impl: Impl) -> Impl | None:
+    """`impl` called in this worker's second process: an executor (conformance/executor.py) with
+    this process's environment, started on first use. None where this run does not compare
+    processes itself: under `--checksums` (`selgate check` compares two whole runs) and for an
+    implementation no other process can load (an outside kernel: the check's to judge)."""
+    import dataclasses
+
+    from ..registry import REGISTRY
+    from ..remote import Executor, remote_callable
+
+    spec = impl.spec or (f"registry:{impl.name}" if impl.name in REGISTRY else None)
+    if CHECKSUMS["dir"] is not None or spec is None:
+        return None
+    if SECOND["executor"] is None:
+        import tempfile
+
+        SECOND["executor"] = Executor(Path(tempfile.mkdtemp(prefix="selgate-second-process-")), confined=False)
+    return dataclasses.replace(impl, call=remote_callable(SECOND["executor"], spec))
 
 
 def checksum(t: torch.Tensor) -> str:
