@@ -122,6 +122,18 @@ def _ignores_k_offset(q, k, v, ranges, *, scale=None, positions=None):
     return attend(q, k.as_strided(k.shape, k.stride(), 0), v, ranges, scale=scale, positions=positions)
 
 
+def _int32_batch_offsets(q, k, v, ranges, *, scale=None, positions=None):
+    """K/V batch offsets `b * stride(0)` computed in 32 bits: past 2^31 elements they wrap (here,
+    as a kernel masking the sign bit away would), and a later batch reads from near the storage's
+    start. Right while a tensor spans less than 2^31 elements."""
+
+    def wrapped(t):
+        starts = [(t.storage_offset() + b * t.stride(0)) % 2**31 for b in range(t.shape[0])]
+        return torch.stack([t.as_strided(t.shape[1:], t.stride()[1:], s) for s in starts])
+
+    return attend(q, wrapped(k), wrapped(v), ranges, scale=scale, positions=positions)
+
+
 def _normalises_in_place(q, k, v, ranges, *, scale=None, positions=None):
     """Ranges normalised (clamped, sorted, merged) into the caller's tensor: this call's answer
     is right, the caller's ranges are not theirs any more."""
@@ -557,6 +569,13 @@ BAD_IMPLS = (
         _ignores_k_offset,
         "dtype",
         "k read from its storage's start while declaring the strided layout (k = cache[1:] reads cache[0])",
+    ),
+    _bad(
+        "int32-batch-offsets",
+        _int32_batch_offsets,
+        "dtype",
+        "K/V batch offsets in int32: batches 2^31 elements apart read another batch (a long context's T * heads * D)",
+        device="cuda",
     ),
     _bad("normalises-ranges-in-place", _normalises_in_place, "parity", "writes the normalised ranges into the caller's tensor"),
     _bad("dq-scaled-by-dv", _dq_scaled_by_dv, "backward", "dq scaled with 1/sqrt(Dv): wrong only when Dv != Dk"),

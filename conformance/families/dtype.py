@@ -21,12 +21,45 @@ def in_larger_buffer(t: torch.Tensor, fill) -> torch.Tensor:
     return view.copy_(t)
 
 
+FAR = 2**31  # elements between two batches' K/V in `far_apart`: an offset computed in int32 wraps there
+
+
+def far_apart(k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """k and v [B, G, S_kv, D] as views into one buffer, NaN elsewhere, whose batches lie FAR
+    elements apart (batch stride 2^31: every batch after the first starts past int32's range), as
+    a long context's offsets do (SPEC.md: T * heads * D > 2^31). A kernel that computes
+    `b * stride` in int32 reads NaN or another batch's keys. The buffer is (B - 1) * 2^31
+    elements plus one batch, 4 GiB at two bytes for B = 2, allocated, never copied."""
+    B = k.shape[0]
+    one = k[0].numel() + v[0].numel()
+    buf = torch.full(((B - 1) * FAR + one,), float("nan"), dtype=k.dtype, device=k.device)
+    views = []
+    for t, start in ((k, 0), (v, k[0].numel())):
+        view = buf.as_strided(t.shape, (FAR, *t[0].contiguous().stride()), start)
+        views.append(view.copy_(t))
+    return tuple(views)
+
+
+def far_applies(impl: Impl, case: Case, device) -> bool:
+    """A few cases per implementation and low-precision dtype on a GPU: a batch beyond the first,
+    the strided layout declared, mixed ranges (each such call allocates 4 GiB, and 8 with a gradient
+    run's copy of it: within the 10 GB a lane gives a worker)."""
+    return (
+        torch.device(device).type == "cuda"
+        and "strided" in impl.layouts
+        and case.shape.B >= 2
+        and case.dtype.itemsize == 2
+        and case.pattern == "mixed"
+    )
+
+
 def check(impl: Impl, case: Case, device) -> None:
     """Output dtypes, shapes and device of SPEC.md; int32 and int64 ranges give bitwise-equal
     results; non-contiguous q, k, v give correct results, and so do q, k, v and ranges that are
-    views at a storage offset into larger buffers, and k, v whose rows share one buffer (each
-    key's K row then its V row: the storage README recommends for the prefill), where the
-    implementation declares those layouts."""
+    views at a storage offset into larger buffers, k and v whose batches lie 2^31 elements apart
+    (on a GPU, `far_apart`), and k, v whose rows share one buffer (each key's K row then its V
+    row: the storage README recommends for the prefill), where the implementation declares those
+    layouts."""
     inp = make_inputs(case, device)
     B, S, G, h, Dk = inp.q.shape
     Dv = inp.v.shape[3]
@@ -56,6 +89,10 @@ def check(impl: Impl, case: Case, device) -> None:
         # around the views: NaN, and (0, 0) ranges (read in place of the real ones, rows go empty)
         offset = [in_larger_buffer(t, float("nan")) for t in (inp.q, inp.k, inp.v)]
         compare(case, judged, evaluate(impl_fn(impl, in_larger_buffer(r64, 0), inp.scale), *offset, up), gold, plain)
+    if far_applies(impl, case, device):
+        far = far_apart(inp.k, inp.v)
+        compare(case, judged, evaluate(impl_fn(impl, r64, inp.scale), inp.q, *far, up), gold, plain)
+        del far
     if "kv_shared" in impl.layouts:
         kv = torch.empty(*inp.k.shape[:3], Dk + Dv, dtype=inp.k.dtype, device=inp.k.device)
         packed = (inp.q, kv[..., :Dk].copy_(inp.k), kv[..., Dk:].copy_(inp.v))

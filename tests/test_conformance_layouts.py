@@ -1,0 +1,28 @@
+"""The dtype family's batches 2^31 elements apart (`far_apart`): the layout a long context's
+int32 offsets overflow at, built on the meta device (no memory) to check its strides, offsets
+and the cases it applies to; the GPU lanes run it on real buffers."""
+
+import dataclasses
+
+import torch
+
+from selgate.conformance.cases import select
+from selgate.conformance.families.dtype import FAR, far_applies, far_apart
+from selgate.conformance.registry import REGISTRY
+
+
+def test_batches_lie_two_to_the_31_elements_apart_and_k_and_v_do_not_overlap():
+    k, v = torch.empty(2, 3, 40, 16, device="meta"), torch.empty(2, 3, 40, 8, device="meta")
+    fk, fv = far_apart(k.half(), v.half())
+    assert FAR == 2**31 and fk.stride() == (FAR, 640, 16, 1) and fv.stride() == (FAR, 320, 8, 1)
+    assert (fk.storage_offset(), fv.storage_offset()) == (0, 1920)  # v's batch after k's
+    assert fk.untyped_storage().nbytes() == 2 * (FAR + 1920 + 960)  # one batch past 2^31 elements: 4 GiB
+    assert fk.shape == k.shape and fv.shape == v.shape
+
+
+def test_only_gpu_cases_of_two_batches_in_two_bytes_get_the_four_gib_buffer():
+    sdpa = REGISTRY["sdpa"]
+    case = next(c for c in select("small") if c.shape.B >= 2 and c.pattern == "mixed" and c.dtype == torch.float16)
+    assert far_applies(sdpa, case, "cuda") and not far_applies(sdpa, case, "cpu")
+    assert not far_applies(sdpa, dataclasses.replace(case, dtype=torch.float32), "cuda")  # 8 GiB
+    assert not far_applies(dataclasses.replace(sdpa, layouts=("contiguous",)), case, "cuda")
