@@ -102,6 +102,32 @@ def skip_summary(results: dict, lanes: list) -> list:
     return ["", "## Skips, by reason", "", *lines] if lines else []
 
 
+SLOWEST = 5  # the slowest tests named per lane
+
+
+def _secs(s: float) -> str:
+    return f"{s:.1f}" if s < 10 else f"{s:.0f}"
+
+
+def duration_summary(results: dict, lanes: list) -> list:
+    """Markdown lines: per lane, the test-seconds its JUnit records (summed over workers, so more
+    than the wall time of a parallel run), by family, and its slowest tests."""
+    lines = []
+    for name in lanes:
+        cases = results[name].cases
+        total = sum(c.seconds for c in cases)
+        if not total:
+            continue
+        by_family = Counter()
+        for c in cases:
+            by_family[c.family] += c.seconds
+        shares = ", ".join(f"{f} {_secs(s)} s" for f, s in by_family.most_common(4))
+        lines.append(f"- {name}: {_secs(total)} test-seconds in {len(cases)} tests; most in {shares}")
+        slow = sorted(cases, key=lambda c: -c.seconds)[:SLOWEST]
+        lines += [f"  - {c.seconds:.1f} s `{c.nodeid}`" for c in slow if c.seconds]
+    return ["", "## Durations", "", *lines] if lines else []
+
+
 def render(results: dict, verdict: GateVerdict, *, title: str = "selgate gate report", max_bytes: int = SUMMARY_LIMIT) -> str:
     lanes = list(dict.fromkeys([*verdict.required_lanes, *results]))
     present = [n for n in lanes if n in results]
@@ -123,7 +149,8 @@ def render(results: dict, verdict: GateVerdict, *, title: str = "selgate gate re
             f"| {family} | " + " | ".join(_cell(results[n].counts(family)) if n in results else "-" for n in lanes) + " |"
         )
     table.append("| **all** | " + " | ".join(_cell(results[n].counts()) if n in results else "-" for n in lanes) + " |")
-    blocking = ["", "## Blocking", ""] + ([f"- {b}" for b in verdict.blocking] or ["none"]) + skip_summary(results, present)
+    blocking = ["", "## Blocking", ""] + ([f"- {b}" for b in verdict.blocking] or ["none"])
+    blocking += skip_summary(results, present) + duration_summary(results, present)
     notes = ["", "## Notes", ""] + [f"- {n}" for n in verdict.notes] if verdict.notes else []
     quarantine = (
         notes

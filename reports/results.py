@@ -30,6 +30,7 @@ class CaseResult:
     outcome: str
     message: str = ""
     seed: str | None = None
+    seconds: float = 0.0  # the test's time as JUnit records it (setup, call and teardown)
 
 
 @dataclass
@@ -90,7 +91,8 @@ def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
     both messages, and the seed and family its first report carried."""
     worst, other = (new, old) if _RANK[new.outcome] > _RANK[old.outcome] else (old, new)
     message = old.message if new.message in old.message else f"{old.message}; then {new.message}"
-    return replace(worst, message=message, seed=worst.seed or other.seed, family=old.family)
+    seconds = old.seconds + new.seconds
+    return replace(worst, message=message, seed=worst.seed or other.seed, family=old.family, seconds=seconds)
 
 
 def _json(path: Path) -> dict | None:
@@ -189,7 +191,8 @@ def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
             nodeid = props.get("nodeid") or _nodeid(case)
             outcome, message = _outcome(case)
             family = props.get("family") or family_of(nodeid)
-            new = CaseResult(name, nodeid, family, outcome, " ".join(message.split())[:300], props.get("seed"))
+            seconds = float(case.time or 0.0)
+            new = CaseResult(name, nodeid, family, outcome, " ".join(message.split())[:300], props.get("seed"), seconds)
             old = by_id.get(nodeid)
             by_id[nodeid] = new if old is None else _combine(old, new)
     result.cases = list(by_id.values())

@@ -149,6 +149,17 @@ def gate(tmp_path, capsys, *extra, policy=None):
     return rc, capsys.readouterr().out.splitlines()[0]
 
 
+def test_the_report_says_why_tests_skipped_and_where_the_time_went(tmp_path, capsys):
+    skipped = [(f"tests/test_x.py::test_gpu[{i}]", "skip", "harness", None) for i in range(3)]
+    write_lane(tmp_path / "res", "cpu", passing_cases() + skipped)
+    assert run_gate(tmp_path) == 0, capsys.readouterr().out
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Skips, by reason" in text and "- cpu: 3 of 14 tests skipped (21 %)\n  - 3 x needs a GPU" in text
+    # write_lane records 0.1 s a test: 14 tests, 1.4 test-seconds, the harness's three 0.3 s
+    assert "## Durations" in text and "- cpu: 1.4 test-seconds in 14 tests; most in harness 0.3 s, parity 0.1 s" in text
+    assert "  - 0.1 s `conformance/test_conformance.py::test_parity[case0]`" in text
+
+
 def test_all_required_results_pass(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases() + [("tests/test_x.py::test_gpu", "skip", "harness", None)])
     rc, line = gate(tmp_path, capsys)
