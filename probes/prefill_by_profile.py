@@ -4,7 +4,7 @@ as the running GPU's configuration serves them (no environment variable set) and
 alone would (a copy of configs/ without class or device profiles, through SELGATE_CONFIG_DIR in
 a child process: what a GPU got whose name no profile matched), with fla-core's parallel_nsa
 beside (h = 16 only: it needs 16 heads a group) in the same run. Prints one line per row and a
-table last. Run on a GPU: python3 probes/prefill_by_profile.py"""
+table last. Run on a GPU: python3 probes/prefill_by_profile.py [--served]"""
 
 import json
 import os
@@ -80,6 +80,8 @@ def main() -> None:
         ("base.yaml only, autotune off", {"SELGATE_CONFIG_DIR": str(base_only), "SELGATE_TRITON_AUTOTUNE": "0",
                                           "SELGATE_TRITON_TUNE_CACHE": str(base_only / "no-cache")}),
     )  # fmt: skip
+    if "--served" in sys.argv:  # the served configuration alone (with fla-core): a short run
+        configs = configs[:1]
     for label, env in configs:
         out = subprocess.run([sys.executable, __file__, "--child", label], env={**os.environ, **env}, text=True,
                              capture_output=True, cwd=ROOT)  # fmt: skip
