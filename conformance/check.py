@@ -37,7 +37,7 @@ from selgate.lanes.cut import Cut, default_sigint, mark_signal
 from selgate.lanes.pytest_command import pytest_args, pytest_command
 from selgate.reports.environment import ENV_FILE
 
-from . import sandbox
+from . import declarations, sandbox
 from .check_plugin import COLLECTED_FILE, verdict_environ
 from .check_report import CheckVerdict, judge, render, write_process_failures, write_stub_junit
 from .probe import importing_marker
@@ -184,18 +184,32 @@ class Run:
 STARTUP_LIMIT_S = 300
 
 
+ISOLATION_FILE = "isolation.txt"  # the probe's confinement line, as its record pipe said it
+
+
 def load(args, run: Run, tmp: Path, env: dict):
     """(Impl, None) of the implementation, described by the probe process, or (None, reason)
-    when importing it failed; UsageError when the spec or the declarations are the mistake."""
+    when importing it failed; UsageError when the spec or the declarations are the mistake.
+    Writes how the probe was confined to `tmp/ISOLATION_FILE` (a folder it cannot write)."""
+    read_end, write_end = sandbox.record_pipe()
+    try:
+        return _probe(args, run, tmp, env, write_end)
+    finally:
+        os.close(write_end)
+        (tmp / ISOLATION_FILE).write_text(sandbox.recorded(read_end) + "\n")
+
+
+def _probe(args, run: Run, tmp: Path, env: dict, record: int):
     scratch = tmp / "probe"
     sandbox.prepare(str(scratch))
     result, log = scratch / "probe.json", tmp / "probe.log"
-    cmd = sandbox.command(str(scratch), "selgate.conformance.probe", args.impl, str(result))
+    cmd = sandbox.command(str(scratch), "selgate.conformance.probe", args.impl, str(result), record=record)
     if args.declare:
         cmd += ["--declare", str(Path(args.declare).resolve())]
     module = args.impl.partition(":")[0]
     with open(log, "w") as sink:
-        proc = run.start(cmd, sandbox.environment(str(scratch), env), graceful=False, stdout=sink, stderr=subprocess.STDOUT)
+        environment = sandbox.environment(str(scratch), env)
+        proc = run.start(cmd, environment, graceful=False, stdout=sink, stderr=subprocess.STDOUT, pass_fds=(record,))
         started = time.monotonic()
         while not importing_marker(result).exists() and proc.poll() is None:  # selgate's own start-up
             if time.monotonic() - started > STARTUP_LIMIT_S:
@@ -213,8 +227,15 @@ def load(args, run: Run, tmp: Path, env: dict):
         return None, f"importing {module} {how} before it returned" + (f" (last output: {tail})" if tail else "")
     data = json.loads(result.read_text())
     if data["ok"]:
-        (tmp / DECLARED_FILE).write_text(json.dumps(data["declared"]))
-        return described_impl(args.impl, data["declared"]), None
+        declared = data["declared"]
+        if "varlen" in declared:  # where the executors import it from: this process says, not the kernel's
+            declared["varlen"] = declarations.varlen_source(args.impl, args.declare)
+        try:
+            impl = described_impl(args.impl, declared)
+        except ValueError as e:
+            return None, f"the probe's result does not validate: {e}"
+        (tmp / DECLARED_FILE).write_text(json.dumps(declared))
+        return impl, None
     if data["usage"]:
         raise UsageError(data["error"])
     return None, data["error"]
@@ -257,7 +278,7 @@ def _run(args, out: Path) -> CheckVerdict:
     with Cut(runner.cut) as cut, tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
         tmp = Path(tmp)
         impl, load_error = load(args, runner, tmp, env)
-        isolation = sandbox.recorded(tmp / "probe")
+        isolation = (tmp / ISOLATION_FILE).read_text().strip()
         if impl is not None and cut.signal is None:
             print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
             runner.start(check_command(args, out / "junit.xml", tmp, tmp / "sums-1"), env, graceful=True)

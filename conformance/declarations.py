@@ -252,6 +252,8 @@ def to_json(declared: dict) -> dict:
             value = [names[d] for d in value]
         elif key == "varlen":
             value = True
+        elif key == "xfail":
+            value = [dict(zip(XFAIL_KEYS, x)) for x in value]
         elif isinstance(value, tuple):
             value = [list(x) if isinstance(x, tuple) else x for x in value]
         out[key] = value
@@ -270,16 +272,13 @@ def varlen_source(spec: str, declare=None) -> str:
 
 
 def from_json(data: dict, varlen) -> dict:
-    """The declarations `to_json` wrote, with `varlen` standing for the callable."""
-    out = {}
-    for key, value in data.items():
-        if key == "varlen":
-            value = varlen
-        elif key == "dtypes":
-            value = tuple(DTYPES[d] for d in value)
-        elif isinstance(value, list):
-            value = tuple(tuple(x) if isinstance(x, list) else x for x in value)
-        out[key] = value
+    """The declarations `to_json` wrote, validated again as a declaration file is (they come from
+    the kernel's own process, which may have rewritten them: a key that is no declaration, such
+    as an Impl field that would drop whole families, is an error), with `varlen` standing for
+    the callable."""
+    out = parse({k: v for k, v in data.items() if k != "varlen"}, "the probe's declarations")
+    if "varlen" in data:
+        out["varlen"] = varlen
     return out
 
 

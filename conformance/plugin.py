@@ -98,7 +98,7 @@ def pytest_configure(config):
         if decided:
             from .check_plugin import decided_impl
 
-            config._selgate_impls = [decided_impl(spec, decided)]
+            config._selgate_impls = [decided_impl(spec, decided, config.getoption("--checksums"))]
         else:
             config._selgate_impls = resolve(spec, declare=config.getoption("--declare"))
         if config.getoption("--executors"):

@@ -70,8 +70,14 @@ class Executor:
             env = sandbox.environment(scratch)
         else:
             cmd, env = [sys.executable, "-m", "selgate.conformance.executor", *fds], None
-        self.log = Path(scratch) / "output.log"
-        with open(self.log, "wb") as log:
+        # The executor's output goes where no executor may write (its scratch root's sibling), into
+        # a file this process creates: a path beneath the scratch root could be a link the kernel
+        # planted to a file of the judge's, which opening it here would hand the kernel to write.
+        logs = self.scratch_root.with_name(self.scratch_root.name + "-logs")
+        logs.mkdir(exist_ok=True)
+        self.log = logs / f"{Path(scratch).name}.log"
+        fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(fd, "wb") as log:
             self.proc = subprocess.Popen(
                 cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(to_child, from_child), cwd=os.getcwd(),

@@ -54,20 +54,29 @@ def abi() -> int:
 
 
 COMMON = "they run without pytest, selgate's comparison or reference, or any PYTEST_*/SELGATE_* variable"
-RECORD = "confinement.txt"  # what `boot` got, written beneath the first folder it may write
+NO_RECORD = f"unknown (the confined process said nothing on its record pipe); {COMMON}"
 # What a root process may still write beneath /proc that reaches outside its sandbox (kernel
 # settings such as core_pattern run a program outside it): read-only in its own mount namespace,
 # as container runtimes mount them
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 
 
-def recorded(folder) -> str:
-    """The confinement a confined process recorded in `folder`, for the report."""
+def record_pipe() -> tuple[int, int]:
+    """(read end, write end) of the pipe a confined process says its confinement on: `boot`
+    writes one line and closes its end before the kernel's code loads, so what the judge reads
+    is `boot`'s, never a line the kernel wrote (a file in its scratch folder, the kernel could rewrite)."""
+    return os.pipe()
+
+
+def recorded(read_end: int) -> str:
+    """The line a confined process wrote on its record pipe (`record_pipe`), without waiting (call
+    it once the process is past `boot`: ended, or importing the kernel); closes `read_end`."""
+    os.set_blocking(read_end, False)
     try:
-        with open(os.path.join(folder, RECORD)) as f:
-            return f.read().strip()
-    except OSError:
-        return f"unknown (the confined process recorded nothing); {COMMON}"
+        with os.fdopen(read_end, "rb") as f:
+            return (f.read(4096) or b"").decode(errors="replace").partition("\n")[0].strip() or NO_RECORD
+    except BlockingIOError:
+        return NO_RECORD
 
 
 def confine(writable) -> None:
@@ -134,10 +143,12 @@ def environment(scratch: str, base=None) -> dict:
 _BOOT = "import sys; ns = {}; exec(compile(open(sys.argv[1]).read(), sys.argv[1], 'exec'), ns); ns['boot'](sys.argv[2:])"
 
 
-def command(folder: str, module: str, *args: str) -> list:
+def command(folder: str, module: str, *args: str, record: int = -1) -> list:
     """The command line that runs `python -m module args` confined to writing beneath `folder`
-    (the process's scratch folder, or a folder above the scratch folders of its peers)."""
-    return [sys.executable, "-S", "-c", _BOOT, os.path.abspath(__file__), json.dumps(writable_paths(folder)), module, *args]
+    (the process's scratch folder, or a folder above the scratch folders of its peers); the
+    process says how it was confined on the file descriptor `record` (pass it on; -1: nowhere)."""
+    head = json.dumps({"writable": writable_paths(folder), "record": record})
+    return [sys.executable, "-S", "-c", _BOOT, os.path.abspath(__file__), head, module, *args]
 
 
 def prepare(scratch: str) -> None:
@@ -184,11 +195,12 @@ def boot(argv) -> None:
     then load site and run the module."""
     import runpy
 
-    writable, module, *args = json.loads(argv[0]), argv[1], *argv[2:]
+    head, module, *args = json.loads(argv[0]), argv[1], *argv[2:]
     _libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the judge that started it dies
-    line = confinement(writable)
-    with open(os.path.join(writable[0], RECORD), "w") as f:
-        f.write(line + "\n")
+    line = confinement(head["writable"])
+    if head["record"] >= 0:
+        with os.fdopen(head["record"], "w") as f:  # closed here: nothing loaded later can write on it
+            f.write(line + "\n")
     import site
 
     site.main()

@@ -6,6 +6,7 @@ writes into an input, its exceptions by name, and a crash as that call's error o
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,3 +107,16 @@ def test_the_executor_holds_no_judge(executor, tmp_path):
             remote_callable(executor, "looks:fn")(q, k, v, r)
     finally:
         del os.environ["SELGATE_LANE"]
+
+
+def test_the_executors_output_is_a_file_the_judge_creates_where_no_executor_writes(executor):
+    """The judge opens the executor's output file: beneath the scratch root, where the kernel
+    writes, that path could be a link it planted to a file of the judge's (an open following it
+    handed the kernel a descriptor to write there). It lies beside the root, created anew."""
+    from selgate.conformance import sandbox
+
+    q, k, v, r = _inputs()
+    remote_callable(executor, "tokenkernels:gather")(q, k, v, r, scale=0.3)
+    log = executor.log.resolve()
+    assert log.exists() and not log.is_symlink() and log.parent.name == "executors-logs"
+    assert not any(log.is_relative_to(Path(p).resolve()) for p in sandbox.writable_paths(str(executor.scratch_root)))

@@ -46,6 +46,8 @@ def test_the_workers_run_what_the_probe_was_declared(checked):
 
 
 def test_a_kernel_repeatable_only_within_its_process_fails_determinism(checked):
+    """Its seed is shared through the folder above its temporary folder: the second run's
+    executors have a root of their own, so they seed differently."""
     rc, log, out = checked("liars:seeded_by_pid")
     assert rc == 1, log
     headline = next(line for line in log.splitlines() if line.startswith("CHECK "))
@@ -55,6 +57,18 @@ def test_a_kernel_repeatable_only_within_its_process_fails_determinism(checked):
     failed = [c for c in load_lane("check", out).cases if c.outcome == "fail"]
     assert failed and all(c.family == "determinism" and "across processes" in c.message for c in failed), failed
     assert all("prefill-" in c.message for c in failed), "each failure names its case"
+
+
+def test_what_the_probe_says_is_validated_and_its_confinement_comes_from_before_the_kernel(checked):
+    """The kernel rewrites the probe's result (an Impl field that drops every family but
+    bad_input, which made a kernel 1 off PASS) and its confinement record (a file in its scratch
+    folder, which the report used to show): the first blocks naming the key; the second never
+    reaches the report, whose line `boot` sent on a pipe it closed before the kernel loaded."""
+    rc, log, out = checked("probe_liar:rewrites_what_the_probe_says")
+    assert rc == 1 and "the probe's result does not validate" in log, log
+    assert "unknown declaration 'unsupported'" in log, log
+    isolation = next(line for line in (out / "report.md").read_text().splitlines() if "Isolation:" in line)
+    assert "FORGED" not in isolation and ("landlock ABI" in isolation or "no landlock" in isolation), isolation
 
 
 def test_a_dtype_broken_behind_strict_expected_failures_is_named_on_the_first_line(checked):
