@@ -118,7 +118,8 @@ def serve(rfile, wfile) -> None:
             server.graphs.pop(handle, None)
         try:
             reply, enc = (server.call if header["op"] == "call" else server.grad)(header, dec)
-        except Exception as e:  # noqa: BLE001 - whatever the kernel raised is its answer
+        except BaseException as e:  # noqa: BLE001 - whatever the kernel raised is its answer: pytest's
+            # Skipped or a SystemExit too, which would otherwise end this process and cost a fresh one
             reply, enc = {"error": {"type": type(e).__name__, "message": str(e), "where": traceback.format_exc(limit=-3)}}, None
         leaving = _sticky_cuda_error()  # the judge starts a fresh executor for the next call
         if leaving:
