@@ -116,8 +116,21 @@ def load(paths) -> list[dict]:
     return rows
 
 
+OTHER_COLOURS = ("C6", "C8", "C9", "k", "tab:olive", "tab:cyan")  # methods STYLE does not name: a user's kernel, launch variants
+OTHER_MARKERS = ("*", "h", "X", "d", "p", "<")
+
+
+def _style_of(method: str, others: list[str]) -> tuple:
+    """STYLE's entry, else the next of OTHER_COLOURS, solid and thick: a benchmarked kernel of the
+    user's (`mymod:fn`) or a launch variant (`triton@64x4x2`) is drawn as one of ours."""
+    if method in STYLE:
+        return STYLE[method]
+    i = others.index(method) % len(OTHER_COLOURS)
+    return OTHER_COLOURS[i], "-", OTHER_MARKERS[i], 2.0
+
+
 def _plotted(r: dict) -> bool:
-    return r["status"] == "ok" and r["ms"] is not None and r["method"] in STYLE and r.get("kv_layout") in (None, "", "separate")
+    return r["status"] == "ok" and r["ms"] is not None and r.get("kv_layout") in (None, "", "separate")
 
 
 def _stamp(rows: list[dict]) -> str:
@@ -191,20 +204,30 @@ def _style():
 def _figure(panels: int, title: str, width: float):
     from matplotlib.figure import Figure
 
+    import textwrap
+
     fig = Figure(figsize=(width, 4.6), layout="constrained")
     axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]
-    fig.suptitle(title, fontsize=9.5)
+    # each title line wrapped to the figure's width (~15 characters an inch at this size): a long
+    # software stamp or configuration line is never cut at the figure's edge
+    chars = int(width * 15)
+    fig.suptitle("\n".join(textwrap.fill(line, chars) for line in title.split("\n")), fontsize=9.5)
     return fig, axes
 
 
 def _log_axes(ax, xs: list[int], x_label: str, y_format) -> None:
-    from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(xs)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([f"{x // 1024}k" if x >= 4096 and x % 1024 == 0 else str(x) for x in xs])
+    # labelled ticks at 1, 2 and 5 times each power of ten, at every integer multiple where the
+    # data spans less than a decade (the bare log axis then had no labelled tick at all)
+    low, high = ax.dataLim.intervaly
+    narrow = low > 0 and high / low < 10
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=tuple(range(1, 10)) if narrow else (1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(y_format))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(x_label)
@@ -227,12 +250,14 @@ def _legend(fig, axes) -> None:
 
 
 def _lines(ax, points: dict[str, list[tuple]], graph: bool) -> None:
-    """points: method -> [(x, eager y, graph y or None)], drawn in STYLE order."""
-    for method in STYLE:
+    """points: method -> [(x, eager y, graph y or None)], drawn in STYLE order, then the other
+    methods by name."""
+    others = sorted(m for m in points if m not in STYLE)
+    for method in [*STYLE, *others]:
         pts = sorted(points.get(method, []))
         if not pts:
             continue
-        color, ls, marker, lw = STYLE[method]
+        color, ls, marker, lw = _style_of(method, others)
         has_graph = graph and any(p[2] is not None for p in pts)
         label = LABEL.get(method, method) + (", eager" if has_graph else "")
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, ls=ls, marker=marker, lw=lw, ms=4.5, label=label)

@@ -157,3 +157,27 @@ def test_prefill_scaling_preset_is_the_acceptance_prefill_over_T():
     assert m.problems[-1].key == ref.key
     assert m.methods[:2] == ("triton", "fla_nsa") and {"sdpa", "dense_causal"} <= set(m.methods)
     assert (m.measure.warmup, m.measure.iters) == (2, 10)
+
+
+def test_a_users_kernel_is_drawn_titles_wrap_and_a_narrow_axis_has_labels(mpl, tmp_path):
+    """A benchmarked kernel of the user's (`mysel:selection`) was left out of the figure, a long
+    software stamp ran past its edge, and a prefill range within one decade had no y labels."""
+    from selgate.bench import plots
+
+    rows = [{**r, "software": SOFTWARE + " " + "x" * 150} for r in prefill_rows([4096, 8192])]
+    rows = [{**r, "ms": 2.5 + r["S"] / 16384} for r in rows if r["method"] == "triton"]
+    rows += [row(acceptance_prefill("bfloat16", T), "mysel:selection", 3.0 + T / 16384) for T in (4096, 8192)]
+    # 2.75 .. 3.5 ms: no power of ten, nor 2 or 5 times one, within the drawn range
+    loaded = plots.load([tables.write_csv(rows, tmp_path / "run.csv")])
+    with plots._style():
+        fig, _ = plots.prefill_figure(loaded)
+    ax = fig.axes[0]
+    assert "mysel:selection" in ax.get_legend_handles_labels()[1]
+    lines = fig.get_suptitle().split("\n")
+    assert len(lines) > 3 and max(map(len, lines)) <= 8.0 * 15  # wrapped to the 8-inch figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    low, high = ax.get_ylim()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    assert labels, "no y tick label within the drawn range"
