@@ -144,12 +144,23 @@ def retime_graph(p: Problem, method: str, device: torch.device, s: MeasureOption
 
 
 def run_problem(
-    p: Problem, methods: list[str], device: torch.device, limits: Limits, s: MeasureOptions, device_name: str
+    p: Problem,
+    methods: list[str],
+    device: torch.device,
+    limits: Limits,
+    s: MeasureOptions,
+    device_name: str,
+    deadline: float = math.inf,
+    budget_s: float = math.inf,
 ) -> list[dict]:
-    """Rows for every method on problem `p` (inputs built once, rotated across calls)."""
+    """Rows for every method on problem `p` (inputs built once, rotated across calls); a method
+    reached after `deadline` (time.monotonic()) is a skip naming the budget."""
     sets = input_sets(p, s.seed, device)
     rows = []
     for method in methods:
+        if time.monotonic() > deadline:
+            rows.append(_row(p, method, device_name, limits, status="skip", note=_spent(budget_s)))
+            continue
         m = get_method(method)
         msets, note = sets, ""
         if m.block_size is not None:  # a block-index kernel accepts only whole blocks of its size
@@ -195,6 +206,10 @@ def run_problem(
     return rows
 
 
+def _spent(budget_s: float) -> str:
+    return f"time budget of {budget_s:.0f} s spent"
+
+
 def run_sweep(
     problems: list[Problem],
     methods: list[str],
@@ -210,12 +225,10 @@ def run_sweep(
     deadline = time.monotonic() + budget_s
     for p in progress(problems, desc):
         if time.monotonic() > deadline:
-            rows += [
-                _row(p, m, device_name, limits, status="skip", note=f"time budget of {budget_s:.0f} s spent") for m in methods
-            ]
+            rows += [_row(p, m, device_name, limits, status="skip", note=_spent(budget_s)) for m in methods]
             continue
         try:
-            rows += run_problem(p, methods, device, limits, s, device_name)
+            rows += run_problem(p, methods, device, limits, s, device_name, deadline, budget_s)
         except Exception as e:  # inputs themselves failed (e.g. out of memory): record and go on
             rows += [_row(p, m, device_name, limits, status="error", note=f"inputs: {_error(e)}") for m in methods]
         if device.type == "cuda":

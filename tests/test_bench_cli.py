@@ -90,6 +90,26 @@ def test_time_budget_skips_the_rest_and_default_output_folder(tmp_path, capsys, 
     assert [r["status"] for r in rows] == ["skip", "skip"] and "time budget" in rows[0]["note"]
 
 
+def test_the_budget_is_checked_before_each_method_not_only_each_problem(tmp_path, capsys, monkeypatch):
+    """Each timing takes 100 s of a fake clock; a budget of 150 s times two methods of the first
+    problem and skips the rest (it once ran every method of a problem begun before the deadline)."""
+    from selgate.bench import sweep
+
+    clock = [0.0]
+    measure = sweep._measure
+
+    def slow_measure(*args, **kwargs):
+        fields = measure(*args, **kwargs)
+        clock[0] += 100.0
+        return fields
+
+    monkeypatch.setattr(sweep, "_measure", slow_measure)
+    monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
+    rows, _ = run(tmp_path, capsys, "--budget_s", "150", "--backends", "sdpa,masked_sdpa,gather_sdpa")
+    assert [r["status"] for r in rows] == ["ok", "ok", "skip", "skip", "skip", "skip"]
+    assert rows[2]["note"] == "time budget of 150 s spent"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
