@@ -381,7 +381,7 @@ def _bad(name, call, caught_by, bug, varlen=None, device="cpu", **declared):
     return BadImpl(impl, caught_by, bug, device)
 
 
-def seeded_by_pid(q, k, v, ranges, *, scale=None, positions=None, want_lse=True):
+def seeded_by_pid(q, k, v, ranges, *, scale=None, positions=None):
     """Correct but for one ulp added to the outputs a generator seeded by the process id picks:
     bitwise repeatable within a process, different in every other (a kernel seeded by its pid,
     or tuned per process). Module-level, so a second process loads it by name."""

@@ -39,7 +39,7 @@ from selgate.reports.environment import ENV_FILE
 
 from . import declarations, sandbox
 from .check_plugin import COLLECTED_FILE, verdict_environ
-from .check_report import CheckVerdict, judge, render, write_process_failures, write_stub_junit
+from .check_report import CheckVerdict, judge, render, write_stub_junit
 from .probe import importing_marker
 from .reaper import become_subreaper, kill_descendants
 from .registry import described_impl
@@ -75,15 +75,14 @@ def default_workers() -> int:
     return gpus * workers_per_gpu(smallest_gpu_memory(), cpus, gpus) if gpus else cpus
 
 
-def check_command(args, junit: Path, tmp: Path, checksums: Path, markers: str = MARKERS) -> list:
+def check_command(args, junit: Path, tmp: Path) -> list:
     """The child pytest: the matrix of one implementation, isolated from the caller's
     pytest configuration (an empty ini file in `tmp`) and plugins (autoload off, named with
-    -p), on the declarations this process read (the probe's, in `tmp`), writing the
-    determinism cases' checksums into `checksums`."""
+    -p), on the declarations this process read (the probe's, in `tmp`)."""
     inifile = tmp / "pytest.ini"
     inifile.write_text("[pytest]\n")
-    select = ["--pyargs", "selgate.conformance", "-m", markers, "--impl", args.impl, "--size", args.size]
-    select += ["--check-declared", str(tmp / DECLARED_FILE), "--checksums", str(checksums)]
+    select = ["--pyargs", "selgate.conformance", "-m", MARKERS, "--impl", args.impl, "--size", args.size]
+    select += ["--check-declared", str(tmp / DECLARED_FILE)]
     return pytest_command(
         pytest_args(
             plugins=(*PLUGINS, "no:cacheprovider"),
@@ -274,17 +273,15 @@ def _run(args, out: Path) -> CheckVerdict:
     before = {p for p in out.rglob("*") if p.is_file()}
     runner = Run()
     env = child_env(args.workers)
-    status = processes = None
+    status = None
     with Cut(runner.cut) as cut, tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
         tmp = Path(tmp)
         impl, load_error = load(args, runner, tmp, env)
         isolation = (tmp / ISOLATION_FILE).read_text().strip()
         if impl is not None and cut.signal is None:
             print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
-            runner.start(check_command(args, out / "junit.xml", tmp, tmp / "sums-1"), env, graceful=True)
+            runner.start(check_command(args, out / "junit.xml", tmp), env, graceful=True)
             status = _wait_for_results(runner, cut)
-        if status is not None and cut.signal is None and any((tmp / "sums-1").glob("*.jsonl")):
-            processes = _second_processes(args, runner, cut, tmp, env)
     if status is None:  # nothing ran: the import failed or was cut
         write_stub_junit(out, args.impl, load_error or f"cut by {cut.signal} while importing the implementation")
     mark_signal(out, cut.signal)
@@ -295,33 +292,15 @@ def _run(args, out: Path) -> CheckVerdict:
         narrowed=bool(args.k),
         load_error=load_error,
         cut=cut.signal,
-        processes=processes,
         size=args.size,
         left_behind=runner.left_behind,
     )
     verdict.isolation = isolation
-    write_process_failures(out, verdict)
     verdict.write_repros(out, args)
     (out / "report.md").write_text(render(impl, verdict, args))
     written = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p not in before and p.name != MANIFEST]
     (out / MANIFEST).write_text(json.dumps(sorted(written), indent=0) + "\n")
     return verdict
-
-
-def _second_processes(args, runner: Run, cut: Cut, tmp: Path, env: dict):
-    """The determinism cases again, in fresh processes, and their checksums compared with the
-    first run's (`determinism.differences`): a kernel repeatable within a process but not across
-    processes (seeded by its pid, tuned differently per process) fails there. Costs the
-    determinism families' share of the run once more. None when cut."""
-    from .families.determinism import differences
-
-    print("selgate check: the determinism cases again, in fresh processes", flush=True)
-    (tmp / "second").mkdir()
-    runner.start(
-        check_command(args, tmp / "second" / "junit.xml", tmp, tmp / "sums-2", "conformance and determinism"), env, graceful=True
-    )
-    _wait_for_results(runner, cut)
-    return None if cut.signal else differences(tmp / "sums-1", tmp / "sums-2")
 
 
 def _wait_for_results(runner: Run, cut: Cut) -> int:

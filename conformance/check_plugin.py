@@ -40,18 +40,20 @@ def pytest_addoption(parser):
     )
 
 
-def decided_impl(spec: str, path, checksums=None) -> "Impl":  # noqa: F821 - registry imports torch: not at plugin load
+def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - registry imports torch: not at plugin load
     """The Impl of `spec` from the declarations in `path`, whose calls run in an executor process
-    (`remote.py`): this process never imports the kernel. The executors' scratch folders go
-    beside `path`, under a root of this run's own (named after its `checksums` folder): the
-    check's second run of the determinism cases must find nothing the first run's executors left
-    (a seed kept in a file would make its processes alike)."""
+    (`remote.py`): this process never imports the kernel. The executors' scratch folders go beside
+    `path`; the determinism family's second process (`determinism.second_process`) is a confined
+    executor too, under a root of its own, so it finds nothing the first executors left there (a
+    seed kept in a file would make the two processes alike)."""
     from . import declarations
+    from .families import determinism
     from .registry import user_impl
     from .remote import Executor, remote_callable
 
     data = json.loads(Path(path).read_text())
-    executor = Executor(Path(path).parent / f"executors-{Path(checksums).name if checksums else 'run'}")
+    executor = Executor(Path(path).parent / "executors")
+    determinism.SECOND["executor"] = Executor(Path(path).parent / "executors-second")
     varlen = remote_callable(executor, data["varlen"]) if "varlen" in data else None
     return user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, spec))
 

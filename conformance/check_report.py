@@ -4,7 +4,6 @@ failure with a line that reruns it alone."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from junitparser import Error, Failure, JUnitXml, TestCase, TestSuite
+from junitparser import Error, JUnitXml, TestCase, TestSuite
 
 from selgate import __version__
 from selgate.reports.environment import ENV_FILE, collect_environment
@@ -112,71 +111,16 @@ def _status_problem(status) -> str | None:
     return f"run aborted: {pytest_exit(status)}"
 
 
-ACROSS_PROCESSES = "not bitwise identical across processes (the sha256 of its bytes differs between two processes)"
-
-
-def across_processes(cases: list, processes) -> tuple[list, list]:
-    """`cases` with each passing determinism case whose checksums differ between two processes
-    (`processes`: `determinism.differences`) made a failure naming the tensors, and the
-    blocking lines of checksums a second process never wrote."""
-    if processes is None:
-        return cases, []
-    differ, missing = processes.differ, processes.missing
-    out = []
-    for c in cases:
-        key = c.nodeid.rpartition("::")[2]
-        if c.outcome == "pass" and key in differ:
-            case_id = triage.CASE_ID.search(key)
-            first, *also = differ[key]
-            text = f"{first}: {ACROSS_PROCESSES}" + (f"; so do {', '.join(also)}'s" if also else "")
-            c = dataclasses.replace(c, outcome="fail", message=f"ConformanceFailure: [{case_id[0] if case_id else key}] {text}")
-        out.append(c)
-    blocking = []
-    if missing:
-        blocking.append(
-            f"determinism across processes: {len(missing)} case(s) ran once and never in a second process "
-            f"(the first: {missing[0]}); the check compares two processes' checksums of every determinism case"
-        )
-    if processes.unlike_inputs:
-        blocking.append(
-            f"determinism across processes: two processes made different inputs for {len(processes.unlike_inputs)} "
-            f"case(s) (the first: {processes.unlike_inputs[0]}): selgate's fault, not the kernel's; nothing compared"
-        )
-    return out, blocking
-
-
-def write_process_failures(out: Path, v: CheckVerdict) -> None:
-    """Adds the cases failed by their checksums across processes to junit.xml, as a suite of
-    their own, so that JUnit holds every failure the verdict counts."""
-    failed = [c for c in v.failures if ACROSS_PROCESSES in c.message]
-    if not failed:
-        return
-    suite = TestSuite("selgate check: determinism across processes")
-    for c in failed:
-        module, _, name = c.nodeid.rpartition("::")
-        case = TestCase(name, classname=module.removesuffix(".py").replace("/", "."))
-        case.result = [Failure(c.message)]
-        suite.add_testcase(case)
-    xml = JUnitXml.fromfile(str(out / "junit.xml"))
-    if isinstance(xml, TestSuite):
-        xml = JUnitXml() + xml
-    xml.add_testsuite(suite)
-    xml.write(str(out / "junit.xml"))
-
-
-def judge(
-    impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, processes=None, size=None, left_behind=0
-) -> CheckVerdict:
+def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, size=None, left_behind=0) -> CheckVerdict:
     """The verdict on the run whose results are in `out` and whose pytest exited `status`
     (None: it never started). `impl` None when the implementation could not be loaded;
-    `processes`: the determinism cases' checksums compared across processes, when compared;
     `left_behind`: processes the run started that were alive after its pytest exited."""
     if load_error:
         v = CheckVerdict(cut=cut)
         v.blocking.append(f"cut by {cut} while importing the implementation" if cut else f"not loaded: {load_error}")
         return v
     result = load_lane("check", out)
-    cases, unrepeated = across_processes([c for c in (result.cases if result else []) if c.nodeid != "import"], processes)
+    cases = [c for c in (result.cases if result else []) if c.nodeid != "import"]
     v = CheckVerdict(claims=families.claims(impl), environment=result.environment if result else None, cut=cut, size=size)
     collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
     ran = {c.nodeid for c in cases}
@@ -188,7 +132,6 @@ def judge(
         )
     elif _status_problem(status):
         v.blocking.append(_status_problem(status))
-    v.blocking += unrepeated
     if left_behind:
         v.blocking.append(
             f"{left_behind} process(es) started by the run were still alive after pytest exited (killed): "

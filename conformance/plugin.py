@@ -59,19 +59,12 @@ def pytest_addoption(parser):
         help="run the registered implementations' calls in an executor process of each worker, "
         "as selgate check runs an outside kernel (unconfined: the reviewed tree's own kernels)",
     )
-    group.addoption(
-        "--checksums",
-        default=None,
-        metavar="DIR",
-        help="write the sha256 of each determinism case's outputs and gradients into DIR, one "
-        "file per process, for a comparison across processes (selgate check makes one)",
-    )
 
 
 def uses_matrix(config) -> bool:
     """A selgate option is given, or the run's paths or `-m` expression name the matrix."""
     opt = config.option
-    if opt.impl or opt.declare or opt.size or opt.checksums:
+    if opt.impl or opt.declare or opt.size:
         return True
     return MATRIX in (opt.markexpr or "") or any(MATRIX in str(a) for a in config.args)
 
@@ -98,18 +91,13 @@ def pytest_configure(config):
         if decided:
             from .check_plugin import decided_impl
 
-            config._selgate_impls = [decided_impl(spec, decided, config.getoption("--checksums"))]
+            config._selgate_impls = [decided_impl(spec, decided)]
         else:
             config._selgate_impls = resolve(spec, declare=config.getoption("--declare"))
         if config.getoption("--executors"):
             config._selgate_impls = _in_executors(config._selgate_impls)
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as e:
         raise pytest.UsageError(str(e)) from e
-    if config.getoption("--checksums"):
-        from .families import determinism
-
-        Path(config.getoption("--checksums")).mkdir(parents=True, exist_ok=True)
-        determinism.CHECKSUMS["dir"] = str(Path(config.getoption("--checksums")).resolve())
     if spec and not config.option.collectonly:  # a collection runs nothing, by design
         config.pluginmanager.register(RanCount(impl.name for impl in config._selgate_impls), "selgate-ran-count")
 

@@ -83,7 +83,7 @@ class Impl:
     block_size: Optional[int] = None
     layouts: tuple = declarations.LAYOUTS
     declared: dict = field(default_factory=dict)  # an outside kernel's declarations, as given
-    spec: Optional[str] = None  # where another process loads `call` (an executor SPEC); registered: registry:NAME
+    spec: Optional[str] = None  # where another process loads it (an executor SPEC); registered ones: registry:NAME
 
     def forward(self, q, k, v, ranges, *, scale=None, want_lse=True):
         """`(o, lse)`, lse None when the implementation declares none."""
@@ -409,7 +409,7 @@ def user_impl(spec: str, declared: dict, fn: Callable) -> Impl:
 
     fields = {k: v for k, v in declared.items() if k not in ("modes", "varlen", "xfail")}
     xfails = tuple(Xfail(*x) for x in declared.get("xfail", ()))
-    return Impl(name=spec, call=call, varlen=varlen, modes=modes, xfails=xfails, declared=declared, **fields)
+    return Impl(name=spec, call=call, varlen=varlen, modes=modes, xfails=xfails, declared=declared, spec=spec, **fields)
 
 
 def not_loaded(*args, **kwargs):

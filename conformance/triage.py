@@ -132,7 +132,7 @@ def _tensor_signature(name: str, what: str) -> str:
     if m:
         why, got, want = m.groups()
         if "bitwise identical" in why:
-            return f"{name}: not bitwise identical across runs"
+            return f"{name}: not bitwise identical across {'processes' if 'across processes' in why else 'runs'}"
         if got is None or _kind(got) == _kind(want):
             return f"{name}: differs ({why})"
         if _empty_rows(name, got, want):
