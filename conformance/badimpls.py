@@ -480,6 +480,12 @@ BAD_IMPLS = (
     _bad(
         "fp32-output", _with_output(lambda q, k, v, r, o, lse: (o.float(), lse)), "dtype", "o returned in fp32 whatever v's dtype"
     ),
+    _bad(
+        "fp64-output-on-int32-ranges",
+        _with_output(lambda q, k, v, r, o, lse: (o.double() if r.dtype == torch.int32 else o, lse)),
+        "dtype",
+        "o returned in fp64 when the ranges are int32 (a cast forgotten on one path)",
+    ),
     _bad("int32-ranges-inclusive", _int32_inclusive, "dtype", "int32 ranges read as inclusive of their end"),
     _bad(
         "kv-rows-assumed-dense",

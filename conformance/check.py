@@ -227,6 +227,8 @@ def _probe(args, run: Run, tmp: Path, env: dict, record: int):
     data = json.loads(result.read_text())
     if data["ok"]:
         declared = data["declared"]
+        if args.declare:  # the user's file wins key by key (load_user_impl): read here, not as the kernel's process copied it
+            declared.update(declarations.file_json(args.declare))
         if "varlen" in declared:  # where the executors import it from: this process says, not the kernel's
             declared["varlen"] = declarations.varlen_source(args.impl, args.declare)
         try:

@@ -23,6 +23,7 @@ from . import families, triage
 from .cases import DTYPE_NAMES
 from .check_plugin import COLLECTED_FILE
 from .registry import Impl
+from .sizes import SIZES
 
 SHOWN_SKIPS = 12  # reasons listed under "Not covered"; the rest are counted
 SHOWN_NEVER_RAN = 8
@@ -44,6 +45,7 @@ class CheckVerdict(Verdict):
     xfails: Counter = field(default_factory=Counter)  # dtype (or "bad input") -> declared expected failures
     uncovered: list = field(default_factory=list)  # what no case ran of: "families a, b", "dtype bf16", "mode decode"
     isolation: str = "not started"  # how the kernel's processes were confined, as the probe recorded it
+    tf32: bool = False  # fp32 declared as computed with TF32 matmuls: judged by the looser rule, said on the first line
 
     def scope(self) -> str:
         """The claimed families, then what never ran of the kernel (every case skipped)."""
@@ -59,6 +61,7 @@ class CheckVerdict(Verdict):
         if not self.passed:
             return super().headline
         words = [f"{self.subject} PASSED"] + ([f"at size {self.size}"] if self.size else [])
+        words += ["with fp32 judged by the TF32 rule (declared)"] if self.tf32 else []
         if self.xfails:
             total = sum(self.xfails.values())
             where = ", ".join(f"{d} {n}" for d, n in self.xfails.most_common())
@@ -148,7 +151,8 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
         elif c.outcome == "skip":
             v.skips.setdefault(c.family, Counter())[c.message] += 1
     v.xfails = Counter(_dtype_of(c.nodeid) for c in cases if c.outcome == "xfail")
-    v.uncovered = uncovered(impl, cases)
+    v.uncovered = uncovered(impl, cases, size)
+    v.tf32 = impl.fp32_matmul == "tf32" and "fp32" in (DTYPE_NAMES[t] for t in impl.dtypes)
     v.causes = triage.group(v.failures)
     if v.failures:
         v.blocking.append(
@@ -170,14 +174,17 @@ def _dtype_of(nodeid: str) -> str:
     return m["dtype"] if m else "bad input"
 
 
-def uncovered(impl, cases: list) -> list:
-    """What no case ran of (each skipped): families, then the dtypes and modes `impl` declares."""
+def uncovered(impl, cases: list, size: str | None = None) -> list:
+    """What no case ran of (each skipped): families, then the dtypes and modes `impl` declares,
+    then the size classes up to `size` (the run's) above the `max_size` it declares."""
     ran = [c for c in cases if c.outcome != "skip"]
     ids = [m for m in (triage.CASE_ID.search(c.nodeid) for c in ran) if m]
+    above = SIZES[SIZES.index(impl.max_size) + 1 : SIZES.index(size) + 1] if size in SIZES and impl.max_size in SIZES else ()
     groups = (
         (("family", "families"), [f for f in dict.fromkeys(c.family for c in cases) if not any(r.family == f for r in ran)]),
         (("dtype", "dtypes"), [d for d in (DTYPE_NAMES[t] for t in impl.dtypes) if not any(m["dtype"] == d for m in ids)]),
         (("mode", "modes"), [m for m in impl.modes if not any(x[0].startswith(f"{m}-") for x in ids)]),
+        (("size", "sizes"), [f"{s} (declared max_size {impl.max_size})" for s in above]),
     )
     return [f"{what[len(names) > 1]} {', '.join(names)}" for what, names in groups if names]
 

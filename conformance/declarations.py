@@ -229,6 +229,23 @@ def from_callable(fn, spec: str, what: str = "--impl") -> dict:
 
 def from_yaml(path) -> dict:
     """Declarations from a YAML mapping (a `--declare` file)."""
+    return parse(_read_yaml(path), f"--declare {path}")
+
+
+def file_json(path) -> dict:
+    """A `--declare` file's declarations in `to_json`'s form, read without importing anything
+    (a varlen callable by its presence): what `selgate check`'s judge lays over the probe's
+    declarations key by key, as `load_user_impl` does, since the probe's copy of them is written
+    in the kernel's own process."""
+    data = _read_yaml(path)
+    varlen = data.pop("varlen", None)
+    out = to_json(parse(data, f"--declare {path}"))
+    if varlen is not None:
+        out["varlen"] = True
+    return out
+
+
+def _read_yaml(path) -> dict:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -238,7 +255,7 @@ def from_yaml(path) -> dict:
         raise ValueError(f"--declare {path}: not YAML ({e})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--declare {path}: expected a mapping of declarations, got {type(data).__name__}")
-    return parse(data, f"--declare {path}")
+    return data
 
 
 def to_json(declared: dict) -> dict:

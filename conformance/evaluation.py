@@ -129,8 +129,19 @@ def guarding(fn, **tensors):
 
 
 def impl_fn(impl: Impl, ranges, scale, want_lse=True):
-    """`(q, k, v) -> (o, lse)` of `impl` on `ranges`, which the call must leave unchanged."""
-    return guarding(lambda q, k, v: impl.forward(q, k, v, ranges, scale=scale, want_lse=want_lse), ranges=ranges)
+    """`(q, k, v) -> (o, lse)` of `impl` on `ranges`, which the call must leave unchanged, and
+    whose o and lse must come back in SPEC.md's dtypes (v's and fp32, or the declared
+    `result_dtype`) on q's device: on every call, since values are compared in fp64 and a dtype
+    wrong on one path only (int32 ranges, a fallback) would pass them."""
+
+    def call(q, k, v):
+        o, lse = impl.forward(q, k, v, ranges, scale=scale, want_lse=want_lse)
+        for name, t, dtype in (("o", o, impl.result_dtype or v.dtype), ("lse", lse, impl.result_dtype or torch.float32)):
+            if t is not None and (t.dtype != dtype or t.device != q.device):
+                raise ConformanceFailure(f"{name}: got {t.dtype} on {t.device}, expected {dtype} on {q.device} (SPEC.md, Shapes)")
+        return o, lse
+
+    return guarding(call, ranges=ranges)
 
 
 def make_upstream(o_ref: torch.Tensor, lse_ref: torch.Tensor, seed: int):

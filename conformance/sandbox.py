@@ -7,10 +7,12 @@ executors that call it) that start confined before any of the kernel's code, or 
   it cannot signal processes outside its domain, and from the first ABI it cannot ptrace them
   (nor write their memory through /proc). So the kernel cannot rewrite the check's results,
   the judge's files or the judge itself.
+- From landlock ABI 4 on it can neither connect to nor listen on a TCP port (a service on the
+  machine, a container engine's API, another copy of itself elsewhere).
 - The parent's death kills it (PR_SET_PDEATHSIG), and the check, a child subreaper, kills every
   process left below it before it reads a result (`reaper.py`).
 - Its environment holds no PYTEST_* or SELGATE_* variable, and it imports neither pytest nor
-  selgate's comparison or reference: a kernel that behaves only while judged cannot tell.
+  selgate's comparison or reference: a kernel meets no tell of being judged by accident.
 
 This file is standard library only: the executor's interpreter runs it with `-S` (no site, so
 no `.pth` file of any installed package has run), confines itself, then runs `site.main()`
@@ -31,6 +33,7 @@ _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 # LANDLOCK_ACCESS_FS_*: every right that changes the file system (reading, executing and device
 # ioctls stay allowed everywhere), by the ABI that introduced it
 _WRITES = {1: sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)), 2: 1 << 13, 3: 1 << 14}
+_NET_TCP = (1 << 0) | (1 << 1)  # LANDLOCK_ACCESS_NET_BIND_TCP, _CONNECT_TCP (ABI 4): handled, no rule grants them
 _SCOPE_SIGNAL = 1 << 1  # ABI 6
 
 
@@ -87,7 +90,7 @@ def confine(writable) -> None:
     if not version:
         raise OSError("landlock is not available")
     handled = sum(bits for v, bits in _WRITES.items() if v <= version)
-    fields = [handled, 0] + ([_SCOPE_SIGNAL] if version >= 6 else [])
+    fields = [handled, _NET_TCP if version >= 4 else 0] + ([_SCOPE_SIGNAL] if version >= 6 else [])
     attr = (ctypes.c_uint64 * len(fields))(*fields)
     ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr) if version >= 4 else 8), 0)
     if ruleset < 0:
@@ -184,9 +187,10 @@ def confinement(writable) -> str:
         return f"no landlock on this machine's kernel: the kernel's processes could write the results folder; {COMMON}"
     confine(writable)
     reach = "signal or ptrace" if version >= 6 else "ptrace"
+    tcp = ", open no TCP connection" if version >= 4 else ""
     return (
         f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "
-        f"scratch folder, Triton's cache ({triton_cache()}), /dev and /proc, and cannot {reach} the check's{proc}; {COMMON}"
+        f"scratch folder, Triton's cache ({triton_cache()}), /dev and /proc{tcp}, and cannot {reach} the check's{proc}; {COMMON}"
     )
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+
 import pytest
 import torch
 
+from selgate.conformance import sandbox
 from selgate.conformance.remote import Executor, ExecutorDied, KernelError, remote_callable
 from selgate.reference import normalize_ranges
 
@@ -113,10 +115,28 @@ def test_the_executors_output_is_a_file_the_judge_creates_where_no_executor_writ
     """The judge opens the executor's output file: beneath the scratch root, where the kernel
     writes, that path could be a link it planted to a file of the judge's (an open following it
     handed the kernel a descriptor to write there). It lies beside the root, created anew."""
-    from selgate.conformance import sandbox
-
     q, k, v, r = _inputs()
     remote_callable(executor, "tokenkernels:gather")(q, k, v, r, scale=0.3)
     log = executor.log.resolve()
     assert log.exists() and not log.is_symlink() and log.parent.name == "executors-logs"
     assert not any(log.is_relative_to(Path(p).resolve()) for p in sandbox.writable_paths(str(executor.scratch_root)))
+
+
+@pytest.mark.skipif(sandbox.abi() < 4, reason="landlock handles TCP from ABI 4 on; this machine's kernel offers less")
+def test_the_kernel_opens_no_tcp_connection(executor, tmp_path):
+    """A port listening on this machine (a service, a container engine's API) is out of reach."""
+    import socket
+
+    (tmp_path / "dials.py").write_text(
+        "import socket\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    with socket.create_connection(('127.0.0.1', int(open('port').read())), timeout=5):\n"
+        "        raise RuntimeError('connected')\n"
+    )
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        (tmp_path / "port").write_text(str(server.getsockname()[1]))
+        q, k, v, r = _inputs()
+        with pytest.raises(KernelError, match="Permission denied"):
+            remote_callable(executor, "dials:fn")(q, k, v, r)

@@ -71,6 +71,17 @@ def test_what_the_probe_says_is_validated_and_its_confinement_comes_from_before_
     assert "FORGED" not in isolation and ("landlock ABI" in isolation or "no landlock" in isolation), isolation
 
 
+def test_the_users_declare_file_wins_over_what_the_probe_says(checked):
+    """The kernel's process rewrites the probe's copy of its `--declare` file (fp32 alone, TF32):
+    the judge reads the file itself, so fp16 runs and fp32 is held to IEEE bounds."""
+    rc, log, out = checked("probe_liar:narrows_its_declare_file", "--declare", "fp16_ieee.yaml")
+    assert rc == 1 and "CHECK BLOCKED" in log, log
+    report = (out / "report.md").read_text()
+    assert "| dtypes | fp16, fp32 |" in report and "| fp32 matmuls | IEEE fp32 |" in report, report
+    failed = [c for c in load_lane("check", out).cases if c.outcome == "fail"]
+    assert any("-fp16-" in c.nodeid for c in failed) and any("-fp32-" in c.nodeid for c in failed)
+
+
 def test_a_dtype_broken_behind_strict_expected_failures_is_named_on_the_first_line(checked):
     """Every fp16 failure is a declared strict xfail, so the check passes, saying so; its fp32
     (the correct gather kernel) passes determinism across processes: no false alarm."""

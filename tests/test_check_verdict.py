@@ -43,3 +43,16 @@ def test_what_never_ran_is_each_family_and_declared_dtype_and_mode_with_only_ski
         _case("test_dtype", "xfail"),
     ]
     assert uncovered(impl, cases) == ["family backward", "dtype bf16", "mode decode"]
+
+
+def test_sizes_a_kernel_declares_out_and_a_tf32_fp32_are_on_the_first_line():
+    """`max_size: tiny` under `--size small` skipped every small case while the headline said
+    `at size small`; a kernel declaring TF32 had its fp32 judged by the looser rule unsaid."""
+    declared = {"dtypes": (torch.float16, torch.float32), "modes": ("prefill",), "max_size": "tiny", "fp32_matmul": "tf32"}
+    impl = user_impl("k:fn", declared, None)
+    cases = [_case("test_parity", "pass"), _case("test_parity", "pass", CASE.replace("fp16", "fp32"))]
+    assert uncovered(impl, cases, "small") == ["size small (declared max_size tiny)"]
+    assert uncovered(impl, cases, "tiny") == []
+    v = CheckVerdict(claims=CLAIMS, size="small", uncovered=uncovered(impl, cases, "small"), tf32=True)
+    assert v.headline.startswith("CHECK PASSED at size small with fp32 judged by the TF32 rule (declared): ")
+    assert v.headline.endswith("never ran (every case skipped): size small (declared max_size tiny)")

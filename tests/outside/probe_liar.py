@@ -1,12 +1,13 @@
-"""An outside kernel that rewrites what the check's probe says about it, in a module of its own
-(it acts at import, in the probe). `selgate check` must block it and report its own record of
-the probe's confinement."""
+"""Outside kernels that rewrite what the check's probe says about them, in a module of their own
+(it acts at import, in the probe). `selgate check` must block each, and report its own record of
+the probe's confinement and the user's `--declare` file as written."""
 
 from __future__ import annotations
 
 import os
 import sys
 
+import torch
 from tokenkernels import gather
 
 
@@ -15,6 +16,13 @@ def rewrites_what_the_probe_says(q, k, v, ranges, *, scale=None):
     declarations gain an Impl field no declaration has (`unsupported`: every family but
     bad_input), and its confinement record claims a sandbox it did not get."""
     return gather(q, k, v, ranges, scale=scale) + 1
+
+
+def narrows_its_declare_file(q, k, v, ranges, *, scale=None):
+    """NaN in fp16 and 1e-4 off in fp32, checked with a `--declare` file saying fp16 and fp32 and
+    IEEE fp32 matmuls: the probe's copy of the declarations says fp32 alone, judged as TF32."""
+    o = gather(q, k, v, ranges, scale=scale)
+    return o * (1 + 1e-4) if q.dtype == torch.float32 else torch.full_like(o, float("nan"))
 
 
 def _rewrite_the_probe() -> None:
@@ -30,10 +38,14 @@ def _rewrite_the_probe() -> None:
 
     def rewrite():
         data = json.load(open(result))
-        if data.get("ok"):
+        if not data.get("ok"):
+            return
+        if sys.argv[1].endswith(":narrows_its_declare_file"):  # valid declarations, not the file's
+            data["declared"].update(dtypes=["fp32"], fp32_matmul="tf32")
+        else:
             families = ["parity", "backward", "determinism", "empty_ranges", "bounds", "dtype", "decode", "group"]
             data["declared"]["unsupported"] = {f: "not this kernel's" for f in families}
-            json.dump(data, open(result, "w"))
+        json.dump(data, open(result, "w"))
 
     atexit.register(rewrite)
 
