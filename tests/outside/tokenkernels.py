@@ -43,8 +43,9 @@ def off_by_a_little(q, k, v, ranges, *, scale=None):
 
 def _first_time(name: str) -> bool:
     """True once per working directory (a marker file), so one case, not every case of a
-    shape, meets the fault; under `selgate check`, once per check: the folder above the
-    executors' scratch folders, which is what they may write."""
+    shape, meets the fault; under `selgate check`, once per root of executors (the folder above
+    their scratch folders, which is what they may write): once in the executors that run the
+    cases, once in the determinism family's second processes, which have a root of their own."""
     tmp = os.environ.get("TMPDIR", "")
     folder = os.path.dirname(tmp) if os.path.basename(tmp).startswith("executor-") else "."
     try:
