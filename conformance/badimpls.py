@@ -127,8 +127,10 @@ def _int32_batch_offsets(q, k, v, ranges, *, scale=None, positions=None):
     as a kernel masking the sign bit away would), and a later batch reads from near the storage's
     start. Right while a tensor spans less than 2^31 elements."""
 
+    from .families.dtype import FAR  # 2^31: where the dtype family's far batches start
+
     def wrapped(t):
-        starts = [(t.storage_offset() + b * t.stride(0)) % 2**31 for b in range(t.shape[0])]
+        starts = [(t.storage_offset() + b * t.stride(0)) % FAR for b in range(t.shape[0])]
         return torch.stack([t.as_strided(t.shape[1:], t.stride()[1:], s) for s in starts])
 
     return attend(q, wrapped(k), wrapped(v), ranges, scale=scale, positions=positions)

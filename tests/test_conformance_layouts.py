@@ -3,7 +3,9 @@ int32 offsets overflow at, built on the meta device (no memory) to check its str
 and the cases it applies to; the GPU lanes run it on real buffers."""
 
 import dataclasses
+import re
 
+import pytest
 import torch
 
 from selgate.conformance.cases import select
@@ -26,3 +28,22 @@ def test_only_gpu_cases_of_two_batches_in_two_bytes_get_the_four_gib_buffer():
     assert far_applies(sdpa, case, "cuda") and not far_applies(sdpa, case, "cpu")
     assert not far_applies(sdpa, dataclasses.replace(case, dtype=torch.float32), "cuda")  # 8 GiB
     assert not far_applies(dataclasses.replace(sdpa, layouts=("contiguous",)), case, "cuda")
+
+
+def test_the_far_case_judges_a_right_kernel_right_and_catches_wrapped_offsets(monkeypatch):
+    """The GPU-only case run on the CPU with batches 2^16 elements apart (the known-bad wraps its
+    offsets at the same FAR): selgate's SDPA passes, offsets computed modulo FAR fail."""
+    from selgate.conformance.badimpls import BAD_IMPLS
+    from selgate.conformance.compare import ConformanceFailure
+    from selgate.conformance.families import FAMILIES, dtype
+
+    monkeypatch.setattr(dtype, "FAR", 1 << 16)
+    monkeypatch.setattr(dtype, "far_applies", lambda impl, case, device: True)
+    case = next(c for c in select("tiny") if c.shape.B >= 2 and c.pattern == "mixed" and c.dtype == torch.float32)
+    FAMILIES["dtype"].check(REGISTRY["sdpa"], case, "cpu")
+    bad = next(b for b in BAD_IMPLS if b.impl.name == "int32-batch-offsets")
+    monkeypatch.setattr(dtype, "far_applies", lambda impl, case, device: False)
+    FAMILIES["dtype"].check(bad.impl, case, "cpu")  # no tensor of the other layouts spans FAR elements
+    monkeypatch.setattr(dtype, "far_applies", lambda impl, case, device: True)
+    with pytest.raises(ConformanceFailure, match=r"\[" + re.escape(case.id) + r"\] o: "):
+        FAMILIES["dtype"].check(bad.impl, case, "cpu")
