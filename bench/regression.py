@@ -36,7 +36,7 @@ baseline's by more than 10% `RECHECKS` more times, from re-allocated inputs (sam
 keeps the median of all its timings (`recheck_graph`; the row's note lists them; the acceptance
 floor check reads that median too): a regression that shows in most timings still blocks, and a
 row whose re-timing fails keeps its first timing. The re-timing runs after the sweep, outside
-its `--budget_s` (a few rows, well under a second each).
+its `--budget-s` (a few rows, well under a second each).
 Torch baselines are shown for context (a slower torch explains a slower ratio) but never block.
 Configurations the latest run did not measure are listed, not blocking; a baseline whose
 matrix has no later run at all blocks (the release would be unmeasured), and the commits the

@@ -6,7 +6,7 @@ builder ranges of `range_len`-key blocks (so the true L is the bucket too), tune
 the winner into `<out-dir>/<device-slug>.json` after each key (a run cut short keeps what it
 finished). Forward: `triton.autotune` over BLOCK_L x warps x stages. Backward: one factor at a
 time around the defaults, then the winners combined (prefill shapes: training). Jobs run in
-order decode fwd, prefill fwd, bwd; a job that would not finish within `--budget_s` (judged by
+order decode fwd, prefill fwd, bwd; a job that would not finish within `--budget-s` (judged by
 the longest job of its phase so far) is skipped and listed. The launch path then reads the file
 from `configs/tuned/` (or `SELGATE_TRITON_TUNED_DIR`) with no tuning at call time.
 """
@@ -298,9 +298,9 @@ def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
     p.add_argument(
         "--dtype", dest="dtypes", type=choice_list(dtypes), default=["bf16", "fp16"], help="comma list of bf16,fp16,fp32"
     )
-    p.add_argument("--decode_buckets", type=int_list, default=list(DECODE_BUCKETS))
-    p.add_argument("--prefill_buckets", type=int_list, default=list(PREFILL_BUCKETS))
-    p.add_argument("--bwd_buckets", type=int_list, default=list(BWD_BUCKETS))
+    p.add_argument("--decode-buckets", "--decode_buckets", type=int_list, default=list(DECODE_BUCKETS))
+    p.add_argument("--prefill-buckets", "--prefill_buckets", type=int_list, default=list(PREFILL_BUCKETS))
+    p.add_argument("--bwd-buckets", "--bwd_buckets", type=int_list, default=list(BWD_BUCKETS))
     p.add_argument("--N", type=int, default=1024, help="decode batch")
     p.add_argument("--H", type=int, default=8, help="decode query heads per group")
     p.add_argument("--G", type=int, default=1, help="decode KV groups")
@@ -308,17 +308,22 @@ def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
     p.add_argument("--heads", type=int, default=64, help="prefill query heads (all groups)")
     p.add_argument("--groups", type=int, default=4, help="prefill KV groups")
     p.add_argument(
+        "--fwd-space",
         "--fwd_space",
         type=lambda s: [tuple(int(x) for x in c.split("x")) for c in s.split(",") if c],
         default=None,
         help="forward candidates BLOCK_LxWARPSxSTAGES, comma list (default: tuning.FWD_SPACE)",
     )
     p.add_argument(
-        "--bwd_axes", type=_axes, default=None, help="backward axes, e.g. 'block_n=32,64;warps=4,8' (default: tuning.BWD_AXES)"
+        "--bwd-axes",
+        "--bwd_axes",
+        type=_axes,
+        default=None,
+        help="backward axes, e.g. 'block_n=32,64;warps=4,8' (default: tuning.BWD_AXES)",
     )
-    p.add_argument("--warmup_ms", type=float, default=10.0)
-    p.add_argument("--rep_ms", type=float, default=40.0)
-    p.add_argument("--budget_s", type=float, default=480.0, help="stop starting new keys after this many seconds")
+    p.add_argument("--warmup-ms", "--warmup_ms", type=float, default=10.0)
+    p.add_argument("--rep-ms", "--rep_ms", type=float, default=40.0)
+    p.add_argument("--budget-s", "--budget_s", type=float, default=480.0, help="stop starting new keys after this many seconds")
     p.add_argument(
         "--out-dir",
         "--out_dir",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -211,3 +212,23 @@ def test_the_device_benchmarks_are_bench_subcommands(capsys):
     assert e.value.code == 0 and "usage: selgate bench triton-bwd" in capsys.readouterr().out
     if not torch.cuda.is_available():
         assert main(["cuda-decode"]) == 2 and "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sel", "tune", "thresholds"])
+def test_options_are_spelt_with_hyphens_and_the_old_underscores_still_work(command, capsys):
+    """One option style across selgate's commands (`selgate check --import-timeout`): bench's
+    `--budget_s` and the like are aliases of `--budget-s`, shown in help after it."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    underscored = re.findall(r"(--[A-Za-z]+_[A-Za-z_]+)", text)
+    assert underscored, text
+    for old in underscored:  # `--budget-s BUDGET_S, --budget_s BUDGET_S`: the hyphen first
+        assert re.search(re.escape(old.replace("_", "-")) + r"( [A-Z_]+)?, " + re.escape(old), text), (old, text)
+
+
+def test_a_hyphenated_option_sets_what_its_old_spelling_set(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tables, "RESULTS_DIR", tmp_path)
+    assert main([*[x.replace("--L_list", "--L-list") for x in TINY], "--budget-s", "0", "--backends", "sdpa"]) == 0
+    rows = tables.read_csv(tables.latest_csv(current_device_name()))
+    assert [r["L"] for r in rows] == [16, 24] and "time budget of 0 s" in rows[0]["note"]
