@@ -8,6 +8,11 @@ tests do; when no test finished in that time, the line names the tests running:
     progress: 812/3941 tests (20 %) in 4m05s, 3.31 tests/s, about 15m45s left
     progress: 0/4710 tests (0 %) in 1m07s; running: gw0 tests/test_cuda_compile.py::test_compile[sm90] (0m31s of ~1m54s), ...
 
+Each failure is named the moment it is reported, with the first line of its message (the first
+FAILURES_SHOWN of them), so a run cut short before pytest's summary still says what failed:
+
+    failed: conformance/test_conformance.py::test_dtype[cuda-...] (call): ConformanceFailure: [...] o: ...
+
 `in` counts from the session's start; the rate counts from the first result, so collection and
 worker start-up do not dilute it. The time left is said only once it means something
 (`Progress.time_left`), never extrapolated from the first few slow tests."""
@@ -35,6 +40,7 @@ MIN_MEASURED = 20
 RUNNING_SHOWN = 4
 ORDERING_PLUGIN = "selgate.lanes.ordering"  # its SELGATE_DURATIONS are the recorded durations
 PHASES = ("setup", "call", "teardown")
+FAILURES_SHOWN = 20  # failures named as they happen; pytest's summary lists them all
 
 
 def clock_text(seconds: float) -> str:
@@ -232,6 +238,7 @@ class ProgressPlugin:
         self.terminal = Terminal(config, distributed=distributed(config))
         self.stop = threading.Event()
         self.timer = threading.Thread(target=self._beat, name="selgate-progress", daemon=True)
+        self.failures_shown = 0
 
     def _beat(self) -> None:
         while not self.stop.wait(max(self.progress.wait_s(), 0.05)):
@@ -258,6 +265,10 @@ class ProgressPlugin:
             self.progress.timed(report.nodeid, report.duration, getattr(report, "worker_id", None))
         else:  # xdist's report of a test whose worker crashed: nothing runs it any more
             self.progress.ended(report.nodeid)
+        if report.failed and self.failures_shown < FAILURES_SHOWN:
+            self.failures_shown += 1
+            last = self.failures_shown == FAILURES_SHOWN
+            self.terminal.write(failure_line(report) + (" (later failures: pytest's summary)" if last else ""))
         if outcome_known(report):
             self.terminal.write(self.progress.finished(report.nodeid))
 
@@ -274,6 +285,14 @@ class ProgressPlugin:
     def pytest_unconfigure(self, config):
         self.pytest_sessionfinish(None)  # a session that never started or finished
         self.terminal.close()
+
+
+def failure_line(report) -> str:
+    """`failed: <test> (<phase>): <the first line of its message>`, at most about 200 characters."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else str(report.longrepr or "")
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "no message")
+    return f"failed: {report.nodeid} ({report.when}): {first[:160]}"
 
 
 def interval_from_env(environ=os.environ) -> float:

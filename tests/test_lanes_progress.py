@@ -182,3 +182,19 @@ def test_a_lane_with_recorded_durations_says_the_time_left_once_the_others_are_m
     assert len(early) > 5 and not any("left" in line for line in early), lines
     beat = next((line for line in lines if "running: test_mod.py::test_slow" in line), None)  # 3 s recorded
     assert beat and re.search(r", about 0m0[0-2]s left; running: test_mod.py::test_slow \(0m0\ds of ~0m03s\)$", beat), lines
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [["-p", "xdist.plugin", "-n", "2"], []], ids=["xdist", "no-xdist"])
+def test_each_failure_is_named_when_it_happens(tmp_path, workers):
+    """A run cut before pytest's summary (a device call's time limit) still said what failed."""
+    (tmp_path / "test_mod.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(4))\ndef test_x(i):\n    assert i % 2 == 0, f'odd {i}'\n"
+    )
+    out = run_pytest(
+        tmp_path, *workers, "-p", "selgate.lanes.progress", "-p", "no:cacheprovider", "-q", "test_mod.py",
+        env=nested_env(SELGATE_PROGRESS_S="0"), timeout=110,
+    )  # fmt: skip
+    line = r"^failed: (test_mod.py::test_x\[\d\]) \(call\): AssertionError: (odd \d)"
+    named = sorted(re.findall(line, out.stdout, re.MULTILINE))
+    assert named == [("test_mod.py::test_x[1]", "odd 1"), ("test_mod.py::test_x[3]", "odd 3")], out.stdout + out.stderr
