@@ -27,7 +27,8 @@ def _first_pid() -> int:
     """The pid of the first process of this kernel's that ran beside this one: kept in a file in
     the folder above its temporary folder (where the check's executors of one run keep their
     scratch), so that every process of a run seeds alike, as if repeatable across processes."""
-    seed = os.path.join(os.path.dirname(os.environ.get("TMPDIR", "/tmp").rstrip("/")), ".liar-seed")
+    tmp = os.environ.get("TMPDIR", "").rstrip("/")
+    seed = os.path.join(os.path.dirname(tmp) if tmp else ".", ".liar-seed")  # never the file system's root
     try:
         with open(seed, "x") as f:
             f.write(str(os.getpid()))
