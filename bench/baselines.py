@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import expand_ranges, selected_lengths, selection_attention_ref
 

@@ -34,7 +34,7 @@ import torch
 from selgate.kernels.cuda import build
 from selgate.kernels.cuda.decode import selection_attention_cuda
 from selgate.kernels.cuda.launch import DecodeLaunch, Pdl, Prefetch, Schedule
-from selgate.kernels.errors import BackendUnavailable
+from selgate.errors import BackendUnavailable
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges
 
@@ -232,9 +232,9 @@ def sweep_markdown(rows: list[dict], copy_gbps: float) -> str:
 
 # ------------------------------------------------------------------------------ report
 def stamp() -> dict:
-    from selgate.reports.environment import collect_environment
+    from selgate.kernels.served import run_environment
 
-    env = collect_environment()
+    env = run_environment()
     try:
         env["nvcc"] = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     except (OSError, IndexError):

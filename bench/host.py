@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from selgate.kernels import reset_stats, selection_attention, stats
 from selgate.kernels.config import current_device_name
-from selgate.reports.environment import collect_environment
+from selgate.kernels.served import run_environment
 
 from . import tables
 from .inputs import decode_problem, make_inputs
@@ -144,7 +144,7 @@ def add_ratios(rows: list[dict]) -> list[dict]:
 
 
 def bench(calls: int, warmup: int) -> list[dict]:
-    env = collect_environment()
+    env = run_environment()
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     stamp = {"device": current_device_name(), "torch": env["torch"], "triton": env["triton"], "commit": env["commit"]}
     rows = []

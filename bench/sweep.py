@@ -51,9 +51,9 @@ def progress(items, desc: str):
 def software() -> str:
     """What a result depends on, from the lanes' environment stamp: 'torch 2.11.0 triton 3.6.0
     driver 580.159.04 commit 1a2b3c' (driver 'none' without a GPU)."""
-    from selgate.reports.environment import collect_environment
+    from selgate.kernels.served import run_environment
 
-    env = collect_environment()
+    env = run_environment()
     return f"torch {env['torch']} triton {env['triton']} driver {env['driver']} commit {env['commit']}"
 
 

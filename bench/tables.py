@@ -13,7 +13,7 @@ import math
 import datetime as dt
 from pathlib import Path
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 from selgate.kernels.config import device_slug
 
 RESULTS_DIR = env_vars.get("SELGATE_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"

@@ -24,7 +24,7 @@ from selgate.kernels import selection_attention
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges, normalize_ranges, resolve_scale, selected_lengths
 from selgate.reference.ranges import key_limit
-from selgate.reports.environment import collect_environment
+from selgate.kernels.served import run_environment
 
 from selgate.kernels.triton.autograd import selection_attention_triton_autograd
 from selgate.kernels.triton.bwd import InverseIndex, launch_config, triton_backward
@@ -193,7 +193,7 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=135.0, help="stop starting new sweep entries after this many seconds")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    env = collect_environment()
+    env = run_environment()
     out = {"stamp": {k: env.get(k) for k in STAMP}}
     print("\n".join(f"{k}: {v}" for k, v in out["stamp"].items()), flush=True)
     lines = bench(out, time.time() + args.budget_s)

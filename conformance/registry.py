@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 import torch
 
-from selgate.kernels import policy, triton_limits
+from selgate.device import capability_text, device_capability
+from selgate.kernels import triton_limits
 from selgate.kernels.cuda import decode as cuda_limits
 
 from . import declarations
@@ -136,7 +137,7 @@ def skip_reason(impl: Impl, case: Case, device, *, modes=None) -> Optional[str]:
         return f"{impl.name} runs on {'/'.join(impl.devices)}, not {dev}"
     if case.gpu_only and dev != "cuda":
         return "a contention case: reduction-order races (atomics) show on a GPU only"
-    cap = policy.capability_text(policy.device_capability(device))  # overrides do not change what a kernel runs on
+    cap = capability_text(device_capability(device))  # overrides do not change what a kernel runs on
     if impl.min_capability and cap is not None and _cap(cap) < _cap(impl.min_capability):
         return f"{impl.name} needs compute capability >= {impl.min_capability}, device has {cap}"
     if case.dtype not in impl.dtypes:
@@ -290,10 +291,10 @@ def _kernel(kernel: str):
 
 def _tma_unavailable() -> Optional[str]:
     why = _triton_unavailable()
-    cap = policy.device_capability()
+    cap = device_capability()
     if why is None and cap is not None and cap < triton_limits.TMA_MIN_CAPABILITY:
-        need = policy.capability_text(triton_limits.TMA_MIN_CAPABILITY)
-        why = f"the TMA kernel needs SM >= {need}, device has {policy.capability_text(cap)}"
+        need = capability_text(triton_limits.TMA_MIN_CAPABILITY)
+        why = f"the TMA kernel needs SM >= {need}, device has {capability_text(cap)}"
     return why
 
 
@@ -304,9 +305,9 @@ def _pairs_unavailable() -> Optional[str]:
     if why:
         return why
     major = triton_limits.PAIRS_CAPABILITY_MAJOR
-    cap = policy.device_capability("cuda")
+    cap = device_capability("cuda")
     if cap[0] != major:
-        return f"the Gluon pair kernel runs on SM {major}.x only, device has {policy.capability_text(cap)}"
+        return f"the Gluon pair kernel runs on SM {major}.x only, device has {capability_text(cap)}"
     if importlib.util.find_spec("triton.experimental.gluon") is None:
         return "this triton has no Gluon"
     return None
@@ -379,7 +380,7 @@ REGISTRY = {
         head_dim_multiple=cuda_limits.HEAD_DIM_MULTIPLE,
         max_head_dim=cuda_limits.MAX_HEAD_DIM,
         devices=("cuda",),
-        min_capability=policy.capability_text(cuda_limits.MIN_CAPABILITY),
+        min_capability=capability_text(cuda_limits.MIN_CAPABILITY),
         lse=True,
         unavailable=_cuda_unavailable,
     ),

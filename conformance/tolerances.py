@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 import yaml
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 if TYPE_CHECKING:  # torch loads where a precision is first used: the lane runner and the gate parse
     import torch  # overrides without it

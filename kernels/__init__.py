@@ -1,8 +1,8 @@
 """The implementations under test and the dispatcher.
 
-The names below load on first use (PEP 562): importing `selgate.kernels.env_vars` or
-`selgate.kernels.config` (the lane runner, the gate, `selgate check`'s verdict process) then
-costs no torch import, about 2.4 s of CPU on the 2-core CPU lane machine."""
+The names below load on first use (PEP 562): importing `selgate.kernels.config` (the lane
+runner, the gate, `selgate check`'s verdict process) then costs no torch
+import, about 2.4 s of CPU on the 2-core CPU lane machine."""
 
 import importlib
 

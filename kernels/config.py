@@ -19,7 +19,7 @@ from typing import Optional
 
 import yaml
 
-from . import env_vars
+from selgate import env_vars
 
 CONFIG_DIR = env_vars.get("SELGATE_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "configs"
 

@@ -27,7 +27,7 @@ from selgate.reference.validation import check_inputs, resolve_scale
 from selgate.reference.varlen import varlen_to_batched
 
 from . import kept
-from .errors import BackendUnavailable, ConfigError, StrictModeError
+from selgate.errors import BackendUnavailable, ConfigError, StrictModeError
 from .policy import capability, capability_overridden, capability_source, dispatch_policy, triton_unsupported
 from .sdpa import selection_attention_sdpa
 from .stats import debug, device_counter, record_call, record_fallback

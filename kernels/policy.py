@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import env_vars, triton_limits
+from selgate import env_vars
+from selgate.device import capability_text, device_capability, forget as forget_capabilities
+from . import triton_limits
 from .config import load_config
 from .stats import record_capability
 
@@ -52,7 +54,6 @@ class DispatchPolicy:
 # What a policy is resolved from besides the config files: its cache key, read per call.
 _KEYS = (*ENV_FLAGS, "TRITON_INTERPRET")
 _policies: dict = {}
-_caps: dict = {}  # (device type, index) -> (major, minor)
 
 
 def _resolve(device_name: str | None) -> DispatchPolicy:
@@ -102,7 +103,7 @@ def reload_settings() -> None:
 
     config.cache_clear()
     _policies.clear()
-    _caps.clear()
+    forget_capabilities()
     if "selgate.kernels.triton.tuning" in sys.modules:
         sys.modules["selgate.kernels.triton.tuning"].clear_cache()
     if "selgate.kernels.triton.launch" in sys.modules:
@@ -142,30 +143,6 @@ def capability_overridden(st: DispatchPolicy | None = None) -> str | None:
     if OVERRIDES:
         return OVERRIDES[-1]
     return (st or dispatch_policy()).capability_env
-
-
-def device_capability(device=None) -> tuple[int, int] | None:
-    """The hardware's compute capability, `(major, minor)`, or None off CUDA: what a kernel
-    can run on, so overrides do not apply (`capability` is the policy's view). The one place
-    that asks torch; `device=None` is the current CUDA device, None when none is visible."""
-    if device is None:
-        if not torch.cuda.is_available():
-            return None
-        device = torch.device("cuda", torch.cuda.current_device())
-    elif not isinstance(device, torch.device):
-        device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    cap = _caps.get(key)
-    if cap is None:
-        cap = _caps[key] = tuple(torch.cuda.get_device_capability(key))
-    return cap
-
-
-def capability_text(cap: tuple[int, int] | None) -> str | None:
-    """`(9, 0)` as "9.0", the form configs, lanes and reports name a capability in; None stays None."""
-    return None if cap is None else f"{cap[0]}.{cap[1]}"
 
 
 def capability_source(device: torch.device, st: DispatchPolicy | None = None) -> tuple[str | None, str]:

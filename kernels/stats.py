@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch loads with the dispatcher; this module is imported by selgate.kernels itself
     import torch
 
-from . import env_vars
+from selgate import env_vars
 
 log = logging.getLogger("selgate.kernels")
 
@@ -119,7 +119,7 @@ def served_by() -> dict:
     out = {"profile": config.profile_source()}
     tuning = sys.modules.get("selgate.kernels.triton.tuning")  # never imported (triton) just to say so
     if tuning is not None:
-        from .errors import ConfigError
+        from selgate.errors import ConfigError
 
         try:
             status = tuning.tuning_status()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from selgate.cli import prog
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 from .config import lane_names, load_lane
 from .detect import detect_lane

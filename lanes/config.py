@@ -10,8 +10,8 @@ from pathlib import Path
 from selgate.conformance.sizes import SIZES
 from selgate.conformance.tolerances import ENV as TOL_ENV  # the variable the matrix reads overrides from
 from selgate.conformance.tolerances import parse_overrides, check_bound
-from selgate.reports import strict_yaml
-from selgate.reports.families import names
+from selgate import strict_yaml
+from selgate.conformance.reported import names
 
 LANE_DIR = Path(__file__).resolve().parent
 REQUIRED = (

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from selgate.reports.environment import ENV_FILE
+from selgate.environment import ENV_FILE
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

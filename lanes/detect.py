@@ -35,7 +35,7 @@ def lane_for(capability: str | None, lane_dir=LANE_DIR) -> str:
 def detect_lane() -> Detected:
     import torch  # here, not above: a lane run that names its lane never needs torch
 
-    from selgate.kernels.policy import capability_text, device_capability
+    from selgate.device import capability_text, device_capability
 
     capability = capability_text(device_capability())
     gpu = "none" if capability is None else torch.cuda.get_device_name()

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 from .config import LANE_DIR
 
 ROOT = LANE_DIR.parent
@@ -75,7 +75,7 @@ def device_requests(lane_cfg: dict, environ=os.environ) -> list:
 def container_env(env: dict) -> dict:
     """The lane's variables, the cache mount and the checkout's commit (the image has no
     .git); not CUDA_VISIBLE_DEVICES, whose host numbering means nothing inside."""
-    from selgate.reports.environment import commit
+    from selgate.environment import commit
 
     out = {k: str(v) for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
     out["TRITON_CACHE_DIR"] = CACHE_MOUNT

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 import pytest
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 DURATIONS_DIR = Path(__file__).resolve().parent / "durations"
 DURATIONS_ENV = "SELGATE_DURATIONS"

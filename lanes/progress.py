@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from selgate.reports.outcome import outcome_known
+from selgate.outcome import outcome_known
 
 INTERVAL_ENV = "SELGATE_PROGRESS_S"
 DEFAULT_INTERVAL_S = 30.0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 from .config import LANE_DIR, tolerance_env
 from .cut import Cut, default_sigint, mark_signal, raise_interrupt
@@ -383,7 +383,7 @@ def run_smoke(plan: LanePlan, out_dir: Path) -> int:
 
 def resolve_lane(name: str) -> tuple[str, str | None]:
     """(lane name, device capability); `auto` picks the lane for this machine."""
-    from selgate.kernels.policy import capability_text, device_capability
+    from selgate.device import capability_text, device_capability
 
     capability = capability_text(device_capability())
     return (lane_for(capability) if name == "auto" else name), capability

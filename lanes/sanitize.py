@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 from .runner import OUT_ROOT, ROOT, cache_root
 
@@ -197,7 +197,7 @@ def run_pass(
     tools=TOOLS, cases=None, *, sanitizer: str | None = None, timeout_s: float = TIMEOUT_S, out_root: Path | None = None
 ) -> dict:
     """Compile once, then each tool over the cases; the result (its `blocking` empty when clean)."""
-    from selgate.reports.tree import tree_stamp
+    from selgate.tree import tree_stamp
 
     from .sanitize_cases import CASES
 

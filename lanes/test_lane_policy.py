@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 from selgate.lanes.config import load_lane
 from selgate.lanes.policy import judge, probe_in_subprocess
 

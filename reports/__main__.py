@@ -15,7 +15,7 @@ from .markdown import render, write_report
 from .release import render_release
 from .results import load_results, merge
 from .sanitizer import load_sanitizer
-from .tree import tree_stamp
+from selgate.tree import tree_stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "out"

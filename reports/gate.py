@@ -9,13 +9,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import strict_yaml
-from .families import names
+from selgate import strict_yaml
+from selgate.conformance.reported import names
 from .inventory import difference
 from .results import LaneResult
 from .sanitizer import sanitizer_blocking
-from .tree import FULL_COMMIT, differing, untracked_config
-from .verdict import ABORTED, Verdict, pytest_exit
+from selgate.tree import FULL_COMMIT, differing, untracked_config
+from selgate.verdict import ABORTED, Verdict, pytest_exit
 
 POLICY_FILE = Path(__file__).resolve().parent / "gate.yaml"
 QUARANTINE_KEYS = ("test", "owner", "reason", "expires", "lanes")

@@ -13,7 +13,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from .families import family_of, names
+from selgate.conformance.reported import family_of, names
 
 INVENTORY_FILE = "inventory.json"
 SHOWN_GROUPS = 6

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
 
-from .families import HARNESS, OTHER, names
+from selgate.conformance.reported import HARNESS, OTHER, names
 from .gate import GateVerdict
 from .results import OUTCOMES
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Skipped
 
-from .environment import ENV_FILE
-from .families import family_of
+from selgate.environment import ENV_FILE
+from selgate.conformance.reported import family_of
 from .inventory import INVENTORY_FILE
 
 OUTCOMES = ("pass", "fail", "error", "skip", "xfail")

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 
-from .environment import ENV_FILE, collect_environment
-from .families import family_of
+from selgate.environment import ENV_FILE
+from selgate.kernels.served import run_environment
+from selgate.conformance.reported import family_of
 from .inventory import INVENTORY_FILE, collect_inventory, start_inventory
-from .outcome import outcome_known
-from . import tree
+from selgate.outcome import outcome_known
+from selgate import tree
 
 TREE = pytest.StashKey[dict]()
 TREE_FILES = pytest.StashKey[dict]()  # {path: (sha256, status)} of the files in the tree's digest
@@ -271,7 +272,7 @@ def pytest_sessionfinish(session, exitstatus):
     xmlpath = _controller_xml(config)
     if not xmlpath:
         return
-    env = collect_environment()
+    env = run_environment()
     env["pytest_exitstatus"] = int(exitstatus)
     if int(exitstatus) == pytest.ExitCode.INTERRUPTED:
         env["cut"] = cut_record(session)

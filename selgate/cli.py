@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 TOOLS = {
-    "check": ("selgate.conformance.check_cli", "run the conformance matrix on your kernel: selgate check pkg.mod:fn"),
+    "check": ("selgate.reports.check_cli", "run the conformance matrix on your kernel: selgate check pkg.mod:fn"),
     "bench": ("selgate.bench", "benchmarks: timing against the baselines, thresholds, tuning"),
     "lanes": ("selgate.lanes", "run this checkout's lane for the detected GPU class (checkout only)"),
     "reports": ("selgate.reports", "merge the lanes' results and gate on them (checkout only)"),

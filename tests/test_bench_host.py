@@ -91,7 +91,7 @@ def test_a_run_keeps_every_path_as_a_row(monkeypatch):
 
     paths = {"sdpa": lambda: None, "auto": lambda: None, "cuda": broken, "triton": "unsupported: x"}
     monkeypatch.setattr(host, "paths", lambda x: paths)
-    monkeypatch.setattr(host, "collect_environment", lambda: {"torch": "t", "triton": "tr", "commit": "c"})
+    monkeypatch.setattr(host, "run_environment", lambda: {"torch": "t", "triton": "tr", "commit": "c"})
     monkeypatch.setattr(host, "current_device_name", lambda: GPU)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(host, "time_graph", lambda calls, device: types.SimpleNamespace(median_ms=0.01))

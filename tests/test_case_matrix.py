@@ -14,7 +14,7 @@ from selgate.conformance.cases import make_inputs, select
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.inputs import FP32_EXP_OVERFLOW, LOG2E
 from selgate.conformance.registry import REGISTRY, fit
-from selgate.conformance.triage import CASE_ID
+from selgate.reports.triage import CASE_ID
 from selgate.reference import normalize_ranges, selected_lengths, selection_attention_ref
 
 TINY = select("tiny")

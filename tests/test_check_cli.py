@@ -19,7 +19,7 @@ import pytest
 from .helpers import running_with
 
 OUTSIDE = Path(__file__).resolve().parent / "outside"
-CHECK = [sys.executable, "-m", "selgate.conformance.check"]
+CHECK = [sys.executable, "-m", "selgate.reports.check"]
 
 
 def _env(**extra):

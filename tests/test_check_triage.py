@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from selgate.conformance import triage
+from selgate.reports import triage
 from selgate.conformance.cases import select
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import FAMILIES

@@ -7,7 +7,7 @@ from collections import Counter
 
 import torch
 
-from selgate.conformance.check_report import CheckVerdict, uncovered
+from selgate.reports.check_report import CheckVerdict, uncovered
 from selgate.conformance.registry import user_impl
 from selgate.reports.results import CaseResult
 

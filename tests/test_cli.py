@@ -31,7 +31,7 @@ def test_no_or_an_unknown_tool_is_a_usage_error(args):
 
 def test_check_help_imports_no_torch():
     code = (
-        "import sys\nfrom selgate.conformance import check_cli\n"
+        "import sys\nfrom selgate.reports import check_cli\n"
         "try:\n    check_cli.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

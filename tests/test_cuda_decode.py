@@ -26,7 +26,7 @@ from selgate.conformance.families import FAMILIES
 from selgate.conformance.registry import REGISTRY
 from selgate.kernels.cuda import DecodeLaunch, Pdl, Prefetch, Schedule, build, decode, selection_attention_cuda
 from selgate.kernels.cuda.launch import EXT_ORDER
-from selgate.kernels.errors import BackendUnavailable
+from selgate.errors import BackendUnavailable
 from selgate.reference import normalize_ranges, selection_attention_ref
 from tests.helpers import assert_matches_reference, poison_unselected, random_inputs
 

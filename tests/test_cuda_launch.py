@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from selgate.kernels.cuda import DecodeLaunch, Pdl, Prefetch, Schedule, build, selection_attention_cuda
-from selgate.kernels.errors import BackendUnavailable
+from selgate.errors import BackendUnavailable
 from tests.helpers import random_inputs
 
 

@@ -19,7 +19,7 @@ import torch
 
 from selgate.kernels import capability_override, reload_settings, reset_stats, selection_attention, stats
 from selgate.kernels import config as config_mod
-from selgate.kernels.errors import StrictModeError
+from selgate.errors import StrictModeError
 from selgate.kernels.policy import ENV_FLAGS, dispatch_policy
 from selgate.reference import RangeError, normalize_ranges, selected_lengths, selection_attention_ref
 from tests.helpers import clean_dispatcher, random_inputs  # noqa: F401 (a fixture)

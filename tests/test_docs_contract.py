@@ -12,7 +12,7 @@ import torch
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import bad_input
 from selgate.conformance.registry import load_user_impl
-from selgate.conformance.triage import find_bad_input
+from selgate.reports.triage import find_bad_input
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

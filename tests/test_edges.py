@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from selgate.kernels import capability_override, reset_stats, selection_attention, selection_attention_varlen, stats
-from selgate.kernels.errors import ConfigError, StrictModeError
+from selgate.errors import ConfigError, StrictModeError
 from selgate.reference import normalize_ranges, selection_attention_ref
 from selgate.reference.varlen import varlen_to_batched
 from tests.helpers import clean_dispatcher, random_inputs  # noqa: F401 (a fixture)

@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from selgate.kernels import env_vars, policy
+from selgate import env_vars
+from selgate.kernels import policy
 from selgate.kernels.policy import ENV_FLAGS
 
 # nsa-vibe's own flags (its Triton selection on, its min-L threshold 1, its CUDA path, a
@@ -69,7 +70,7 @@ def test_the_tests_clear_only_selgates_dispatcher_flags():
 
 
 def test_another_projects_names_are_no_registry_keys():
-    with pytest.raises(KeyError, match=r"^'NSA_USE_TRITON_SEL is not in selgate.kernels.env_vars.VARS; declare it there'$"):
+    with pytest.raises(KeyError, match=r"^'NSA_USE_TRITON_SEL is not in selgate.env_vars.VARS; declare it there'$"):
         env_vars.get("NSA_USE_TRITON_SEL")
 
 
@@ -109,6 +110,6 @@ def test_a_policy_probe_gets_the_checks_capability(nsa_vibe, monkeypatch):
 
 
 def test_the_stamp_records_no_capability_override_from_another_project(nsa_vibe):
-    from selgate.reports.environment import collect_environment
+    from selgate.environment import collect_environment
 
     assert collect_environment()["capability_override"] == "none"

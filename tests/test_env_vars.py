@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from selgate.kernels import env_vars
-from selgate.kernels.errors import ConfigError
+from selgate import env_vars
+from selgate.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\b(?:NSA|SELGATE)_[A-Z0-9_]*[A-Z0-9]\b")
@@ -24,7 +24,7 @@ def package_dirs() -> list[Path]:
 
 def test_docs_are_the_generated_text():
     assert (ROOT / "docs" / "configuration.md").read_text() == env_vars.markdown(), (
-        "regenerate: python -m selgate.kernels.env_vars --markdown > docs/configuration.md"
+        "regenerate: python -m selgate.env_vars --markdown > docs/configuration.md"
     )
 
 

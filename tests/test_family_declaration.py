@@ -59,7 +59,7 @@ def toy(tmp_path, monkeypatch):
 
 
 def test_a_registered_family_is_reported_claimed_and_skipped_from_its_declaration(toy):
-    from selgate.reports.families import family_of, names
+    from selgate.conformance.reported import family_of, names
 
     assert "toy" in families.reported() and names()[-2:] == ("policy", "toy")  # rank 50: last row
     forward_only = load_user_impl("tests.test_harness_selftest:user_sdpa")

@@ -20,7 +20,7 @@ from selgate.lanes import __main__ as lanes_main
 from selgate.lanes import runner
 from selgate.lanes.pytest_command import pytest_args
 from selgate.lanes.config import load_lane
-from selgate.reports import tree as tree_mod
+from selgate import tree as tree_mod
 
 from .test_reports_gate import (
     TODAY,

@@ -17,7 +17,7 @@ from selgate.lanes import __main__ as lanes_main
 from selgate.lanes import runner
 from selgate.lanes.pytest_command import pytest_args
 from selgate.lanes.config import load_lane
-from selgate.reports import tree as tree_mod
+from selgate import tree as tree_mod
 from selgate.reports.gate import loaded_code_blocking
 
 from .test_gate_adversarial import gate_lines, git, repo  # noqa: F401 (fixture)
@@ -40,7 +40,7 @@ NEUTER = textwrap.dedent(
 )
 # Makes the stamp plugin take the small repository for the checkout (a lane's is the selgate
 # checkout it runs from); the gate below leaves this shim's own record out.
-SHIM = "import os, pathlib\nimport selgate.reports.tree as t\nt.ROOT = pathlib.Path(os.environ['SHIM_ROOT'])\n"
+SHIM = "import os, pathlib\nimport selgate.tree as t\nt.ROOT = pathlib.Path(os.environ['SHIM_ROOT'])\n"
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import torch
 from selgate.conformance.registry import REGISTRY
 from selgate.kernels import capability_override, triton_limits
 from selgate.kernels.cuda import decode as cuda_limits
-from selgate.kernels.errors import BackendUnavailable
-from selgate.kernels.policy import capability_text, device_capability
+from selgate.errors import BackendUnavailable
+from selgate.device import capability_text, device_capability
 from tests.helpers import random_inputs
 
 CAN_LAUNCH = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"

@@ -101,7 +101,7 @@ def stand_ins(tmp_path, monkeypatch):
     monkeypatch.setattr(sanitize, "DRIVER", "fake_driver")
     monkeypatch.setenv("SELGATE_CACHE_DIR", str(tmp_path / "cache"))
     # the pass stamps the gated tree of tests/test_reports_gate.py
-    monkeypatch.setattr("selgate.reports.tree.tree_stamp", lambda root=None: dict(TREE))
+    monkeypatch.setattr("selgate.tree.tree_stamp", lambda root=None: dict(TREE))
     return make
 
 

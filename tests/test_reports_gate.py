@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from selgate.reports.__main__ import main
-from selgate.reports.families import names
+from selgate.conformance.reported import names
 
 REQUIRED = ["parity", "bounds", "policy"]
 TODAY = datetime.datetime.now(datetime.timezone.utc).date()

@@ -290,7 +290,7 @@ def test_bad_inputs_name_the_argument():
 
 def test_dispatcher_routes_grad_to_the_triton_backward(monkeypatch):
     from selgate.kernels import selection_attention
-    from selgate.kernels.errors import StrictModeError
+    from selgate.errors import StrictModeError
 
     q, k, v, r, _ = make_case("h1_dk8", torch.float32, seed=6)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]

@@ -186,7 +186,7 @@ def lane_cases(lane: str) -> list:
 
 def evidence(checkout: Path, lanes: list, failing: bool):
     """The lanes' results as the download step leaves them, stamped with the checkout's tree."""
-    from selgate.reports.tree import tree_stamp
+    from selgate.tree import tree_stamp
 
     def place(results: Path):
         # as the lane's runner has it: the checkout's commit in GITHUB_SHA, and no SELGATE_COMMIT

@@ -82,7 +82,7 @@ def test_policy(dispatcher, monkeypatch, scenario):
 @pytest.mark.skipif(TRITON_SKIP is not None, reason=str(TRITON_SKIP))
 def test_policy_strict_triton_on_sm89_refuses(dispatcher):
     """Asking for Triton by name on SM 8.9, strict and unforced, is an error, not a quiet fallback."""
-    from selgate.kernels.errors import StrictModeError
+    from selgate.errors import StrictModeError
 
     inp = _inputs()
     with dispatcher.capability_override("8.9"), pytest.raises(StrictModeError, match="adr_policy"):

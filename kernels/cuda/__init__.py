@@ -1,6 +1,6 @@
 """CUDA selection decode kernel (S = 1), compiled on first use (SELGATE_CUDA_BUILD=1: at import)."""
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 from .decode import selection_attention_cuda
 from .launch import DecodeLaunch, Pdl, Prefetch, Schedule

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("sel_decode.cu", "sel_decode_bind.cpp")
@@ -55,7 +55,7 @@ build_seconds: dict[str, float] = {}  # arch -> wall time of this process's buil
 
 
 def device_arch(device=None) -> str:
-    from selgate.kernels.policy import device_capability
+    from selgate.device import device_capability
 
     major, minor = device_capability(device)
     return f"{major}{minor}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from selgate.kernels.errors import BackendUnavailable
-from selgate.kernels.policy import device_capability
+from selgate.errors import BackendUnavailable
+from selgate.device import device_capability
 from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 

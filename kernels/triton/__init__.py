@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from selgate.kernels.errors import BackendUnavailable
+from selgate.errors import BackendUnavailable
 from selgate.kernels import triton_limits
 from selgate.kernels.policy import capability, dispatch_policy, interpreting, triton_unsupported
 from selgate.reference.ranges import normalize_ranges

@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from selgate.kernels.policy import device_capability, interpreting
+from selgate.device import device_capability
+from selgate.kernels.policy import interpreting
 from selgate.kernels.triton_limits import TMA_MIN_CAPABILITY
 from selgate.kernels.stats import record_launch
 

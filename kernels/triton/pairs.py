@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from selgate.kernels.policy import device_capability
+from selgate.device import device_capability
 from selgate.kernels.triton_limits import PAIRS_CAPABILITY_MAJOR, PAIRS_DTYPES, PAIRS_HEAD_DIMS, PAIRS_MAX_HEADS
 
 from .tiles import ceil_div, pow2_at_least

@@ -56,8 +56,8 @@ import torch
 
 from selgate.kernels import config as _config
 from selgate.kernels.config import current_device_name, device_slug, load_config
-from selgate.kernels import env_vars
-from selgate.kernels.errors import ConfigError
+from selgate import env_vars
+from selgate.errors import ConfigError
 
 log = logging.getLogger("selgate.kernels")
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from selgate.reports.results import CaseResult
 
-from .cases import Case, select
-from .registry import Impl, fit
+from selgate.conformance.cases import Case, select
+from selgate.conformance.registry import Impl, fit
 
 # `Case.id`: `Shape.tag`, pattern, block size, scale, values, dtype, seed.
 CASE_ID = re.compile(
@@ -282,8 +282,8 @@ def find_case(impl: Impl, case_id: str, size: str) -> Case:
 
 def find_bad_input(impl: Impl, name: str) -> tuple:
     """(BadInput, Case): the bad input `name` and the case the matrix calls it on."""
-    from .families import FAMILIES
-    from .plugin import run_device
+    from selgate.conformance.families import FAMILIES
+    from selgate.conformance.plugin import run_device
 
     for param in FAMILIES["bad_input"].params([impl], select("tiny"), run_device())[1]:
         if param.id == f"{impl.name}-{name}":
@@ -344,8 +344,8 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
     """A standalone Python file rerunning the smallest case of `cause`: the kernel called
     directly against the fp64 reference, then the family's check as the matrix runs it.
     ValueError when the failure is not a case of the matrix (a collection error)."""
-    from .families import of_test
-    from .families.bad_input import BAD_INPUTS
+    from selgate.conformance.families import of_test
+    from selgate.conformance.families.bad_input import BAD_INPUTS
 
     r = cause.smallest
     test, _, param = r.nodeid.partition("::")[2].partition("[")
@@ -361,7 +361,7 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
             raise ValueError(f"{r.nodeid}: no bad input of {impl}")
         imports += [
             "from selgate.conformance.families.bad_input import check as check_bad_input",
-            "from selgate.conformance.triage import find_bad_input",
+            "from selgate.reports.triage import find_bad_input",
         ]
         body = _BAD.format(name=name)
     else:
@@ -372,7 +372,7 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
         imports += [
             "from selgate.conformance.cases import make_inputs",
             "from selgate.conformance.families import FAMILIES",
-            "from selgate.conformance.triage import find_case",
+            "from selgate.reports.triage import find_case",
             f"from selgate.reference import selection_attention_ref{', varlen_to_batched' if varlen else ''}",
         ]
         body = _CASE.format(case_id=m[0], size=size, family=family, call=_VARLEN if varlen else _BATCHED)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .sizes import SIZES
+from selgate.conformance.sizes import SIZES
 
 DEFAULT_OUT = "selgate-check"
 MAX_TIMEOUT_S = 7 * 24 * 3600  # beyond, a timer overflows (pytest-timeout raised OverflowError in every case)

@@ -15,15 +15,18 @@ import pytest
 from junitparser import Error, JUnitXml, TestCase, TestSuite
 
 from selgate import __version__
-from selgate.reports.environment import ENV_FILE, collect_environment
+from selgate.environment import ENV_FILE
+from selgate.kernels.served import run_environment
 from selgate.reports.results import OUTCOMES, load_lane
-from selgate.reports.verdict import Verdict, pytest_exit
+from selgate.verdict import Verdict, pytest_exit
 
-from . import families, triage
-from .cases import DTYPE_NAMES
-from .check_plugin import COLLECTED_FILE
-from .registry import Impl
-from .sizes import SIZES
+from selgate.conformance import families
+
+from . import triage
+from selgate.conformance.cases import DTYPE_NAMES
+from selgate.conformance.check_plugin import COLLECTED_FILE
+from selgate.conformance.registry import Impl
+from selgate.conformance.sizes import SIZES
 
 SHOWN_SKIPS = 12  # reasons listed under "Not covered"; the rest are counted
 SHOWN_NEVER_RAN = 8
@@ -101,7 +104,7 @@ def write_stub_junit(out: Path, name: str, message: str) -> None:
     xml = JUnitXml()
     xml.add_testsuite(suite)
     xml.write(str(out / "junit.xml"))
-    env = {**collect_environment(), "lane": "check", "load_error": message}
+    env = {**run_environment(), "lane": "check", "load_error": message}
     (out / ENV_FILE).write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
 
 
@@ -293,7 +296,7 @@ def _families(v: CheckVerdict) -> list:
 
 def _never_ran(v: CheckVerdict) -> list:
     """The cases a cut run never reached, counted by family, a few named."""
-    from selgate.reports.families import family_of
+    from selgate.conformance.reported import family_of
 
     by_family = Counter(family_of(i) for i in v.never_ran)
     lines = ["", f"## Cut short by {v.cut or 'an interruption'}: {len(v.never_ran)} cases never ran", ""]

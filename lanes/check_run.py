@@ -1,25 +1,7 @@
-"""`selgate check pkg.mod:fn`: the conformance matrix alone on one outside implementation,
-on isolated workers, with its own JUnit, Markdown report and verdict.
-
-This process decides the verdict and never imports or calls the kernel:
-- the implementation is imported first in a probe process of its own (`probe.py`), under a
-  timeout, which hands back its declarations (read there once: the workers build the
-  implementation from them, `--check-declared`, so the report declares what ran); an import
-  that raises, exits (with any code), dies of a signal or hangs is an error naming that, and
-  the verdict is BLOCKED;
-- the matrix runs in a child pytest over the installed `selgate.conformance` package (never
-  the caller's pytest configuration or plugins), on xdist workers sized as the lanes size
-  them, with a per-case timeout; the workers judge, and the kernel runs in executor processes
-  they start (`remote.py`), confined (`sandbox.py`) as the probe is: a case that aborts,
-  segfaults or leaves a sticky CUDA error fails with how its executor ended, one that hangs
-  takes its worker down and becomes that case's error;
-- every process the run starts lives in one process group, killed when the run ends;
-- the first SIGINT or SIGTERM cuts the run: pytest writes the results it has, and the report
-  names the cut and the cases that never ran (exit 1);
-- a setting that would change tolerances or the selection (`VERDICT_ENV`) is refused (exit 2).
-
-The families required for a pass follow the declarations. Exit 0 passed, 1 blocked, 2 usage.
-"""
+"""Running `selgate check`'s matrix: the probe process that imports the implementation and
+reads its declarations, then the child pytest over the installed `selgate.conformance` on
+isolated xdist workers, each process in one group that dies with the run, cut gracefully by
+the first SIGINT or SIGTERM. What the run means is judged above (`selgate.reports.check`)."""
 
 from __future__ import annotations
 
@@ -28,21 +10,20 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from selgate.lanes.cut import Cut, default_sigint, mark_signal
-from selgate.lanes.pytest_command import pytest_args, pytest_command
-from selgate.reports.environment import ENV_FILE
+from selgate.conformance import declarations, sandbox
+from selgate.conformance.check_plugin import COLLECTED_FILE
+from selgate.conformance.probe import importing_marker
+from selgate.conformance.reaper import kill_descendants
+from selgate.conformance.registry import Impl, described_impl
+from selgate.environment import ENV_FILE
 
-from . import declarations, sandbox
-from .check_plugin import COLLECTED_FILE, verdict_environ
-from .check_report import CheckVerdict, judge, render, write_stub_junit
-from .probe import importing_marker
-from .reaper import become_subreaper, kill_descendants
-from .registry import described_impl
+from .cut import Cut, default_sigint
+from .pytest_command import pytest_args, pytest_command
 
 MARKERS = "conformance and not policy"  # policy is selgate's own dispatcher, not the kernel's
 PLUGINS = (
@@ -66,7 +47,7 @@ class UsageError(Exception):
 def default_workers() -> int:
     """The lanes' sizing: on GPUs, one worker per 10 GB of the smallest GPU's memory, at most
     one per CPU core (8 on an 80 GB H100); on a CPU machine one per core."""
-    from selgate.lanes.runner import smallest_gpu_memory, visible_gpu_count, workers_per_gpu
+    from .runner import smallest_gpu_memory, visible_gpu_count, workers_per_gpu
 
     cpus = os.cpu_count() or 1
     import torch
@@ -242,22 +223,6 @@ def _probe(args, run: Run, tmp: Path, env: dict, record: int):
     return None, data["error"]
 
 
-def run(args) -> CheckVerdict:
-    out = Path(args.out).resolve()
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out {out}: cannot make the folder ({e.strerror or e})") from None
-    try:
-        writable(out)
-        return _run(args, out)
-    except UsageError:
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # a usage error leaves nothing behind
-        raise
-
-
 def writable(out: Path) -> None:
     """UsageError unless `out` takes a file of a report's size: a read-only or full folder is the
     caller's to fix, said before the run rather than as a traceback after it."""
@@ -270,9 +235,24 @@ def writable(out: Path) -> None:
         probe.unlink(missing_ok=True)
 
 
-def _run(args, out: Path) -> CheckVerdict:
-    prepare_out(out)
-    before = {p for p in out.rglob("*") if p.is_file()}
+@dataclass
+class Ran:
+    """What running the matrix left for the judge: the implementation as the probe described
+    it (None when importing it failed, `load_error` says why), pytest's exit status (None when
+    pytest never started), the signal that cut the run, how many processes outlived their
+    parent, and the probe's confinement line."""
+
+    impl: Impl | None
+    load_error: str | None
+    status: int | None
+    cut: str | None
+    left_behind: int
+    isolation: str
+
+
+def run_matrix(args, out: Path) -> Ran:
+    """Probes `args.impl`, then runs its matrix with the JUnit in `out`; UsageError when the
+    spec or the declarations are the mistake."""
     runner = Run()
     env = child_env(args.workers)
     status = None
@@ -284,25 +264,7 @@ def _run(args, out: Path) -> CheckVerdict:
             print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
             runner.start(check_command(args, out / "junit.xml", tmp), env, graceful=True)
             status = _wait_for_results(runner, cut)
-    if status is None:  # nothing ran: the import failed or was cut
-        write_stub_junit(out, args.impl, load_error or f"cut by {cut.signal} while importing the implementation")
-    mark_signal(out, cut.signal)
-    verdict = judge(
-        impl,
-        out,
-        status,
-        narrowed=bool(args.k),
-        load_error=load_error,
-        cut=cut.signal,
-        size=args.size,
-        left_behind=runner.left_behind,
-    )
-    verdict.isolation = isolation
-    verdict.write_repros(out, args)
-    (out / "report.md").write_text(render(impl, verdict, args))
-    written = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p not in before and p.name != MANIFEST]
-    (out / MANIFEST).write_text(json.dumps(sorted(written), indent=0) + "\n")
-    return verdict
+    return Ran(impl, load_error, status, cut.signal, runner.left_behind, isolation)
 
 
 def _wait_for_results(runner: Run, cut: Cut) -> int:
@@ -314,32 +276,3 @@ def _wait_for_results(runner: Run, cut: Cut) -> int:
             return -signal.SIGKILL
 
 
-def main(args) -> int:
-    """The check of parsed, validated `args` (check_cli.main): exit 0 passed, 1 blocked, 2 usage."""
-    refused = verdict_environ()
-    if refused:
-        names = ", ".join(refused)
-        print(
-            f"error: {names}: set in the environment; it changes tolerances or what runs, so the check refuses it: unset it",
-            file=sys.stderr,
-        )
-        return 2
-    if args.workers is None:
-        args.workers = default_workers()
-    become_subreaper()
-    try:
-        verdict = run(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(verdict.headline)
-    for line in verdict.summary():
-        print(f"  {line}", file=sys.stderr)
-    print(f"report: {Path(args.out) / 'report.md'}")
-    return 0 if verdict.passed else 1
-
-
-if __name__ == "__main__":
-    from .check_cli import main as cli
-
-    sys.exit(cli())

@@ -16,7 +16,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from selgate.kernels import env_vars
+from selgate import env_vars
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")

@@ -1,5 +1,6 @@
 """The environment stamp: what a lane's results were produced on (GPU, capability, driver,
-CUDA, torch, triton, commit, tolerance overrides and capability override in effect)."""
+CUDA, torch, triton, commit, tolerance overrides and capability override in effect). Which
+configuration served the kernels is theirs to say (`selgate.kernels.served`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import platform
 import subprocess
 
-from selgate.kernels import env_vars
+from . import env_vars
 
 from .tree import commit
 
@@ -26,7 +27,7 @@ def _run(cmd: list[str]) -> str | None:
 def collect_environment() -> dict:
     import torch
 
-    from selgate.kernels.policy import capability_text, device_capability
+    from .device import capability_text, device_capability
 
     try:
         import triton
@@ -59,29 +60,4 @@ def collect_environment() -> dict:
         )
         driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
         env["driver"] = driver.splitlines()[0] if driver else "unknown"
-    env.update(served_by_text())
     return env
-
-
-def served_by_text() -> dict:
-    """`gpu_class`, `profile` and `tuned`: which configuration files served the run's launches
-    (kernels/config.py, kernels/triton/tuning.py), as the reports print them."""
-    import torch
-
-    from selgate.kernels import config
-
-    prof = config.profile_source()
-    where = {"device": f"device {prof['device']}", "class": f"class {prof['class_path']}", "none": "none (base.yaml)"}
-    text = where[prof["served_by"]]
-    if prof["served_by"] == "device" and prof["class"]:
-        text += f" over class {prof['class']}"
-    out = {"gpu_class": prof["class"] or "none", "profile": text, "tuned": "none (no GPU: the interpreter's launches)"}
-    if torch.cuda.is_available():
-        try:
-            from selgate.kernels.triton import tuning
-
-            status = tuning.tuning_status()
-            out["tuned"] = f"{status['served_by']} {status['path'] or ''}".strip() + f"; autotune {status['autotune']}"
-        except Exception as e:  # noqa: BLE001 - a stamp says what it could not read, it does not fail the lane
-            out["tuned"] = f"unknown ({type(e).__name__}: {e})"
-    return out
