@@ -274,5 +274,3 @@ def _wait_for_results(runner: Run, cut: Cut) -> int:
             return runner.wait(timeout=None if cut.signal is None else CUT_GRACE_S)
         except subprocess.TimeoutExpired:
             return -signal.SIGKILL
-
-
