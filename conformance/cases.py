@@ -64,6 +64,11 @@ class Shape:
             return f"varlen-q{lq}-k{lk}-{heads}"
         return f"{self.mode}-B{self.B}S{self.S}Skv{self.S_kv}-{heads}"
 
+    @property
+    def elements(self) -> int:
+        """Elements of q, k and v: how big a case is, for choosing the smallest that fails."""
+        return self.B * self.G * (self.S * self.h * self.Dk + self.S_kv * (self.Dk + self.Dv))
+
 
 def varlen_shape(seqlens, G, h, Dk, Dv, n) -> Shape:
     return Shape(

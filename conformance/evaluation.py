@@ -70,7 +70,12 @@ class Unmodified:
         for name, (t, before) in self.saved.items():
             differ = int((_bits(t.detach()) != before).sum())
             if differ:
-                raise ConformanceFailure(f"{name}: modified by {when} ({differ} elements differ)")
+                raise ConformanceFailure(
+                    f"{name}: modified by {when} ({differ} elements differ)",
+                    rule="inputs-unchanged",
+                    tensor=name,
+                    kind=f"modified by {when}",
+                )
 
 
 def evaluate(fn, q, k, v, upstream=None) -> Result:
@@ -90,7 +95,12 @@ def evaluate(fn, q, k, v, upstream=None) -> Result:
     grads = None
     if grad:
         if not o.requires_grad:
-            raise ConformanceFailure("o does not require grad although q, k and v do: loss.backward() would raise")
+            raise ConformanceFailure(
+                "o does not require grad although q, k and v do: loss.backward() would raise",
+                rule="gradients",
+                tensor="o",
+                kind="does not require grad although q, k and v do",
+            )
         do, dlse = upstream
         outs, gos = [o], [do.to(o.dtype)]
         if lse is not None and lse.requires_grad:
@@ -138,7 +148,13 @@ def impl_fn(impl: Impl, ranges, scale, want_lse=True):
         o, lse = impl.forward(q, k, v, ranges, scale=scale, want_lse=want_lse)
         for name, t, dtype in (("o", o, impl.result_dtype or v.dtype), ("lse", lse, impl.result_dtype or torch.float32)):
             if t is not None and (t.dtype != dtype or t.device != q.device):
-                raise ConformanceFailure(f"{name}: got {t.dtype} on {t.device}, expected {dtype} on {q.device} (SPEC.md, Shapes)")
+                wrong = "wrong dtype" if t.dtype != dtype else "wrong device"
+                raise ConformanceFailure(
+                    f"{name}: got {t.dtype} on {t.device}, expected {dtype} on {q.device} (SPEC.md, Shapes)",
+                    rule="shapes",
+                    tensor=name,
+                    kind=f"{wrong} (got {t.dtype if t.dtype != dtype else t.device.type})",
+                )
         return o, lse
 
     return guarding(call, ranges=ranges)

@@ -16,6 +16,7 @@ implementation's cases ran (all skipped or deselected) fails: a skip-only run is
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from .sizes import SIZES
 pytest.register_assert_rewrite("selgate.conformance.families")
 
 MATRIX = "conformance"  # in a path or -m expression, the run uses the matrix
+FAILURE = "failure"  # the JUnit property holding a ConformanceFailure's facts (compare.py), as JSON
 
 
 def pytest_addoption(parser):
@@ -144,6 +146,37 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize(*family.params(impls, cases, run_device()))
 
 
+def case_facts(item) -> list:
+    """A matrix test's facts as (name, value) JUnit properties, written where they are known so
+    that no report parses them back out of the test id: its implementation, case, dtype and
+    size (elements of q, k and v, by which the smallest failing case is chosen)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    impl, case = params.get("impl"), params.get("case")
+    facts = [("impl", impl.name)] if hasattr(impl, "name") else []
+    if hasattr(case, "shape"):
+        from .cases import DTYPE_NAMES
+
+        facts += [("case", case.id), ("dtype", DTYPE_NAMES[case.dtype]), ("elements", str(case.shape.elements))]
+    return facts
+
+
+def pytest_collection_modifyitems(config, items):
+    if getattr(config, "_selgate_impls", None) is None:
+        return
+    for item in items:
+        item.user_properties.extend(case_facts(item))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A ConformanceFailure's facts become the test's `failure` property: on the item, which
+    JUnit's record (made at teardown, on an xdist worker too) copies."""
+    yield
+    compare = sys.modules.get("selgate.conformance.compare")  # not imported: no ConformanceFailure exists
+    if compare is not None and call.excinfo is not None and isinstance(call.excinfo.value, compare.ConformanceFailure):
+        item.user_properties.append((FAILURE, json.dumps(call.excinfo.value.facts, sort_keys=True)))
+
+
 class RanCount:
     """Counts the cases each implementation named by --impl ran (passed, failed or xfailed;
     on the xdist controller, from the workers' reports), and fails a run in which one ran none."""
@@ -154,10 +187,9 @@ class RanCount:
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
-            param = report.nodeid.partition("[")[2]
-            for name in self.ran:
-                if param.startswith(f"{name}-"):
-                    self.ran[name] += 1
+            impl = dict(report.user_properties).get("impl")
+            if impl in self.ran:
+                self.ran[impl] += 1
 
     def pytest_sessionfinish(self, session, exitstatus):
         if hasattr(session.config, "workerinput") or exitstatus not in (0, 1):

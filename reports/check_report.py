@@ -153,7 +153,7 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
             v.failures.append(c)
         elif c.outcome == "skip":
             v.skips.setdefault(c.family, Counter())[c.message] += 1
-    v.xfails = Counter(_dtype_of(c.nodeid) for c in cases if c.outcome == "xfail")
+    v.xfails = Counter(_xfail_group(c) for c in cases if c.outcome == "xfail")
     v.uncovered = uncovered(impl, cases, size)
     v.tf32 = impl.fp32_matmul == "tf32" and "fp32" in (DTYPE_NAMES[t] for t in impl.dtypes)
     v.causes = triage.group(v.failures)
@@ -172,21 +172,26 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
     return v
 
 
-def _dtype_of(nodeid: str) -> str:
-    m = triage.CASE_ID.search(nodeid)
-    return m["dtype"] if m else "bad input"
+def _bad_input(result) -> bool:
+    return result.family == "bad_input"
+
+
+def _xfail_group(result) -> str:
+    """Where the headline counts a declared expected failure: its dtype, or bad input."""
+    return "bad input" if _bad_input(result) else triage.case_of(result)[1] or "other"
 
 
 def uncovered(impl, cases: list, size: str | None = None) -> list:
     """What no case ran of (each skipped): families, then the dtypes and modes `impl` declares,
     then the size classes up to `size` (the run's) above the `max_size` it declares."""
     ran = [c for c in cases if c.outcome != "skip"]
-    ids = [m for m in (triage.CASE_ID.search(c.nodeid) for c in ran) if m]
+    ids = [triage.case_of(c)[:2] for c in ran if not _bad_input(c)]
+    ids = [(case, dtype) for case, dtype in ids if case]
     above = SIZES[SIZES.index(impl.max_size) + 1 : SIZES.index(size) + 1] if size in SIZES and impl.max_size in SIZES else ()
     groups = (
         (("family", "families"), [f for f in dict.fromkeys(c.family for c in cases) if not any(r.family == f for r in ran)]),
-        (("dtype", "dtypes"), [d for d in (DTYPE_NAMES[t] for t in impl.dtypes) if not any(m["dtype"] == d for m in ids)]),
-        (("mode", "modes"), [m for m in impl.modes if not any(x[0].startswith(f"{m}-") for x in ids)]),
+        (("dtype", "dtypes"), [d for d in (DTYPE_NAMES[t] for t in impl.dtypes) if not any(dtype == d for _, dtype in ids)]),
+        (("mode", "modes"), [m for m in impl.modes if not any(case.startswith(f"{m}-") for case, _ in ids)]),
         (("size", "sizes"), [f"{s} (declared max_size {impl.max_size})" for s in above]),
     )
     return [f"{what[len(names) > 1]} {', '.join(names)}" for what, names in groups if names]

@@ -31,6 +31,9 @@ class CaseResult:
     message: str = ""
     seed: str | None = None
     seconds: float = 0.0  # the test's time as JUnit records it (setup, call and teardown)
+    # what the matrix wrote where it knew it (conformance/plugin.py): impl, case, dtype, elements
+    # and, for a broken contract, failure: {rule, tensor, kind, error, bound} (compare.py)
+    facts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -58,6 +61,22 @@ class LaneResult:
 def _properties(case) -> dict:
     props = case.child(Properties)
     return {p.name: p.value for p in props} if props is not None else {}
+
+
+FACTS = ("impl", "case", "dtype", "elements")
+
+
+def _facts(props: dict) -> dict:
+    """The matrix's facts among a test's properties; `failure` decoded (a value that is not a
+    JSON object is left out: the report then reads the message, as for any other failure)."""
+    facts = {k: props[k] for k in FACTS if k in props}
+    try:
+        failure = json.loads(props.get("failure", "null"))
+    except json.JSONDecodeError:
+        failure = None
+    if isinstance(failure, dict):
+        facts["failure"] = failure
+    return facts
 
 
 def _outcome(case) -> tuple[str, str]:
@@ -92,7 +111,8 @@ def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
     worst, other = (new, old) if _RANK[new.outcome] > _RANK[old.outcome] else (old, new)
     message = old.message if new.message in old.message else f"{old.message}; then {new.message}"
     seconds = old.seconds + new.seconds
-    return replace(worst, message=message, seed=worst.seed or other.seed, family=old.family, seconds=seconds)
+    facts = {**other.facts, **worst.facts}
+    return replace(worst, message=message, seed=worst.seed or other.seed, family=old.family, seconds=seconds, facts=facts)
 
 
 def _json(path: Path) -> dict | None:
@@ -192,7 +212,8 @@ def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
             outcome, message = _outcome(case)
             family = props.get("family") or family_of(nodeid)
             seconds = float(case.time or 0.0)
-            new = CaseResult(name, nodeid, family, outcome, " ".join(message.split())[:300], props.get("seed"), seconds)
+            message = " ".join(message.split())[:300]
+            new = CaseResult(name, nodeid, family, outcome, message, props.get("seed"), seconds, _facts(props))
             old = by_id.get(nodeid)
             by_id[nodeid] = new if old is None else _combine(old, new)
     result.cases = list(by_id.values())

@@ -1,13 +1,14 @@
-"""The failures of one `selgate check` run as root causes: failures grouped by a signature
-that leaves out what belongs to the case (its id, seed, shapes, indices, the exact
-numbers), each cause shown with its smallest failing case and a short script that
-reproduces it. A report read in a pull request stays short whatever the failure count,
-as compiler diagnostics group repeats and Hypothesis shrinks to a minimal example; the
-full list lives in JUnit.
+"""The failures of one `selgate check` run as root causes: one cause per bug, each shown
+with the SPEC.md rule it broke, its smallest failing case and a short script that
+reproduces it. A report read in a pull request stays short whatever the failure count, as
+compiler diagnostics group repeats and Hypothesis shrinks to a minimal example; the full
+list lives in JUnit.
 
-Signatures are read from the messages `compare.py` and the families write, and from
-pytest's and xdist's (exceptions, timeouts, crashed workers). This module never imports
-the kernel: the reproducers it writes do, when a person runs them.
+A broken contract arrives as data (the `failure` property the matrix writes where it raises
+it: rule, tensor, kind, error, bound), and failures group by (rule, tensor, kind). What
+the matrix did not word (exceptions, timeouts, crashed workers, pytest's own) groups by
+its message with what belongs to the case left out. This module never imports the kernel:
+the reproducers it writes do, when a person runs them.
 """
 
 from __future__ import annotations
@@ -18,19 +19,18 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from selgate.conformance.cases import Case, select
+from selgate.conformance.compare import RULES
+from selgate.conformance.registry import Impl, fit
 from selgate.reports.results import CaseResult
 
-from selgate.conformance.cases import Case, select
-from selgate.conformance.registry import Impl, fit
-
-# `Case.id`: `Shape.tag`, pattern, block size, scale, values, dtype, seed.
+# `Case.id`: `Shape.tag`, pattern, block size, scale, values, dtype, seed. Read where a result
+# carries no facts: a crashed worker's test has no properties in JUnit, only its id.
 CASE_ID = re.compile(
     r"(?:(?:decode|prefill)-B(?P<B>\d+)S(?P<S>\d+)Skv(?P<Skv>\d+)|varlen-q(?P<lq>[\d.]+)-k(?P<lk>[\d.]+))"
     r"-G(?P<G>\d+)h(?P<h>\d+)-D(?P<Dk>\d+)x(?P<Dv>\d+)-n\d+-[a-z_]+(?:-bs\d+)?(?:-sc[\d.]+(?:e[-+]\d+)?)?(?:-v[a-z_]+)?"
     r"-(?P<dtype>fp32|fp16|bf16|fp64)-s\d+"
 )
-DIMS = {"o": "B S G h Dv", "lse": "B S G h", "dq": "B S G h Dk", "dk": "B G S_kv Dk", "dv": "B G S_kv Dv"}
-GRADCHECK_OUTPUTS, GRADCHECK_INPUTS = ("o", "lse"), ("q", "k", "v")
 MAX_SIGNATURE = 120
 MAX_MESSAGE = 300
 
@@ -54,140 +54,61 @@ def _code(text: str, limit: int = MAX_MESSAGE) -> str:
     return f"`{text if len(text) <= limit else text[: limit - 1] + '…'}`"
 
 
-def _special(value: str) -> str:
-    """What a printed float is, for a signature: NaN, Inf, -Inf or finite."""
-    try:
-        x = float(value)
-    except ValueError:
-        return value
-    if math.isnan(x):
-        return "NaN"
-    return ("-Inf" if x < 0 else "Inf") if math.isinf(x) else "finite"
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_SIGNATURE else text[: MAX_SIGNATURE - 1] + "…"
 
 
-def _kind(value: str) -> str:
-    """As `_special`, with exact zero told apart (empty rows and unread keys must give 0)."""
-    kind = _special(value)
-    return ("0" if float(value) == 0 else "non-zero") if kind == "finite" else kind
+def key(result: CaseResult) -> tuple:
+    """What one failure groups by: (rule, tensor, kind) for a broken contract, else
+    (None, None, the message's signature)."""
+    failure = result.facts.get("failure")
+    if failure:
+        return failure["rule"], failure.get("tensor"), failure["kind"]
+    return None, None, _message_signature(result.message)
 
 
-def _tuple(text: str) -> tuple:
-    return tuple(int(x) for x in re.findall(r"\d+", text))
-
-
-def _shape_diff(name: str, got: str, want: str) -> str:
-    """Which dimensions differ, by name (SPEC.md layout): the sizes themselves belong to the case."""
-    g, w = _tuple(got), _tuple(want)
-    if len(g) != len(w):
-        return f"{len(g)} dims, expected {len(w)}"
-    names = DIMS.get(name, "").split()
-    dims = [names[i] if len(names) == len(w) else f"dim {i}" for i in range(len(w)) if g[i] != w[i]]
-    return f"shape differs in {', '.join(dims)}" if dims else "shape differs"
-
-
-def _order(err: str, lim: str):
-    """floor(log10(err / bound)), or None when the numbers do not parse (a cut message)."""
-    try:
-        return math.floor(math.log10(float(err) / float(lim)))
-    except (ValueError, ZeroDivisionError, OverflowError):
-        return None
+def _message_signature(message: str) -> str:
+    """The signature of a failure the matrix did not word: which exception, timeout or crash."""
+    msg = " ".join(message.split()).partition("; then ")[0]  # a test reported twice: its first report
+    if re.search(r"worker '[^']*' crashed", msg):  # xdist words it "failed on setup with ..." too
+        return "worker crashed while running the case (abort, segfault or kill)"
+    if re.match(r"(?:Failed: )?Timeout >", msg):
+        return "timeout: the case ran past the per-case limit"
+    if msg.startswith("[XPASS(strict)]"):
+        return "a declared expected failure passed (XPASS strict)"
+    m = re.match(r"((?:\w+\.)*[A-Z]\w*): (.*)", msg)
+    if m and not m[1].endswith("ConformanceFailure"):
+        return _cut(f"{m[1].rsplit('.', 1)[-1]}: {_normalise(m[2])}")
+    return _cut(_normalise(re.sub(r"^(?:(?:\w+\.)*ConformanceFailure: )?\[[^\]]*\] ", "", msg)))
 
 
 def _magnitude(order: int) -> str:
     return "1-10x" if order <= 0 else f"10^{order}x"
 
 
-def _over(what: str, order) -> str:
-    """`what` over its bound by a power of ten: 1-10x, 10^1x, 10^2x, ..."""
-    return f"{what} over its bound" if order is None else f"{what} {_magnitude(order)} over its bound"
-
-
-def _empty_rows(name: str, got: str, want: str) -> str | None:
-    """One cause however the families word it: o (or dq) non-finite where it must be exactly 0,
-    which only a row that selects nothing has (its own rows, the family's empty ones, the
-    bounds family's tail queries)."""
-    base = name.split("[")[0]
-    if base in ("o", "dq") and _special(got) != "finite" and _special(want) == "finite" and float(want) == 0.0:
-        return f"{base}: {_special(got)} on rows that select nothing (where {base} is exactly 0)"
-    return None
-
-
-def _tensor_signature(name: str, what: str) -> str:
-    """The signature of one tensor's failure as `compare.assert_close`/`assert_equal` and
-    the dtype family word it."""
-    m = re.match(r"shape (\(.*?\)), expected (\(.*?\))", what)
-    if m:
-        return f"{name}: {_shape_diff(name, *m.groups())}"
-    m = re.match(r"\d+ non-finite or wrong special values, first at index .*?: got (\S+), reference (\S+)", what)
-    if m:
-        return _empty_rows(name, *m.groups()) or f"{name}: {_special(m[1])} where the reference is {_special(m[2])}"
-    m = re.match(r"max abs err (\S+) \(bound ([^:;)]+)", what)
-    if m:
-        order = _order(m[1], m[2])
-        mean = re.search(r"mean abs err (\S+) \(bound ([^)]+)\)", what)
-        if mean is not None and order is not None and order < 0:  # the max is within its bound, the mean is not
-            return f"{name}: {_over('mean abs err', _order(*mean.groups()))}"
-        return f"{name}: {_over('max abs err', order)}"
-    m = re.match(r"\d+ elements differ \((.*?)\)(?:; first at index .*?: (\S+) vs (\S+))?", what)
-    if m:
-        why, got, want = m.groups()
-        if "bitwise identical" in why:
-            return f"{name}: not bitwise identical across {'processes' if 'across processes' in why else 'runs'}"
-        if got is None or _kind(got) == _kind(want):
-            return f"{name}: differs ({why})"
-        if _empty_rows(name, got, want):
-            return _empty_rows(name, got, want)
-        return f"{name}: {_kind(got)} where {_kind(want)} is expected ({why})"
-    m = re.match(r"got (\S+) (\(.*?\)) on (\S+), expected (\S+) (\(.*?\)) on (\S+)", what)
-    if m:
-        dtype, shape, device, want_dtype, want_shape, want_device = m.groups()
-        wrong = [f"wrong dtype (got {dtype})"] if dtype != want_dtype else []
-        wrong += [_shape_diff(name, shape, want_shape)] if shape != want_shape else []
-        wrong += [f"wrong device (got {_normalise(device)})"] if device != want_device else []
-        return f"{name}: {'; '.join(wrong)}"
-    return f"{name}: {_normalise(what)}"
-
-
-def _failure_signature(body: str) -> str:
-    """The signature of a `ConformanceFailure`'s text after its `[case id]`."""
-    m = re.match(r"(\w+(?:\[[^\]]*\])?): (.*)", body)
-    if m and m[1] != "gradcheck":
-        return _tensor_signature(m[1], m[2])
-    m = re.match(r"bad input (\S+): (?:(\w+) does not name ('[^']*')|accepted silently)", body)
-    if m:
-        name, etype, arg = m.groups()
-        return f"bad input {name}: " + (f"{etype} does not name {arg}" if etype else "accepted silently")
-    if body.startswith("gradcheck: "):
-        body = re.sub(r"output (\d+)", lambda g: GRADCHECK_OUTPUTS[int(g[1])] if int(g[1]) < 2 else g[0], body)
-        body = re.sub(r"input (\d+)", lambda g: GRADCHECK_INPUTS[int(g[1])] if int(g[1]) < 3 else g[0], body)
-        return _normalise(body).rstrip(",.")
-    return _normalise(body)
+def _title(rule, tensor, kind, results) -> str:
+    """A cause's title: the tensor and the kind of failure, with how far over their bounds
+    its errors lie (`o: max abs err 1-10x to 10^2x over its bound`)."""
+    if rule == "bad-input":
+        return f"bad input {kind}"
+    text = kind if tensor is None else f"{tensor}: {kind}"
+    orders = sorted(
+        {
+            math.floor(math.log10(f["error"] / f["bound"]))
+            for f in (r.facts["failure"] for r in results)
+            if f.get("bound") and f.get("error") is not None and math.isfinite(f["error"] / f["bound"])
+        }
+    )
+    if orders and text.endswith(" over its bound"):
+        span = _magnitude(orders[0]) + ("" if len(orders) == 1 else f" to {_magnitude(orders[-1])}")
+        text = text.removesuffix(" over its bound") + f" {span} over its bound"
+    return _cut(text)
 
 
 def signature(result: CaseResult) -> str:
-    """The root cause of one failure, independent of the case it happened on: which tensor
-    and what went wrong with it, or which exception, timeout or crash. Short: it is the
-    title a person reads."""
-    msg = " ".join(result.message.split()).partition("; then ")[0]  # a test reported twice: its first report
-    if re.search(r"worker '[^']*' crashed", msg):  # xdist words it "failed on setup with ..." too
-        sig = "worker crashed while running the case (abort, segfault or kill)"
-    elif re.match(r"(?:Failed: )?Timeout >", msg):
-        sig = "timeout: the case ran past the per-case limit"
-    elif msg.startswith("[XPASS(strict)]"):
-        sig = "a declared expected failure passed (XPASS strict)"
-    else:
-        m = re.match(r"((?:\w+\.)*[A-Z]\w*): (.*)", msg)
-        etype, text = (m[1], m[2]) if m else ("", msg)
-        case = re.match(r"\[([^\]]*)\] (.*)", text)
-        if etype and not etype.endswith("ConformanceFailure"):
-            sig = f"{etype.rsplit('.', 1)[-1]}: {_normalise(text)}"
-        elif case:
-            where = _normalise(CASE_ID.sub("", case[1])).strip(" ()")
-            sig = _failure_signature(case[2])
-            sig += f" ({where})" if where and " on rows that select nothing" not in sig else ""
-        else:
-            sig = _failure_signature(text)
-    return sig if len(sig) <= MAX_SIGNATURE else sig[: MAX_SIGNATURE - 1] + "…"
+    """The title of one failure's cause, independent of the case it happened on."""
+    rule, tensor, kind = key(result)
+    return kind if rule is None else _title(rule, tensor, kind, [result])
 
 
 # --- grouping ---------------------------------------------------------------------------------
@@ -201,22 +122,26 @@ def _case_match(result: CaseResult):
     return m or re.match(rf"(?:(?:\w+\.)*\w+: )?\[({CASE_ID.pattern})", result.message)
 
 
-def _size(result: CaseResult) -> tuple:
-    """(elements of q, k and v, nodeid): the order in which the smallest case is chosen;
-    results with no case id come last."""
+def case_of(result: CaseResult) -> tuple:
+    """(case id, dtype, elements of q, k and v) of a result: its facts, else its test id read
+    back (a crashed worker's test); (None, None, inf) for a test that is no case."""
+    facts = result.facts
+    if "case" in facts:
+        return facts["case"], facts.get("dtype"), int(facts.get("elements", 0)) or math.inf
     m = _case_match(result)
     if m is None:
-        return math.inf, result.nodeid
+        return None, None, math.inf
     d = {k: int(v) for k, v in m.groupdict().items() if v and v.isdigit()}
     if m["lq"]:
-        d |= {"B": 1, "S": sum(_tuple(m["lq"])), "Skv": sum(_tuple(m["lk"]))}
-    return d["B"] * d["G"] * (d["S"] * d["h"] * d["Dk"] + d["Skv"] * (d["Dk"] + d["Dv"])), result.nodeid
+        d |= {"B": 1, "S": sum(map(int, m["lq"].split("."))), "Skv": sum(map(int, m["lk"].split(".")))}
+    return m[0], m["dtype"], d["B"] * d["G"] * (d["S"] * d["h"] * d["Dk"] + d["Skv"] * (d["Dk"] + d["Dv"]))
 
 
 @dataclass
 class RootCause:
-    """Failures of one signature: how many, where (families, dtypes), the smallest of them
-    and its message."""
+    """Failures of one (rule, tensor, kind): how many, where (families, dtypes), the SPEC.md
+    rule they break (None for a failure the matrix did not word), the smallest of them and its
+    message."""
 
     signature: str
     count: int
@@ -224,47 +149,21 @@ class RootCause:
     dtypes: tuple
     smallest: CaseResult
     example: str
-
-
-_OVER = re.compile(r"(.*) (1-10x|10\^(\d+)x) over its bound(.*)")
-
-
-def _merge_magnitudes(by_sig: dict) -> dict:
-    """Signatures that differ only in adjacent powers of ten over the bound merged into one
-    ("o: max abs err 1-10x to 10^1x over its bound"): one cause's errors spread across a
-    power of ten (9e-5 and 1.1e-4 over a bound of 1e-5) and stay one cause; 10x and 1000x
-    with nothing between stay two."""
-    out, spread = {}, defaultdict(dict)  # (text before, text after) -> {order: results}
-    for sig, results in by_sig.items():
-        m = _OVER.fullmatch(sig)
-        if m:
-            spread[m[1], m[4]][int(m[3] or 0)] = results
-        else:
-            out[sig] = results
-    for (before, after), by_order in spread.items():
-        for start in sorted(o for o in by_order if o - 1 not in by_order):
-            end = start
-            while end + 1 in by_order:
-                end += 1
-            label = _magnitude(start) + ("" if end == start else f" to {_magnitude(end)}")
-            out[f"{before} {label} over its bound{after}"] = [r for o in range(start, end + 1) for r in by_order[o]]
-    return out
+    rule: str | None = None
 
 
 def group(failures: list) -> list:
     """RootCauses of `failures` (CaseResults), most frequent first, then by signature."""
-    by_sig = defaultdict(list)
+    by_key = defaultdict(list)
     for r in failures:
-        by_sig[signature(r)].append(r)
+        by_key[key(r)].append(r)
     causes = []
-    for sig, results in _merge_magnitudes(by_sig).items():
-        smallest = min(results, key=_size)
-        dtypes = {m["dtype"] for m in map(_case_match, results) if m}
-        causes.append(
-            RootCause(
-                sig, len(results), tuple(sorted({r.family for r in results})), tuple(sorted(dtypes)), smallest, smallest.message
-            )
-        )
+    for (rule, tensor, kind), results in by_key.items():
+        smallest = min(results, key=lambda r: (case_of(r)[2], r.nodeid))
+        dtypes = {d for d in (case_of(r)[1] for r in results) if d}
+        title = kind if rule is None else _title(rule, tensor, kind, results)
+        families = tuple(sorted({r.family for r in results}))
+        causes.append(RootCause(title, len(results), families, tuple(sorted(dtypes)), smallest, smallest.message, rule))
     return sorted(causes, key=lambda c: (-c.count, c.signature))
 
 
@@ -365,17 +264,17 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
         ]
         body = _BAD.format(name=name)
     else:
-        m = re.search(f"(?:{CASE_ID.pattern})$", param)
-        if fam is None or m is None:
+        case_id = case_of(r)[0]
+        if fam is None or case_id is None:
             raise ValueError(f"{r.nodeid}: not a case of the matrix")
-        varlen = m["lq"] is not None
+        varlen = case_id.startswith("varlen-")
         imports += [
             "from selgate.conformance.cases import make_inputs",
             "from selgate.conformance.families import FAMILIES",
             "from selgate.reports.triage import find_case",
             f"from selgate.reference import selection_attention_ref{', varlen_to_batched' if varlen else ''}",
         ]
-        body = _CASE.format(case_id=m[0], size=size, family=family, call=_VARLEN if varlen else _BATCHED)
+        body = _CASE.format(case_id=case_id, size=size, family=family, call=_VARLEN if varlen else _BATCHED)
     head = _HEAD.format(
         signature=_code(cause.signature),
         count=cause.count,
@@ -411,14 +310,15 @@ def write_reproducers(causes: list, out_dir, **kw) -> dict:
 
 def render(causes: list, repro_paths: dict, *, limit: int = 8) -> list:
     """Markdown lines of the report's "Root causes" section: the `limit` most frequent
-    causes, then one line for the rest; at most 5 + 4 * limit lines."""
+    causes, then one line for the rest; at most 7 + 5 * limit lines."""
     if not causes:
         return []
     total = sum(c.count for c in causes)
     lines = [
         "## Root causes",
         "",
-        f"{total} failure(s) from {len(causes)} root cause(s), failures grouped by signature; each with its smallest "
+        f"{total} failure(s) from {len(causes)} root cause(s), failures grouped by the SPEC.md rule, tensor and kind of "
+        "failure they show (or by their message, for errors the matrix did not word); each with its smallest "
         "failing case and a script that reruns it. Every failure is in junit.xml.",
         "",
     ]
@@ -427,6 +327,7 @@ def render(causes: list, repro_paths: dict, *, limit: int = 8) -> list:
         path = repro_paths.get(c.signature)
         lines += [
             f"{n}. {_code(c.signature)}: {c.count} failure(s) in {where}",
+            *([f"   - breaks SPEC.md, {RULES[c.rule]}"] if c.rule else []),
             f"   - smallest: {_code(c.smallest.nodeid)}",
             f"   - {_code(c.example)}",
             f"   - reproduce: `python {path}`" if path else "   - no reproducer: not a case of the matrix",
@@ -434,11 +335,11 @@ def render(causes: list, repro_paths: dict, *, limit: int = 8) -> list:
     rest = causes[limit:]
     if rest:
         lines.append(f"And {len(rest)} more cause(s) covering {sum(c.count for c in rest)} failure(s): see junit.xml.")
-    bad = [c for c in causes if c.families == ("bad_input",)]
-    if len(bad) > 1:
+    bad = sum(c.count for c in causes if c.rule == "bad-input")
+    if bad > 1:
         lines += [
             "",
-            f"{len(bad)} of these causes are bad inputs the kernel accepts: `selgate.reference.check_inputs(q, k, v, "
+            f"{bad} of these failures are bad inputs the kernel mishandles: `selgate.reference.check_inputs(q, k, v, "
             "ranges, scale=scale)` at the top of the kernel raises the errors SPEC.md asks for (naming the argument) "
             "and fixes them at once.",
         ]

@@ -28,6 +28,7 @@ def check(impl: Impl, case: Case, device) -> None:
             torch.zeros_like(g[unsel]),
             case_id=case.id,
             why="keys no row selected get exactly zero gradient",
+            rule="unselected-keys",
         )
 
 

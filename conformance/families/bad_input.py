@@ -83,9 +83,19 @@ def check(impl: Impl, bad: BadInput, case: Case, device) -> None:
                 impl.forward(kw["q"], kw["k"], kw["v"], kw["ranges"], scale=kw["scale"])
     except Exception as e:  # any error type, as long as it says what was wrong
         if not re.search(rf"(?<![\w.]){re.escape(bad.arg)}(?!\w)", str(e)):
-            fail(case.id, f"bad input {bad.name}: {type(e).__name__} does not name {bad.arg!r}: {e}")
+            fail(
+                case.id,
+                f"bad input {bad.name}: {type(e).__name__} does not name {bad.arg!r}: {e}",
+                rule="bad-input",
+                kind="refused without naming the argument",
+            )
         return
-    fail(case.id, f"bad input {bad.name}: accepted silently (expected an error naming {bad.arg!r})")
+    fail(
+        case.id,
+        f"bad input {bad.name}: accepted silently (expected an error naming {bad.arg!r})",
+        rule="bad-input",
+        kind="accepted silently",
+    )
 
 
 def _params(family, impls, cases, device) -> tuple:

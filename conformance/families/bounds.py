@@ -63,10 +63,10 @@ def check(impl: Impl, case: Case, device) -> None:
         dq, dk, dv = got.grads
         main.grads = (dq[:, rows], dk[:, :, :S_kv], dv[:, :, :S_kv])
         for name, g in (("dq[tail queries]", dq[:, S:]), ("dk[tail keys]", dk[:, :, S_kv:]), ("dv[tail keys]", dv[:, :, S_kv:])):
-            assert_equal(name, g, torch.zeros_like(g), case_id=case.id, why="nothing selects them")
+            assert_equal(name, g, torch.zeros_like(g), case_id=case.id, why="nothing selects them", rule="unselected-keys")
     if tail:
         o_t = got.o[:, S:]
-        assert_equal("o[tail queries]", o_t, torch.zeros_like(o_t), case_id=case.id, why="they select nothing")
+        assert_equal("o[tail queries]", o_t, torch.zeros_like(o_t), case_id=case.id, why="they select nothing", rule="empty-rows")
     compare(case, judged, main, gold, plain)
 
 

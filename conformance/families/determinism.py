@@ -48,7 +48,7 @@ def _same(again: Result, first: Result, case: Case, why: str) -> None:
         pairs += list(zip(("dq", "dk", "dv"), again.grads, first.grads))
     for name, a, b in pairs:
         if a is not None:
-            assert_equal(name, a, b, case_id=case.id, why=why)
+            assert_equal(name, a, b, case_id=case.id, why=why, rule="determinism")
 
 
 def second_process(impl: Impl) -> Impl | None:

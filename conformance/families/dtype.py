@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..cases import Case, make_inputs
-from ..compare import assert_equal, fail
+from ..compare import assert_equal, fail, shape_kind
 from ..evaluation import batched, compare, evaluate, impl_fn, reference_run
 from ..family import Family, tiny_subset
 from ..registry import Impl
@@ -91,13 +91,22 @@ def check(impl: Impl, case: Case, device) -> None:
         checks += [(n, g, x.dtype, tuple(x.shape)) for n, g, x in zip(("dq", "dk", "dv"), got.grads, (inp.q, inp.k, inp.v))]
     for name, t, dt, shape in checks:
         if t.dtype != dt or tuple(t.shape) != shape or t.device != inp.q.device:
-            fail(case.id, f"{name}: got {t.dtype} {tuple(t.shape)} on {t.device}, expected {dt} {shape} on {inp.q.device}")
+            wrong = [f"wrong dtype (got {t.dtype})"] if t.dtype != dt else []
+            wrong += [shape_kind(name, tuple(t.shape), shape)] if tuple(t.shape) != shape else []
+            wrong += [f"wrong device (got {t.device.type})"] if t.device != inp.q.device else []
+            fail(
+                case.id,
+                f"{name}: got {t.dtype} {tuple(t.shape)} on {t.device}, expected {dt} {shape} on {inp.q.device}",
+                rule="shapes",
+                tensor=name,
+                kind="; ".join(wrong),
+            )
     got32 = evaluate(impl_fn(impl, r32, inp.scale), inp.q, inp.k, inp.v, up)
     for name, a, b in [("o", got32.o, got.o), ("lse", got32.lse, got.lse)] + (
         list(zip(("dq", "dk", "dv"), got32.grads, got.grads)) if up is not None else []
     ):
         if a is not None:
-            assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges")
+            assert_equal(name, a, b, case_id=case.id, why="int32 ranges vs int64 ranges", rule="ranges")
     if "strided" in impl.layouts:
         strided = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (inp.q, inp.k, inp.v)]
         compare(case, judged, evaluate(impl_fn(impl, r64, inp.scale), *strided, up), gold, plain)

@@ -37,16 +37,28 @@ def check(impl: Impl, case: Case, device) -> None:
     got = evaluate(impl_fn(impl, ranges, inp.scale), inp.q, inp.k, inp.v, up)
     empty = empty_rows(ranges, S_kv)
     o_e = got.o[empty]
-    assert_equal("o[empty rows]", o_e, torch.zeros_like(o_e), case_id=case.id, why="an empty row gives o = 0 exactly")
+    assert_equal(
+        "o[empty rows]", o_e, torch.zeros_like(o_e), case_id=case.id, why="an empty row gives o = 0 exactly", rule="empty-rows"
+    )
     if got.lse is not None:
         l_e = got.lse[empty]
         assert_equal(
-            "lse[empty rows]", l_e, torch.full_like(l_e, float("-inf")), case_id=case.id, why="an empty row gives lse = -inf"
+            "lse[empty rows]",
+            l_e,
+            torch.full_like(l_e, float("-inf")),
+            case_id=case.id,
+            why="an empty row gives lse = -inf",
+            rule="empty-rows",
         )
     if got.grads is not None:
         dq_e = got.grads[0][empty]
         assert_equal(
-            "dq[empty rows]", dq_e, torch.zeros_like(dq_e), case_id=case.id, why="an empty row contributes zero gradient"
+            "dq[empty rows]",
+            dq_e,
+            torch.zeros_like(dq_e),
+            case_id=case.id,
+            why="an empty row contributes zero gradient",
+            rule="empty-rows",
         )
     compare(case, judged, got, gold, plain)
 

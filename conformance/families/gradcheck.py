@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
@@ -9,6 +11,16 @@ from ..cases import Case, make_inputs
 from ..compare import fail
 from ..family import BACKWARD, FP64, Family
 from ..registry import Impl
+
+OUTPUTS, INPUTS = ("o", "lse"), ("q", "k", "v")
+
+
+def gradcheck_kind(first_line: str) -> str:
+    """gradcheck's first line with its outputs and inputs named (`Jacobian mismatch for o with
+    respect to k`) and its numbers left out: what a report groups by."""
+    text = re.sub(r"output (\d+)", lambda m: OUTPUTS[int(m[1])] if int(m[1]) < len(OUTPUTS) else m[0], first_line)
+    text = re.sub(r"input (\d+)", lambda m: INPUTS[int(m[1])] if int(m[1]) < len(INPUTS) else m[0], text)
+    return re.sub(r"(?<![\w.])[-+]?\d+(?:\.\d*)?(?:e[-+]?\d+)?(?!\w)", "N", text).rstrip(",.")
 
 
 def check(impl: Impl, case: Case, device) -> None:
@@ -23,7 +35,8 @@ def check(impl: Impl, case: Case, device) -> None:
     try:
         torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-5, rtol=1e-3, nondet_tol=0.0)
     except GradcheckError as e:
-        fail(case.id, f"gradcheck: {str(e).splitlines()[0]}")
+        first = str(e).splitlines()[0]
+        fail(case.id, f"gradcheck: {first}", rule="gradients", kind=gradcheck_kind(first))
 
 
 FAMILY = Family(
