@@ -142,26 +142,41 @@ def lane_coverage(lane: LaneResult) -> list:
     declared lack of support): implementations, dtypes of the implementations that ran, and
     families, so that a lane's pass says what it leaves to other lanes (the CPU lane: the CUDA
     and Gluon kernels, bf16 on Triton)."""
-    matrix = [c for c in lane.cases if implementation_of(c.nodeid) in IMPLEMENTATIONS]
+    matrix = [c for c in lane.cases if _impl(c) in IMPLEMENTATIONS]
     matrix = [c for c in matrix if not (c.outcome == "skip" and "declare" in c.message)]  # by design, not the lane's
     ran = [c for c in matrix if c.outcome != "skip"]
-    impls = dict.fromkeys(implementation_of(c.nodeid) for c in matrix)
-    ran_impls = {implementation_of(c.nodeid) for c in ran}
+    impls = dict.fromkeys(_impl(c) for c in matrix)
+    ran_impls = {_impl(c) for c in ran}
     out = []
     if never := [i for i in impls if i not in ran_impls]:
         out.append(f"implementation{'s' if len(never) > 1 else ''} {', '.join(never)}")
     by_dtype: dict = {}  # dtype -> {implementation: whether one of its cases in that dtype ran}
     for c in matrix:
-        if m := DTYPE.search(c.nodeid):
-            seen = by_dtype.setdefault(m[1], {})
-            impl = implementation_of(c.nodeid)
-            seen[impl] = seen.get(impl, False) or c.outcome != "skip"
+        if dtype := _dtype(c):
+            seen = by_dtype.setdefault(dtype, {})
+            seen[_impl(c)] = seen.get(_impl(c), False) or c.outcome != "skip"
     for dtype, seen in by_dtype.items():
         if without := [i for i, done in seen.items() if not done and i in ran_impls]:
             out.append(f"{dtype} on {', '.join(without)}")
     if never := [f for f in dict.fromkeys(c.family for c in matrix) if not any(c.family == f for c in ran)]:
         out.append(f"famil{'ies' if len(never) > 1 else 'y'} {', '.join(never)}")
     return out
+
+
+def _impl(case) -> str | None:
+    """The implementation a result ran: the matrix's fact, else read from its test id (a crashed
+    worker's test, whose JUnit record carries no properties)."""
+    return case.facts.get("impl") or implementation_of(case.nodeid)
+
+
+def _dtype(case) -> str | None:
+    """The dtype a result covers; none for a bad input (its case only carries the bad argument)."""
+    if case.family == "bad_input":
+        return None
+    if "dtype" in case.facts:
+        return case.facts["dtype"]
+    m = DTYPE.search(case.nodeid)
+    return m[1] if m else None
 
 
 def _quarantine(entry, label: str, today: datetime.date, at) -> dict:
@@ -492,6 +507,107 @@ def exit_status(name: str, lane: LaneResult, status) -> list:
     return []
 
 
+def tree_state(tree: dict, same_commit: bool) -> list:
+    """The gated tree names a full commit; for a release (`same_commit`), one with no change beside it."""
+    out = []
+    if not FULL_COMMIT.fullmatch(str(tree["commit"])):
+        out.append(
+            f"the tree being gated names no full commit ({tree['commit']!r}): gate a git checkout, "
+            "or set GITHUB_SHA / SELGATE_COMMIT to its full commit id"
+        )
+    if same_commit and tree.get("dirty"):
+        out.append(
+            f"the tree being gated has uncommitted changes to files that can change a run "
+            f"({', '.join(tree.get('untracked') or []) or 'tracked files'}): a release gates one "
+            "committed tree"
+        )
+    return out
+
+
+def expired_quarantine(policy: dict, today: datetime.date) -> list:
+    return [
+        f"quarantine of {e['test']} (owner {e['owner']}) expired on {e['expires']}: fix the test or renew the entry"
+        for e in policy["quarantine"]
+        if e["expires"] < today
+    ]
+
+
+def absent(name: str, lane: LaneResult | None) -> str | None:
+    """Why a required lane has no results to judge, or None."""
+    if lane is None:
+        return f"required lane {name} missing: no {name}/junit.xml in the results (run `python -m selgate.lanes run {name}`)"
+    if lane.refused is not None:
+        return f"required lane {name} never ran: the lane runner refused it ({lane.refused})"
+    return None
+
+
+def lane_stamp(name: str, lane: LaneResult, tree: dict) -> tuple[list, bool]:
+    """(blocking lines, judged) of a required lane's stamp: written by this lane, neither cut
+    nor aborted (then its exit status is `judged`), from this tree, configured, at the lane's
+    tolerances, over its whole selection and inventory."""
+    env, cfg = lane.environment, _lane_config(name)
+    status = (env or {}).get("pytest_exitstatus")
+    if env is None:
+        return [
+            f"required lane {name} unstamped: no environment.json beside {lane.junit} "
+            "(not run through `python -m selgate.lanes run`)"
+        ], False
+    if env.get("lane") != name:
+        return [f"required lane {name} foreign: {lane.junit} was written by lane {env.get('lane')!r}"], False
+    if env.get("cut"):
+        return [cut_short(name, env["cut"])], False
+    if status in ABORTED:
+        return [f"required lane {name} aborted: {pytest_exit(status)}"], False
+    out = lane_yaml_missing(name, cfg) + provenance(name, env.get("tree"), tree)
+    out += configuration(name, env.get("pytest")) + tolerances(name, env, cfg)
+    if short := narrowing(name, env.get("selection") or {}):
+        out.append(
+            f"required lane {name} narrowed: run with {'; '.join(short)} (the gate needs "
+            f"the lane's whole selection: `python -m selgate.lanes run {name}`)"
+        )
+    return out + inventory_gaps(name, lane, cfg), True
+
+
+def ran_anything(name: str, lane: LaneResult) -> list:
+    counts = lane.counts()
+    if not lane.cases:
+        return [f"required lane {name} empty: {lane.junit} holds no tests"]
+    if counts["pass"] == 0 and counts["fail"] == 0 and counts["error"] == 0:
+        return [f"required lane {name} skipped: all {len(lane.cases)} tests skipped or xfailed"]
+    return []
+
+
+def family_gaps(policy: dict, name: str, lane: LaneResult) -> list:
+    """Each family the policy requires of the lane has a passing test."""
+    out = []
+    for family in lane_families(policy, name):
+        fc = lane.counts(family)
+        if fc["pass"] == 0 and lane.cases:
+            out.append(
+                f"required lane {name}: family {family} has no passing test "
+                f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})"
+            )
+    return out
+
+
+def failures(policy: dict, lane: LaneResult, required: list, today: datetime.date, quarantined: list) -> list:
+    """A lane's failing tests (those under a live quarantine entry go to `quarantined`), after
+    whether an optional lane was refused."""
+    out = []
+    if lane.refused is not None and lane.name not in required:
+        out.append(f"lane {lane.name} never ran: the lane runner refused it ({lane.refused})")
+    for case in lane.cases:
+        if case.outcome not in ("fail", "error"):
+            continue
+        entry = _quarantine_entry(policy, case)
+        if entry is not None and entry["expires"] >= today:
+            quarantined.append((case, entry))
+        else:
+            seed = f" (seed {case.seed})" if case.seed else ""
+            out.append(f"lane {lane.name}: {case.outcome.upper()} {case.nodeid}{seed}: {case.message}")
+    return out
+
+
 def evaluate(
     policy: dict,
     results: dict,
@@ -503,98 +619,30 @@ def evaluate(
     sanitizer: dict | None = None,
     require_sanitizer: bool = False,
 ) -> GateVerdict:
-    """Apply the policy to `{lane: LaneResult}` gated for `tree` (the tree stamp of what is
-    being gated); blocking lines come most fundamental first. `same_commit` (a profile's
-    flag, set for releases): the gated tree must be committed, with no change beside it.
-    `require_sanitizer` (likewise): the compute-sanitizer pass `sanitizer` must be clean."""
+    """Apply the policy's rules (the functions above, one each) to `{lane: LaneResult}` gated
+    for `tree` (the tree stamp of what is being gated); blocking lines come most fundamental
+    first. `same_commit` (a profile's flag, set for releases): the gated tree must be committed,
+    with no change beside it. `require_sanitizer` (likewise): the compute-sanitizer pass
+    `sanitizer` must be clean."""
     today = today or utc_today()
     v = GateVerdict(required_lanes=required)
-    family_gaps = []
-    if not FULL_COMMIT.fullmatch(str(tree["commit"])):
-        v.blocking.append(
-            f"the tree being gated names no full commit ({tree['commit']!r}): gate a git checkout, "
-            "or set GITHUB_SHA / SELGATE_COMMIT to its full commit id"
-        )
-    if same_commit and tree.get("dirty"):
-        v.blocking.append(
-            f"the tree being gated has uncommitted changes to files that can change a run "
-            f"({', '.join(tree.get('untracked') or []) or 'tracked files'}): a release gates one "
-            "committed tree"
-        )
-    for entry in policy["quarantine"]:
-        if entry["expires"] < today:
-            v.blocking.append(
-                f"quarantine of {entry['test']} (owner {entry['owner']}) expired on "
-                f"{entry['expires']}: fix the test or renew the entry"
-            )
-    for lane in results.values():
-        if lane.manifest:
-            v.blocking.append(f"lane {lane.name}: committed evidence {lane.manifest}")
+    v.blocking += tree_state(tree, same_commit) + expired_quarantine(policy, today)
+    v.blocking += [f"lane {lane.name}: committed evidence {lane.manifest}" for lane in results.values() if lane.manifest]
+    gaps = []
     for name in required:
-        lane: LaneResult | None = results.get(name)
-        if lane is None:
-            v.blocking.append(
-                f"required lane {name} missing: no {name}/junit.xml in the results (run `python -m selgate.lanes run {name}`)"
-            )
+        lane = results.get(name)
+        if why := absent(name, lane):
+            v.blocking.append(why)
             continue
-        if lane.refused is not None:
-            v.blocking.append(f"required lane {name} never ran: the lane runner refused it ({lane.refused})")
-            continue
-        counts = lane.counts()
-        judged = False  # stamped by this lane, neither cut nor aborted: its exit status is judged
-        env = lane.environment
-        status = (env or {}).get("pytest_exitstatus")
-        cfg = _lane_config(name)
-        if env is None:
-            v.blocking.append(
-                f"required lane {name} unstamped: no environment.json beside {lane.junit} "
-                "(not run through `python -m selgate.lanes run`)"
-            )
-        elif env.get("lane") != name:
-            v.blocking.append(f"required lane {name} foreign: {lane.junit} was written by lane {env.get('lane')!r}")
-        elif env.get("cut"):
-            v.blocking.append(cut_short(name, env["cut"]))
-        elif status in ABORTED:
-            v.blocking.append(f"required lane {name} aborted: {pytest_exit(status)}")
-        else:
-            judged = True
-            v.blocking += lane_yaml_missing(name, cfg)
-            v.blocking += provenance(name, env.get("tree"), tree)
-            v.blocking += configuration(name, env.get("pytest"))
-            v.blocking += tolerances(name, env, cfg)
-            if short := narrowing(name, env.get("selection") or {}):
-                v.blocking.append(
-                    f"required lane {name} narrowed: run with {'; '.join(short)} (the gate needs "
-                    f"the lane's whole selection: `python -m selgate.lanes run {name}`)"
-                )
-            v.blocking += inventory_gaps(name, lane, cfg)
-        if not lane.cases:
-            v.blocking.append(f"required lane {name} empty: {lane.junit} holds no tests")
-        elif counts["pass"] == 0 and counts["fail"] == 0 and counts["error"] == 0:
-            v.blocking.append(f"required lane {name} skipped: all {len(lane.cases)} tests skipped or xfailed")
+        lines, judged = lane_stamp(name, lane, tree)
+        v.blocking += lines + ran_anything(name, lane)
         if judged and lane.cases:  # an empty run blocks as empty, whatever pytest's status
-            v.blocking += exit_status(name, lane, status)
+            v.blocking += exit_status(name, lane, lane.environment.get("pytest_exitstatus"))
         v.coverage[name] = lane_coverage(lane)
-        for family in lane_families(policy, name):
-            fc = lane.counts(family)
-            if fc["pass"] == 0 and lane.cases:
-                family_gaps.append(
-                    f"required lane {name}: family {family} has no passing test "
-                    f"(pass/fail/error/skip/xfail {'/'.join(map(str, fc.values()))})"
-                )
+        gaps += family_gaps(policy, name, lane)
     for lane in results.values():
-        if lane.refused is not None and lane.name not in required:
-            v.blocking.append(f"lane {lane.name} never ran: the lane runner refused it ({lane.refused})")
-        for case in lane.cases:
-            if case.outcome not in ("fail", "error"):
-                continue
-            entry = _quarantine_entry(policy, case)
-            if entry is not None and entry["expires"] >= today:
-                v.quarantined.append((case, entry))
-            else:
-                seed = f" (seed {case.seed})" if case.seed else ""
-                v.blocking.append(f"lane {lane.name}: {case.outcome.upper()} {case.nodeid}{seed}: {case.message}")
-    v.blocking += family_gaps
+        v.blocking += failures(policy, lane, required, today, v.quarantined)
+    v.blocking += gaps
     if require_sanitizer:
         v.blocking += sanitizer_blocking(sanitizer, tree)
     return v

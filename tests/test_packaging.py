@@ -82,3 +82,14 @@ def test_each_probe_runs_as_a_script_importing_selgate_absolutely(probe):
     modules += [a.name for n in imports if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in modules if "probes" in m.split(".")], modules
     assert f"python3 probes/{probe}" in ast.get_docstring(tree), "the docstring says how to run it"
+
+
+def test_the_evidence_stays_out_of_the_wheel():
+    """reports/evidence/ (committed lane runs, tens of thousands of lines) is the repository's,
+    not the package's: no package maps onto it and no package-data pattern reaches into it."""
+    evidence = (ROOT / "reports" / "evidence").resolve()
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    for package, folder in package_folders().items():
+        assert not folder.is_relative_to(evidence), package
+        shipped = [p.resolve() for pattern in data.get(package, ()) for p in folder.glob(pattern)]
+        assert not [p for p in shipped if p.is_relative_to(evidence)], package
