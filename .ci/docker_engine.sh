@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A private Docker engine for the real-engine test (tests/test_docker_backend.py), started
+# A private Docker engine for the real-engine test (tests/lanes/test_docker_backend.py), started
 # where the machine allows it (root, Debian's docker.io), plus what that test's image build
 # needs without any image registry: a debootstrapped Debian base image (`docker import`) and
 # the wheels of selgate's dependencies in .whl/ (torch's CPU build from the local disk).

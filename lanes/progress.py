@@ -6,7 +6,7 @@ thread, whenever SELGATE_PROGRESS_S seconds (default 30) passed without a line, 
 tests do; when no test finished in that time, the line names the tests running:
 
     progress: 812/3941 tests (20 %) in 4m05s, 3.31 tests/s, about 15m45s left
-    progress: 0/4710 tests (0 %) in 1m07s; running: gw0 tests/test_cuda_compile.py::test_compile[sm90] (0m31s of ~1m54s), ...
+    progress: 0/4710 tests (0 %) in 1m07s; running: gw0 tests/kernels/test_cuda_compile.py::test_compile[sm90] (0m31s of ~1m54s)
 
 Each failure is named the moment it is reported, with the first line of its message (the first
 FAILURES_SHOWN of them), so a run cut short before pytest's summary still says what failed:

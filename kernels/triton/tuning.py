@@ -39,7 +39,7 @@ reset_to_zero: no kernel accumulates into its output, so none is needed. The for
 `o` and `lse` once per program; the backward's delta, dq, dk/dv (direct, or fp32 partial slots)
 and partial-reduce kernels all store, and `triton_backward` zero-fills dk and dv (tiles no row
 selects) on every call before its launches. A benchmark repetition therefore rewrites the same
-values; tests/test_triton_tuning.py proves outputs do not depend on what the buffers held or
+values; tests/kernels/test_triton_tuning.py proves outputs do not depend on what the buffers held or
 on which configs ran before.
 """
 

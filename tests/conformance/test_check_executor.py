@@ -1,0 +1,142 @@
+"""The executor boundary of `selgate check` (conformance/remote.py, executor.py, wire.py): a
+kernel called through it behaves as the kernel called in place, as the families see it, in
+another process: the same outputs and gradients bit for bit, the layouts it was handed, its
+writes into an input, its exceptions by name, and a crash as that call's error only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+import pytest
+import torch
+
+from selgate.conformance import sandbox
+from selgate.conformance.remote import Executor, ExecutorDied, KernelError, remote_callable
+from selgate.reference import normalize_ranges
+
+from tests.helpers import random_inputs
+from tests.reports.test_check_cli import OUTSIDE
+
+
+@pytest.fixture
+def executor(tmp_path, monkeypatch):
+    """A confined executor serving the outside kernels (tests/outside) and `tmp_path`'s modules."""
+    for f in OUTSIDE.glob("*.py"):
+        (tmp_path / f.name).write_text(f.read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ex = Executor(tmp_path / "executors")
+    yield ex
+    ex.stop()
+
+
+def _inputs(requires_grad=False):
+    q, k, v, r = random_inputs(B=2, S=5, G=2, h=3, Dk=8, Dv=6, S_kv=23, n=4, dtype=torch.float64, seed=3)
+    big = torch.randn(3, *k.shape[1:], dtype=k.dtype)  # k as a view at a storage offset
+    big[1:] = k
+    k = big[1:]
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)] + [r]
+
+
+def test_a_remote_call_gives_what_the_call_in_place_gives_forward_and_backward(executor):
+    from tokenkernels import gather
+
+    remote = remote_callable(executor, "tokenkernels:gather")
+    q, k, v, r = _inputs(requires_grad=True)
+    assert k.storage_offset() > 0
+    o = remote(q, k, v, r, scale=0.3)
+    o_here = gather(q, k, v, r, scale=0.3)
+    assert torch.equal(o, o_here) and o.requires_grad
+    do = torch.randn_like(o)
+    assert all(
+        torch.equal(a, b) for a, b in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(o_here, (q, k, v), do))
+    )
+    assert executor.proc.pid != os.getpid() and executor.proc.poll() is None
+
+
+def test_gradcheck_runs_through_the_boundary(executor):
+    remote = remote_callable(executor, "tokenkernels:gather")
+    q, k, v, r = _inputs(requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: remote(q, k, v, r), (q, k, v), eps=1e-6, atol=1e-5)
+
+
+def test_the_kernels_writes_into_an_input_come_back_into_the_callers_input(executor):
+    remote = remote_callable(executor, "selgate.conformance.badimpls:_normalises_in_place")
+    q, k, v, r = _inputs()
+    before = r.clone()
+    remote(q, k, v, r)
+    assert not torch.equal(r, before) and torch.equal(r, normalize_ranges(before, k.shape[2]))
+
+
+def test_the_kernels_exception_keeps_its_type_name_and_message(executor):
+    remote = remote_callable(executor, "tokenkernels:gather")
+    q, k, v, r = _inputs()
+    with pytest.raises(KernelError, match=r"\bq\b") as raised:
+        remote(q[0], k, v, r)
+    assert type(raised.value).__name__ == "ValueError"
+
+
+def test_a_crash_fails_its_call_and_a_fresh_executor_serves_the_next(executor, tmp_path):
+    (tmp_path / "crashy.py").write_text(
+        "import os\nfrom tokenkernels import gather\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    if q.shape[0] == 1:\n        os.abort()\n"
+        "    return gather(q, k, v, ranges, scale=scale)\n"
+    )
+    remote = remote_callable(executor, "crashy:fn")
+    q, k, v, r = _inputs()
+    with pytest.raises(ExecutorDied, match="killed by SIGABRT during the call"):
+        remote(q[:1], k[:1], v[:1], r[:1])
+    assert remote(q, k, v, r).shape == (*q.shape[:4], v.shape[-1])
+
+
+def test_the_executor_holds_no_judge(executor, tmp_path):
+    """No pytest, no comparison or reference module, no PYTEST_* or SELGATE_* variable."""
+    (tmp_path / "looks.py").write_text(
+        "import os, sys\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    seen = [m for m in ('pytest', '_pytest', 'selgate.conformance.compare', 'selgate.conformance.evaluation',\n"
+        "        'selgate.reference') if m in sys.modules]\n"
+        "    seen += [k for k in os.environ if k.startswith(('PYTEST_', 'SELGATE_'))]\n"
+        "    raise RuntimeError(repr(seen))\n"
+    )
+    q, k, v, r = _inputs()
+    os.environ["SELGATE_LANE"] = "check"
+    try:
+        with pytest.raises(KernelError, match=r"^\[\]$"):
+            remote_callable(executor, "looks:fn")(q, k, v, r)
+    finally:
+        del os.environ["SELGATE_LANE"]
+
+
+def test_the_executors_output_is_a_file_the_judge_creates_where_no_executor_writes(executor):
+    """The judge opens the executor's output file: beneath the scratch root, where the kernel
+    writes, that path could be a link it planted to a file of the judge's (an open following it
+    handed the kernel a descriptor to write there). It lies beside the root, created anew."""
+    q, k, v, r = _inputs()
+    remote_callable(executor, "tokenkernels:gather")(q, k, v, r, scale=0.3)
+    log = executor.log.resolve()
+    assert log.exists() and not log.is_symlink() and log.parent.name == "executors-logs"
+    assert not any(log.is_relative_to(Path(p).resolve()) for p in sandbox.writable_paths(str(executor.scratch_root)))
+
+
+@pytest.mark.skipif(sandbox.abi() < 4, reason="landlock handles TCP from ABI 4 on; this machine's kernel offers less")
+def test_the_kernel_opens_no_tcp_connection(executor, tmp_path):
+    """A port listening on this machine (a service, a container engine's API) is out of reach."""
+    import socket
+
+    (tmp_path / "dials.py").write_text(
+        "import socket\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    with socket.create_connection(('127.0.0.1', int(open('port').read())), timeout=5):\n"
+        "        raise RuntimeError('connected')\n"
+    )
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        (tmp_path / "port").write_text(str(server.getsockname()[1]))
+        q, k, v, r = _inputs()
+        with pytest.raises(KernelError, match="Permission denied"):
+            remote_callable(executor, "dials:fn")(q, k, v, r)

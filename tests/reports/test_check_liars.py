@@ -1,0 +1,148 @@
+"""`selgate check` on outside kernels that each hide one bug (tests/outside/liars.py), run as a
+command once per kernel (every assertion of a test is on its one run): a kernel that declares one
+support to the probe and another to the workers, one repeatable within a process only, one whose
+fp16 is broken behind declared strict expected failures, and kernels that attack the judge
+(rewrite its results, patch its comparison, behave only while judged, skip where wrong, plant
+files beside the results)."""
+
+from __future__ import annotations
+
+
+import os
+
+import pytest
+
+from selgate.conformance import sandbox
+from selgate.reports.results import load_lane
+
+from tests.helpers import running_with
+from tests.reports.test_check_cli import OUTSIDE, _check
+
+
+@pytest.fixture
+def checked(tmp_path):
+    """`checked(spec, *args)`: (exit status, output, out folder) of one check, on two workers."""
+    for f in OUTSIDE.iterdir():
+        if f.is_file():
+            (tmp_path / f.name).write_text(f.read_text())
+
+    def run(spec, *args):
+        rc, log = _check(tmp_path, spec, "--out", "out", "--workers", "2", *args)
+        return rc, log, tmp_path / "out"
+
+    return run
+
+
+def test_the_workers_run_what_the_probe_was_declared(checked):
+    """Declared fp16 and fp32 to the probe, fp32 alone in the workers: the fp16 cases run (and
+    fail: the kernel is 1% off there), and the report's declarations are what ran."""
+    rc, log, out = checked("liars:declares_per_process")
+    assert rc == 1 and "CHECK BLOCKED" in log, log
+    cases = load_lane("check", out).cases
+    fp16 = [c for c in cases if "-fp16-" in c.nodeid]
+    assert fp16 and not any("does not declare fp16" in c.message for c in fp16)
+    assert any(c.outcome == "fail" and c.family == "parity" for c in fp16)
+    assert "| dtypes | fp16, fp32 |" in (out / "report.md").read_text()
+
+
+def test_a_kernel_repeatable_only_within_its_process_fails_determinism(checked):
+    """Its seed is shared through the folder above its temporary folder: the second run's
+    executors have a root of their own, so they seed differently."""
+    rc, log, out = checked("liars:seeded_by_pid")
+    assert rc == 1, log
+    headline = next(line for line in log.splitlines() if line.startswith("CHECK "))
+    assert "o: not bitwise identical across processes" in headline, log
+    report = (out / "report.md").read_text()
+    assert "claimed family determinism has no passing test" in report
+    failed = [c for c in load_lane("check", out).cases if c.outcome == "fail"]
+    assert failed and all(c.family == "determinism" and "across processes" in c.message for c in failed), failed
+    assert all("prefill-" in c.message for c in failed), "each failure names its case"
+
+
+def test_what_the_probe_says_is_validated_and_its_confinement_comes_from_before_the_kernel(checked):
+    """The kernel rewrites the probe's result (an Impl field that drops every family but
+    bad_input, which made a kernel 1 off PASS) and its confinement record (a file in its scratch
+    folder, which the report used to show): the first blocks naming the key; the second never
+    reaches the report, whose line `boot` sent on a pipe it closed before the kernel loaded."""
+    rc, log, out = checked("probe_liar:rewrites_what_the_probe_says")
+    assert rc == 1 and "the probe's result does not validate" in log, log
+    assert "unknown declaration 'unsupported'" in log, log
+    isolation = next(line for line in (out / "report.md").read_text().splitlines() if "Isolation:" in line)
+    assert "FORGED" not in isolation and ("landlock ABI" in isolation or "no landlock" in isolation), isolation
+
+
+def test_the_users_declare_file_wins_over_what_the_probe_says(checked):
+    """The kernel's process rewrites the probe's copy of its `--declare` file (fp32 alone, TF32):
+    the judge reads the file itself, so fp16 runs and fp32 is held to IEEE bounds."""
+    rc, log, out = checked("probe_liar:narrows_its_declare_file", "--declare", "fp16_ieee.yaml")
+    assert rc == 1 and "CHECK BLOCKED" in log, log
+    report = (out / "report.md").read_text()
+    assert "| dtypes | fp16, fp32 |" in report and "| fp32 matmuls | IEEE fp32 |" in report, report
+    failed = [c for c in load_lane("check", out).cases if c.outcome == "fail"]
+    assert any("-fp16-" in c.nodeid for c in failed) and any("-fp32-" in c.nodeid for c in failed)
+
+
+def test_a_dtype_broken_behind_strict_expected_failures_is_named_on_the_first_line(checked):
+    """Every fp16 failure is a declared strict xfail, so the check passes, saying so; its fp32
+    (the correct gather kernel) passes determinism across processes: no false alarm."""
+    rc, log, out = checked("liars:nan_in_fp16", "--declare", "nan_in_fp16.yaml")
+    assert rc == 0, log
+    headline = (out / "report.md").read_text().splitlines()[2]
+    xfails = sum(c.outcome == "xfail" for c in load_lane("check", out).cases)
+    assert xfails > 10
+    assert headline.startswith(f"**CHECK PASSED at size tiny with {xfails} declared expected failures in fp16: "), headline
+    assert "never ran (every case skipped): families backward, decode, varlen, gradcheck" in headline
+
+
+def test_a_helper_that_rewrites_the_results_blocks_and_dies_with_the_check(checked):
+    """The helper outlives pytest, in a session of its own: where landlock confines the kernel's
+    processes it cannot write the results at all; everywhere the check kills it before it reads a
+    result, and blocks."""
+    import time
+
+    rc, log, out = checked("liars:strips_its_failures")
+    assert rc == 1 and "CHECK BLOCKED" in log, log
+    assert "still alive after pytest exited" in log, log
+    if sandbox.abi():
+        assert sum(c.outcome == "fail" for c in load_lane("check", out).cases) > 100, "the failures stand in junit.xml"
+    deadline = time.monotonic() + 5
+    while running_with(str(out / "junit.xml")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running_with(str(out / "junit.xml")), "the helper outlived the check"
+
+
+@pytest.mark.parametrize(
+    "spec, failing",
+    [
+        ("liars:right_only_when_judged", "o: max abs err"),
+        ("liars:patches_the_comparison", "o: max abs err"),
+        ("liars:skips_where_wrong", "Skipped: f"),
+    ],
+)
+def test_a_kernel_that_bends_the_judge_in_its_own_process_fails(checked, spec, failing):
+    """The kernel's code runs in executors without pytest, the comparison or the judge's
+    variables: what it patches or looks for there is not the judge."""
+    rc, log, out = checked(spec)
+    assert rc == 1 and "CHECK BLOCKED" in log, log
+    failed = [c for c in load_lane("check", out).cases if c.outcome in ("fail", "error")]
+    assert len(failed) > 20 and any(failing in c.message for c in failed), failed[:3]
+    assert not any(c.outcome == "skip" and "not this time" in c.message for c in load_lane("check", out).cases)
+
+
+@pytest.mark.skipif(
+    not sandbox.abi(), reason="this machine's kernel offers no landlock: the kernel's processes can write anywhere"
+)
+def test_the_kernel_cannot_write_beside_the_results_or_kernel_settings(checked):
+    """A kernel right unless it could write into the results folder or (as root) /proc/sys: it
+    passes, so no write landed, and the report says which protection the machine gave. A root
+    check on a machine that can make no mount namespace (and mounts /proc/sys writable) says so,
+    and the kernel's write there fails it."""
+    rc, log, out = checked("liars:writes_beside_the_results")
+    assert not (out / "planted.txt").exists()
+    report = (out / "report.md").read_text()
+    assert "Isolation: landlock ABI" in report, report
+    if os.geteuid() == 0 and "could write /proc/sys" in report:
+        assert rc == 1, log
+    else:
+        assert rc == 0, log
+        assert os.geteuid() != 0 or "/proc/sys and the other kernel settings read-only" in report, report

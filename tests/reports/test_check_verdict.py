@@ -1,0 +1,58 @@
+"""What a check's verdict says it covered, on synthetic results (the end-to-end runs are
+tests/reports/test_check_liars.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from selgate.reports.check_report import CheckVerdict, uncovered
+from selgate.conformance.registry import user_impl
+from selgate.reports.results import CaseResult
+
+CASE = "prefill-B2S9Skv33-G2h4-D16x8-n4-mixed-fp16-s0"
+CLAIMS = {"parity": None, "determinism": None, "backward": "does not declare backward (backward: false)"}
+
+
+def _case(test, outcome, case=CASE, family=None, impl="k:fn"):
+    return CaseResult("check", f"conformance/test_conformance.py::{test}[{impl}-{case}]", family or test[5:], outcome)
+
+
+def test_a_pass_names_its_size_and_its_declared_expected_failures():
+    v = CheckVerdict(claims=CLAIMS, size="tiny", xfails=Counter({"fp16": 57}))
+    assert (
+        v.headline
+        == "CHECK PASSED at size tiny with 57 declared expected failures in fp16: 2 claimed families (parity, determinism)"
+    )
+    v.xfails = Counter({"fp16": 3, "bad input": 1})
+    assert v.headline.startswith("CHECK PASSED at size tiny with 4 declared expected failures (fp16 3, bad input 1): ")
+    v.uncovered = ["families backward, gradcheck", "dtype bf16"]
+    assert v.headline.endswith("(parity, determinism); never ran (every case skipped): families backward, gradcheck; dtype bf16")
+    v.blocking.append("claimed family parity has no passing test")
+    assert v.headline == "CHECK BLOCKED: claimed family parity has no passing test"
+
+
+def test_what_never_ran_is_each_family_and_declared_dtype_and_mode_with_only_skips():
+    impl = user_impl("k:fn", {"dtypes": (torch.float16, torch.bfloat16), "modes": ("prefill", "decode")}, None)
+    cases = [
+        _case("test_parity", "pass"),
+        _case("test_parity", "skip", CASE.replace("fp16", "bf16")),
+        _case("test_backward", "skip"),
+        _case("test_parity", "skip", "decode-B2S1Skv37-G2h4-D16x16-n4-mixed-fp16-s0"),
+        _case("test_dtype", "xfail"),
+    ]
+    assert uncovered(impl, cases) == ["family backward", "dtype bf16", "mode decode"]
+
+
+def test_sizes_a_kernel_declares_out_and_a_tf32_fp32_are_on_the_first_line():
+    """`max_size: tiny` under `--size small` skipped every small case while the headline said
+    `at size small`; a kernel declaring TF32 had its fp32 judged by the looser rule unsaid."""
+    declared = {"dtypes": (torch.float16, torch.float32), "modes": ("prefill",), "max_size": "tiny", "fp32_matmul": "tf32"}
+    impl = user_impl("k:fn", declared, None)
+    cases = [_case("test_parity", "pass"), _case("test_parity", "pass", CASE.replace("fp16", "fp32"))]
+    assert uncovered(impl, cases, "small") == ["size small (declared max_size tiny)"]
+    assert uncovered(impl, cases, "tiny") == []
+    v = CheckVerdict(claims=CLAIMS, size="small", uncovered=uncovered(impl, cases, "small"), tf32=True)
+    assert v.headline.startswith("CHECK PASSED at size small with fp32 judged by the TF32 rule (declared): ")
+    assert v.headline.endswith("never ran (every case skipped): size small (declared max_size tiny)")
