@@ -99,7 +99,7 @@ def run_job(j: Job, a, device, rl: int) -> dict:
     from selgate.kernels.config import load_config
     from selgate.kernels.triton import tuning
     from selgate.kernels.triton.bwd import default_config, triton_backward
-    from selgate.kernels.triton.fwd import triton_forward
+    from selgate.kernels.triton.fwd import _sel_fwd_kernel, triton_forward
 
     q, k, v, ranges, shape = job_inputs(j, a, device, rl)
     kind = tuning.kind_of(device, q.shape[1])  # what the launch path calls it ("interpreter" on CPU)
@@ -111,6 +111,7 @@ def run_job(j: Job, a, device, rl: int) -> dict:
         default, _ = tuning.profile_fwd_config(load_config(), j.D, j.Dv, q.element_size(), kind, b)
         res = tuning.tune_fwd(
             lambda kern: triton_forward(q, k, v, ranges, scale=scale, _tuner=kern),
+            kernel=_sel_fwd_kernel,
             default=default,
             space=a.fwd_space,
             do_bench=bench,

@@ -38,10 +38,9 @@ from selgate.kernels.stats import record_launch
 
 from . import tuning
 from .launch import bind, launch
-from .tiles import block_key, gather_keys, pow2_at_least
+from .tiles import MIN_DOT, block_key, gather_keys, pow2_at_least
 
 LOG2E = 1.4426950408889634
-MIN_DOT = 16  # tl.dot needs every dimension >= 16
 INT32_MAX = 2**31 - 1  # larger S_kv compiles the kernel with 64-bit key counts (KEY64)
 
 
@@ -457,23 +456,6 @@ def _sel_fwd_kernel(
     tl.store(lse_ptr + b * sl_b + s * sl_s + g * sl_g + hh * sl_h, lse, mask=hh < h)
 
 
-def smem_fits(block_l: int, stages: int, dk_pad: int, dv_pad: int, item: int, budget_kb: int) -> bool:
-    """Whether the pipelined K/V tiles of one program fit `budget_kb` of shared memory."""
-    return block_l * (dk_pad + dv_pad) * item * max(stages, 1) <= budget_kb * 1024
-
-
-def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
-    """Shrink the stage count, then BLOCK_L, until the K/V tiles fit `budget_kb`."""
-    dk_pad, dv_pad = (pow2_at_least(d, MIN_DOT) for d in (Dk, Dv))
-    block_l, stages = int(cfg["BLOCK_L"]), int(cfg["num_stages"])
-    while block_l > MIN_DOT and not smem_fits(block_l, stages, dk_pad, dv_pad, item, budget_kb):
-        if stages > 2:
-            stages -= 1
-        else:
-            block_l //= 2
-    return {"BLOCK_L": block_l, "num_warps": int(cfg["num_warps"]), "num_stages": stages}
-
-
 def launch_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None, n=None, tune=None) -> dict:
     """BLOCK_L, num_warps, num_stages, TMA and TAIL_L for one call of `kind` ("decode",
     "prefill" or "interpreter", whose small tiles make tiny test rows span several tiles).
@@ -562,6 +544,7 @@ def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool
         n=n,
         tune=lambda default, space=None: tuning.tune_fwd(
             lambda kernel: triton_forward(q, k, v, norm_ranges, scale=scale, positions=positions, clip=clip, _tuner=kernel),
+            kernel=_sel_fwd_kernel,
             default=default,
             space=space,
             do_bench=tuning.device_bench(q.device),

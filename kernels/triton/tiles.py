@@ -1,5 +1,5 @@
 """Where a row's selected keys lie, one tile at a time: shared by the forward and the dq kernel
-(and the host's tile arithmetic, `pow2_at_least` and `ceil_div`).
+(and the host's tile arithmetic: `pow2_at_least`, `ceil_div`, what fits shared memory).
 
 A row's ranges, clamped and concatenated, number its selected keys by position: position
 `p` in `[first[j], stop[j])` is key `start[j] + p - first[j]`. Loops over positions instead
@@ -9,6 +9,8 @@ next tile (NSA ranges are mostly one 64-key block: a per-range inner loop would 
 
 import triton
 import triton.language as tl
+
+MIN_DOT = 16  # tl.dot needs every dimension >= 16
 
 
 def pow2_at_least(x: int, lo: int = 1) -> int:
@@ -39,3 +41,20 @@ def block_key(i, j, start, nfull, cum, BLOCK: tl.constexpr):
     every range in order (`cum`: their running sum; `j`: range indices)."""
     jj = tl.sum((cum <= i).to(tl.int32), 0)
     return tl.sum(tl.where(j == jj, start + (i - cum + nfull) * BLOCK, 0), 0)
+
+
+def smem_fits(block_l: int, stages: int, dk_pad: int, dv_pad: int, item: int, budget_kb: int) -> bool:
+    """Whether the pipelined K/V tiles of one program fit `budget_kb` of shared memory."""
+    return block_l * (dk_pad + dv_pad) * item * max(stages, 1) <= budget_kb * 1024
+
+
+def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
+    """Shrink the stage count, then BLOCK_L, until the K/V tiles fit `budget_kb`."""
+    dk_pad, dv_pad = (pow2_at_least(d, MIN_DOT) for d in (Dk, Dv))
+    block_l, stages = int(cfg["BLOCK_L"]), int(cfg["num_stages"])
+    while block_l > MIN_DOT and not smem_fits(block_l, stages, dk_pad, dv_pad, item, budget_kb):
+        if stages > 2:
+            stages -= 1
+        else:
+            block_l //= 2
+    return {"BLOCK_L": block_l, "num_warps": int(cfg["num_warps"]), "num_stages": stages}

@@ -430,7 +430,7 @@ def _persist_first_call(st: _State, op, kind, Dk, Dv, dtype, b, best) -> None:
 def profile_fwd_config(cfg_all: dict, Dk: int, Dv: int, item: int, kind: str, b: int | None) -> tuple[dict, str]:
     """(config, source) from configs/ alone: `triton_fwd.by_L_bucket.<kind>` (nearest bucket),
     else `triton_fwd.<kind>`, shrunk to the shared-memory budget."""
-    from .fwd import fit_smem
+    from .tiles import fit_smem
 
     fwd = cfg_all["triton_fwd"]
     raw, source = fwd[kind], f"configs triton_fwd.{kind}"
@@ -455,7 +455,7 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
         return dict(hit[0])
 
     def resolve(st):
-        from .fwd import MIN_DOT
+        from .tiles import MIN_DOT
 
         # Tuned entries time the gather path: a kind the profile runs through tensor
         # descriptors (TMA) keeps the profile's parameters, measured on that path.
@@ -516,13 +516,13 @@ def _median(t) -> float:
     return float(t[0] if isinstance(t, (list, tuple)) else t)
 
 
-def fwd_autotuner(space, do_bench, smem_budget_kb: int | None = None):
-    """`triton.autotune` over `space` [(BLOCK_L, warps, stages)] wrapping the forward kernel:
+def fwd_autotuner(kernel, space, do_bench, smem_budget_kb: int | None = None):
+    """`triton.autotune` over `space` [(BLOCK_L, warps, stages)] wrapping the forward `kernel`:
     a fresh tuner per key (its in-memory cache is the key), no reset_to_zero (the kernel only
     stores), configs over the shared-memory budget pruned before benchmarking."""
     import triton
 
-    from .fwd import _sel_fwd_kernel, smem_fits
+    from .tiles import smem_fits
 
     budget = load_config()["triton_fwd"]["smem_budget_kb"] if smem_budget_kb is None else smem_budget_kb
     configs = [triton.Config({"BLOCK_L": b}, num_warps=w, num_stages=s) for b, w, s in space]
@@ -534,7 +534,7 @@ def fwd_autotuner(space, do_bench, smem_budget_kb: int | None = None):
 
     return triton.autotune(
         configs=configs, key=[], reset_to_zero=None, prune_configs_by={"early_config_prune": prune}, do_bench=do_bench
-    )(_sel_fwd_kernel)
+    )(kernel)
 
 
 def config_of(c) -> dict:
@@ -542,13 +542,14 @@ def config_of(c) -> dict:
     return {"BLOCK_L": int(c.kwargs["BLOCK_L"]), "num_warps": int(c.num_warps), "num_stages": int(c.num_stages)}
 
 
-def tune_fwd(run, *, default: dict, space=None, do_bench=cpu_bench) -> dict:
-    """Tune the forward on one input: `run(kernel)` launches `triton_forward` through `kernel`
-    (a `triton.autotune` wrapper over `space`, default FWD_SPACE, plus `default`).
+def tune_fwd(run, *, kernel, default: dict, space=None, do_bench=cpu_bench) -> dict:
+    """Tune the forward `kernel` (fwd.py's, handed in: this module never imports the kernels it
+    tunes) on one input: `run(tuner)` launches `triton_forward` through `tuner` (a
+    `triton.autotune` wrapper over `space`, default FWD_SPACE, plus `default`).
     Returns {'config', 'ms', 'default_ms', 'timings': {name: ms}}."""
     space = FWD_SPACE if space is None else space
     space = list(dict.fromkeys([*space, (default["BLOCK_L"], default["num_warps"], default["num_stages"])]))
-    tuner = fwd_autotuner(space, do_bench)
+    tuner = fwd_autotuner(kernel, space, do_bench)
     run(tuner)
     timings = {c: _median(t) for c, t in getattr(tuner, "configs_timings", {}).items()}
     best = config_of(tuner.best_config)

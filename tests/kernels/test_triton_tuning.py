@@ -411,7 +411,7 @@ def test_autotuner_leaves_the_same_output_as_one_clean_launch(cfg):
         reps.append(1)
         return [float(len(reps))] * 3  # the first config benchmarked wins
 
-    tuner = tuning.fwd_autotuner([(32, 4, 1), (16, 4, 1), (16, 8, 2)], bench)
+    tuner = tuning.fwd_autotuner(fwd_mod._sel_fwd_kernel, [(32, 4, 1), (16, 4, 1), (16, 8, 2)], bench)
     fwd_mod.triton_forward(q, k, v, norm, scale=0.25, out=(o, lse), _tuner=tuner)
     assert len(reps) == 3 and tuner.reset_to_zero == []
     best = tuning.config_of(tuner.best_config)
