@@ -191,6 +191,14 @@ def test_check_judges_block_index_kernels(outside):
     assert rc == 1, log
     assert "## Root causes" in report and "in bounds, parity" in report, report
     assert "smallest: `test_" in report and "reproduce: `python blocks-broken/repro/cause-1.py`" in report
+    # each failure's facts came through the workers' JUnit properties, and its cause names its rule
+    from selgate.conformance.compare import RULES
+    from selgate.reports.results import load_lane
+
+    failed = [c for c in load_lane("check", outside[2] / "blocks-broken").cases if c.outcome == "fail"]
+    assert failed and all(c.facts["failure"]["rule"] in RULES for c in failed), [c.facts for c in failed]
+    assert all(c.facts["impl"] == "blockkernels:fla_style_broken_causal" and c.facts["case"] in c.nodeid for c in failed)
+    assert "   - breaks SPEC.md, " in report, report
 
 
 def test_check_usage_errors_exit_2(outside, tmp_path):
