@@ -80,11 +80,14 @@ def _tensor(name: str) -> str:
 
 
 def _empty_rows(name: str, got: float, want: float):
-    """(rule, kind) when `name` is o or dq, non-finite where it must be exactly 0: only a row
-    that selects nothing has that (its own rows, the family's empty ones, tail queries)."""
-    base = name.split("[")[0]
+    """(rule, kind) when `name` is o or dq, non-finite where it must be exactly 0, or lse other
+    than -inf where it must be -inf: only a row that selects nothing has those (its own rows,
+    the family's empty ones, the bounds family's tail queries), however a family words it."""
+    base = _tensor(name)
     if base in ("o", "dq") and special(got) != "finite" and want == 0.0:
         return "empty-rows", f"{special(got)} on rows that select nothing (where {base} is exactly 0)"
+    if base == "lse" and want == -math.inf and got != want:
+        return "empty-rows", f"{value_kind(got)} on rows that select nothing (where lse is -Inf)"
     return None
 
 

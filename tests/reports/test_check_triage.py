@@ -167,7 +167,8 @@ def test_kinds_of_failure_as_the_matrix_records_them():
     cases = {
         misshapen(case, "o", (2, 9, 2, 4, 16), (2, 9, 2, 4, 8)): ("shapes", "o: shape differs in Dv"),
         misshapen(case, "lse", (2, 9, 2), (2, 9, 2, 4)): ("shapes", "lse: 3 dims, expected 4"),
-        nonfinite(case, "lse", got=0.0, ref=-math.inf): ("finite", "lse: finite where the reference is -Inf"),
+        nonfinite(case, "lse", got=0.0, ref=-math.inf): ("empty-rows", "lse: 0 on rows that select nothing (where lse is -Inf)"),
+        nonfinite(case, "lse", got=math.inf, ref=0.5): ("finite", "lse: Inf where the reference is finite"),
         nonfinite(case, "o", ref=0.0): ("empty-rows", "o: NaN on rows that select nothing (where o is exactly 0)"),
         raised(lambda: assert_close("o", mean_over, ones, precision=torch.float32, case_id=case.id)): (
             "accuracy",
@@ -179,7 +180,7 @@ def test_kinds_of_failure_as_the_matrix_records_them():
         ),
         differ(case, "lse[empty rows]", "an empty row gives lse = -inf", "empty-rows", got=0.5, want=-math.inf): (
             "empty-rows",
-            "lse: non-zero where -Inf is expected",
+            "lse: non-zero on rows that select nothing (where lse is -Inf)",
         ),
         differ(case, "o", across, "determinism", got=0.5, want=0.25): (
             "determinism",
@@ -274,6 +275,25 @@ def test_bad_inputs_the_kernel_accepts_are_one_cause_pointing_at_check_inputs():
     assert not any("check_inputs" in line for line in lines[:-2])
     one = triage.group([result("bad_input", case, accepted[0], param=names[0])])
     assert not any("check_inputs" in line for line in triage.render(one, {}))
+
+
+@pytest.mark.parametrize("name", ["scale-1-over-Dk", "empty-rows-lse-zero", "nan-on-empty-rows", "dense-dk"])
+def test_a_known_bad_kernel_is_one_cause(name):
+    """One bug, one cause, across the families that catch it: a wrong scale off by 10^4x on one
+    case and 10^5x on another, lse = 0 on empty rows as parity and empty_ranges word it."""
+    from selgate.conformance.badimpls import BAD_IMPLS
+
+    impl = next(b.impl for b in BAD_IMPLS if b.impl.name == name)
+    failures = []
+    for family in (FAMILIES[f] for f in ("parity", "empty_ranges", "backward")):
+        cases = [fit(c, impl) for c in select("tiny") if c.dtype == torch.float32]
+        for case in [c for c in cases if family.applies(c) and not family.skip(impl, c, "cpu")][:8]:
+            try:
+                family.check(impl, case, "cpu")
+            except ConformanceFailure as e:
+                failures.append(result(family.name, case, e, impl=name))
+    causes = triage.group(failures)
+    assert len(failures) > 1 and len(causes) == 1, [(c.count, c.signature) for c in causes]
 
 
 # --- reproducers ------------------------------------------------------------------------------
