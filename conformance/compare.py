@@ -91,6 +91,14 @@ def _empty_rows(name: str, got: float, want: float):
     return None
 
 
+def _same_shape(name: str, actual: torch.Tensor, expected: torch.Tensor, case_id: str, why: str = "") -> None:
+    """A shape failure naming the dimensions that differ, before any value is compared."""
+    got, want = tuple(actual.shape), tuple(expected.shape)
+    if got != want:
+        kind = shape_kind(name, got, want)
+        fail(case_id, f"{name}: shape {got}, expected {want}{why}", rule="shapes", tensor=_tensor(name), kind=kind)
+
+
 def assert_close(
     name: str,
     actual: torch.Tensor,
@@ -105,15 +113,7 @@ def assert_close(
     precision the fp16/bf16/tf32 bound scales with. Non-finite reference entries (lse = -inf
     of empty rows) must be matched exactly; NaN or inf where the reference is finite always fails."""
     precision = as_precision(precision)
-    if tuple(actual.shape) != tuple(ref.shape):
-        kind = shape_kind(name, tuple(actual.shape), tuple(ref.shape))
-        fail(
-            case_id,
-            f"{name}: shape {tuple(actual.shape)}, expected {tuple(ref.shape)}",
-            rule="shapes",
-            tensor=_tensor(name),
-            kind=kind,
-        )
+    _same_shape(name, actual, ref, case_id)
     a, r = actual.detach().to(torch.float64), ref.detach().to(torch.float64)
     finite = torch.isfinite(r)
     wrong_special = ~finite & ~((a == r) | (torch.isnan(a) & torch.isnan(r)))
@@ -170,15 +170,7 @@ def assert_equal(
     """Bitwise equality (NaN equal to NaN), or within `atol` where the same arithmetic may
     legitimately reduce in another order, as SPEC.md's `rule` asks; the message names the
     first differing element."""
-    if tuple(actual.shape) != tuple(expected.shape):
-        kind = shape_kind(name, tuple(actual.shape), tuple(expected.shape))
-        fail(
-            case_id,
-            f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)} ({why})",
-            rule="shapes",
-            tensor=_tensor(name),
-            kind=kind,
-        )
+    _same_shape(name, actual, expected, case_id, f" ({why})")
     same = (actual == expected) | (torch.isnan(actual) & torch.isnan(expected))
     if atol:
         same |= (actual - expected).abs() <= atol
