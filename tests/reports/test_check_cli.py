@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import running_with
 
 OUTSIDE = Path(__file__).resolve().parents[1] / "outside"
-CHECK = [sys.executable, "-m", "selgate.reports.check"]
+CHECK = [sys.executable, "-m", "selgate", "check"]  # as `selgate check`: a usage error answers before torch is imported
 
 
 def _env(**extra):
@@ -140,7 +140,7 @@ def test_a_kernel_that_loosens_the_tolerances_itself_fails_every_case(work):
         from tokenkernels import off_by_a_little as fn
         """,
     )
-    rc, log = _check(work, spec, "--out", "out", "-k", "test_parity and mixed and fp32")
+    rc, log = _check(work, spec, "--out", "out", "--workers", "1", "-k", "test_parity and mixed and fp32")
     assert rc == 1, log
     report = (work / "out" / "report.md").read_text()
     assert "bound 1.000e-05: absolute; SPEC.md" in report, report
@@ -159,7 +159,7 @@ def test_out_keeps_what_the_check_did_not_write(work):
     assert rc == 2 and "did not write" in log, log
     assert (out / "junit.xml").read_text() == "<testsuites/>"
     (out / "junit.xml").unlink()
-    rc, log = _check(work, "tokenkernels:gather", "--out", "out", "-k", "test_parity and s7")
+    rc, log = _check(work, "tokenkernels:gather", "--out", "out", "--workers", "1", "-k", "test_parity and s7")
     assert rc == 1 and "narrowed" in log, log
     written = json.loads((out / ".selgate-check.json").read_text())
     assert "junit.xml" in written and "notes.txt" not in written
@@ -213,7 +213,7 @@ def test_a_case_that_aborts_every_time_is_reported_once_and_never_handed_out_aga
             return gather(q, k, v, ranges, scale=scale)
         """,
     )
-    rc, log = _check(work, spec, "--out", "out", "-k", "test_parity", timeout=240)
+    rc, log = _check(work, spec, "--out", "out", "--workers", "1", "-k", "test_parity and fp32", timeout=240)
     assert rc == 1, log
     from selgate.reports.results import load_lane
 
