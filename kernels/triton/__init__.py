@@ -11,10 +11,11 @@ from selgate.kernels.policy import capability, dispatch_policy, interpreting, tr
 from selgate.reference.ranges import normalize_ranges
 from selgate.reference.validation import check_inputs, resolve_scale
 
+from . import interpreter_scalars, tuning
 from .autograd import selection_attention_triton_autograd
-from . import tuning
 from .fwd import INT32_MAX, launch_config, pair_kernel, tma_unsupported, triton_forward
 
+interpreter_scalars.apply()
 FORWARD_KERNELS = ("gather", "tma", "pairs")
 
 

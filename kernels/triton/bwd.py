@@ -133,69 +133,38 @@ def _dq_gathers(
     Dv,
     qk_scale_log2,
     PRECISION: tl.constexpr,
-    INTERPRET: tl.constexpr,
     TILE: tl.constexpr,
 ):
     """Every key of the ranges `[start, start + length)`, in TILE-position gather tiles (tiles.py)."""
     stop = tl.cumsum(length, 0)
     first = stop - length
     L = tl.sum(length, 0)
-    if INTERPRET:  # see _dq_kernel
-        p0 = 0
-        while p0 < L:
-            acc = _dq_gather(
-                acc,
-                q,
-                do,
-                lse,
-                delta,
-                hm,
-                k_grp,
-                v_grp,
-                p0,
-                start,
-                first,
-                stop,
-                L,
-                lim,
-                dks,
-                dkm,
-                dvs,
-                dvm,
-                Dk,
-                Dv,
-                qk_scale_log2,
-                PRECISION,
-                TILE,
-            )
-            p0 += TILE
-    else:
-        for p0 in tl.range(0, L, TILE):
-            acc = _dq_gather(
-                acc,
-                q,
-                do,
-                lse,
-                delta,
-                hm,
-                k_grp,
-                v_grp,
-                p0,
-                start,
-                first,
-                stop,
-                L,
-                lim,
-                dks,
-                dkm,
-                dvs,
-                dvm,
-                Dk,
-                Dv,
-                qk_scale_log2,
-                PRECISION,
-                TILE,
-            )
+    for p0 in tl.range(0, L, TILE):
+        acc = _dq_gather(
+            acc,
+            q,
+            do,
+            lse,
+            delta,
+            hm,
+            k_grp,
+            v_grp,
+            p0,
+            start,
+            first,
+            stop,
+            L,
+            lim,
+            dks,
+            dkm,
+            dvs,
+            dvm,
+            Dk,
+            Dv,
+            qk_scale_log2,
+            PRECISION,
+            TILE,
+        )
     return acc
 
 
@@ -247,7 +216,6 @@ def _dq_blocks(
     nfull,
     qk_scale_log2,
     PRECISION: tl.constexpr,
-    INTERPRET: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_DK: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -255,56 +223,29 @@ def _dq_blocks(
     """The `nfull` whole BLOCK_N-key tiles of every range, one tensor-descriptor load each."""
     cum = tl.cumsum(nfull, 0)
     F = tl.sum(nfull, 0)
-    if INTERPRET:
-        i = 0
-        while i < F:
-            acc = _dq_block(
-                acc,
-                q,
-                do,
-                lse,
-                delta,
-                hm,
-                k_desc,
-                v_desc,
-                b,
-                g,
-                i,
-                j,
-                start,
-                nfull,
-                cum,
-                qk_scale_log2,
-                PRECISION,
-                BLOCK_N,
-                BLOCK_DK,
-                BLOCK_DV,
-            )
-            i += 1
-    else:
-        for i in tl.range(0, F):
-            acc = _dq_block(
-                acc,
-                q,
-                do,
-                lse,
-                delta,
-                hm,
-                k_desc,
-                v_desc,
-                b,
-                g,
-                i,
-                j,
-                start,
-                nfull,
-                cum,
-                qk_scale_log2,
-                PRECISION,
-                BLOCK_N,
-                BLOCK_DK,
-                BLOCK_DV,
-            )
+    for i in tl.range(0, F):
+        acc = _dq_block(
+            acc,
+            q,
+            do,
+            lse,
+            delta,
+            hm,
+            k_desc,
+            v_desc,
+            b,
+            g,
+            i,
+            j,
+            start,
+            nfull,
+            cum,
+            qk_scale_log2,
+            PRECISION,
+            BLOCK_N,
+            BLOCK_DK,
+            BLOCK_DV,
+        )
     return acc
 
 
@@ -336,7 +277,6 @@ def _dq_kernel(
     BLOCK_DV: tl.constexpr,
     N_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
-    INTERPRET: tl.constexpr,
     TMA: tl.constexpr,
     TAIL_N: tl.constexpr,
 ):
@@ -366,8 +306,6 @@ def _dq_kernel(
     k_grp = k_ptr + bg * S_kv * Dk
     v_grp = v_ptr + bg * S_kv * Dv
     acc = tl.zeros([BLOCK_H, BLOCK_DK], dtype=tl.float32)
-    # The interpreter cannot take runtime loop bounds in range() (numpy 2.4, triton #9171):
-    # the loops take a while-loop branch there.
     if TMA:  # whole tiles through the tensor descriptors, remainders gathered (as in fwd.py)
         nfull = length // BLOCK_N
         acc = _dq_blocks(
@@ -386,7 +324,6 @@ def _dq_kernel(
             nfull,
             qk_scale_log2,
             PRECISION,
-            INTERPRET,
             BLOCK_N,
             BLOCK_DK,
             BLOCK_DV,
@@ -411,7 +348,6 @@ def _dq_kernel(
             Dv,
             qk_scale_log2,
             PRECISION,
-            INTERPRET,
             TAIL_N,
         )
     else:
@@ -435,7 +371,6 @@ def _dq_kernel(
             Dv,
             qk_scale_log2,
             PRECISION,
-            INTERPRET,
             BLOCK_N,
         )
     tl.store(
@@ -525,7 +460,6 @@ def _dkdv_kernel(
     BLOCK_DK: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
-    INTERPRET: tl.constexpr,
 ):
     w = tl.program_id(0)
     seg = tl.load(item_seg_ptr + w).to(tl.int64)
@@ -546,66 +480,34 @@ def _dkdv_kernel(
     head = cols % BLOCK_H
     acc_dk = tl.zeros([BLOCK_N, BLOCK_DK], dtype=tl.float32)
     acc_dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    if INTERPRET:  # see _dq_kernel
-        i = p0
-        while i < p1:
-            acc_dk, acc_dv = _dkdv_step(
-                acc_dk,
-                acc_dv,
-                i,
-                p1,
-                kt,
-                vt,
-                keys,
-                r_of_c,
-                head,
-                q_ptr,
-                do_ptr,
-                lse_ptr,
-                delta_ptr,
-                pair_row_ptr,
-                pair_lo_ptr,
-                pair_hi_ptr,
-                h,
-                Dk,
-                Dv,
-                dks,
-                dkm,
-                dvs,
-                dvm,
-                qk_scale_log2,
-                PRECISION,
-            )
-            i += ROWS
-    else:
-        for i in range(p0, p1, ROWS):
-            acc_dk, acc_dv = _dkdv_step(
-                acc_dk,
-                acc_dv,
-                i,
-                p1,
-                kt,
-                vt,
-                keys,
-                r_of_c,
-                head,
-                q_ptr,
-                do_ptr,
-                lse_ptr,
-                delta_ptr,
-                pair_row_ptr,
-                pair_lo_ptr,
-                pair_hi_ptr,
-                h,
-                Dk,
-                Dv,
-                dks,
-                dkm,
-                dvs,
-                dvm,
-                qk_scale_log2,
-                PRECISION,
-            )
+    for i in range(p0, p1, ROWS):
+        acc_dk, acc_dv = _dkdv_step(
+            acc_dk,
+            acc_dv,
+            i,
+            p1,
+            kt,
+            vt,
+            keys,
+            r_of_c,
+            head,
+            q_ptr,
+            do_ptr,
+            lse_ptr,
+            delta_ptr,
+            pair_row_ptr,
+            pair_lo_ptr,
+            pair_hi_ptr,
+            h,
+            Dk,
+            Dv,
+            dks,
+            dkm,
+            dvs,
+            dvm,
+            qk_scale_log2,
+            PRECISION,
+        )
     acc_dk = acc_dk * scale
     slot = tl.load(item_slot_ptr + w).to(tl.int64)
     if slot < 0:
@@ -925,7 +827,6 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
         BLOCK_DV=BLOCK_DV,
         N_PAD=_pow2(d.n),
         PRECISION=precision,
-        INTERPRET=INTERPRET,
         TMA=tma,
         TAIL_N=cfg["dq_tail_n"],
         num_warps=cfg["dq_warps"],
@@ -991,7 +892,6 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
             BLOCK_DK=BLOCK_DK,
             BLOCK_DV=BLOCK_DV,
             PRECISION=precision,
-            INTERPRET=INTERPRET,
             num_warps=cfg["warps"],
             num_stages=cfg["stages"],
         )

@@ -116,7 +116,6 @@ def _attend_ranges(
     acc,
     qk_scale,
     IEEE: tl.constexpr,
-    INTERPRET: tl.constexpr,
     DK_PAD: tl.constexpr,
     DV_PAD: tl.constexpr,
     TILE: tl.constexpr,
@@ -125,60 +124,30 @@ def _attend_ranges(
     stop = tl.cumsum(length, 0)
     first = stop - length
     L = tl.sum(length, 0)
-    if INTERPRET:
-        # The interpreter keeps scalars as 1-element arrays that numpy >= 2.4 refuses to
-        # turn into a `range` bound; a while loop only needs their truth value.
-        p0 = 0
-        while p0 < L:
-            m_i, l_i, acc = _attend_tile(
-                q,
-                k_grp,
-                v_grp,
-                sk_n,
-                sv_n,
-                p0,
-                start,
-                first,
-                stop,
-                L,
-                lim,
-                Dk,
-                Dv,
-                m_i,
-                l_i,
-                acc,
-                qk_scale,
-                IEEE,
-                DK_PAD,
-                DV_PAD,
-                TILE,
-            )
-            p0 += TILE
-    else:
-        for p0 in tl.range(0, L, TILE):
-            m_i, l_i, acc = _attend_tile(
-                q,
-                k_grp,
-                v_grp,
-                sk_n,
-                sv_n,
-                p0,
-                start,
-                first,
-                stop,
-                L,
-                lim,
-                Dk,
-                Dv,
-                m_i,
-                l_i,
-                acc,
-                qk_scale,
-                IEEE,
-                DK_PAD,
-                DV_PAD,
-                TILE,
-            )
+    for p0 in tl.range(0, L, TILE):
+        m_i, l_i, acc = _attend_tile(
+            q,
+            k_grp,
+            v_grp,
+            sk_n,
+            sv_n,
+            p0,
+            start,
+            first,
+            stop,
+            L,
+            lim,
+            Dk,
+            Dv,
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            IEEE,
+            DK_PAD,
+            DV_PAD,
+            TILE,
+        )
     return m_i, l_i, acc
 
 
@@ -225,7 +194,6 @@ def _attend_blocks(
     acc,
     qk_scale,
     IEEE: tl.constexpr,
-    INTERPRET: tl.constexpr,
     DK_PAD: tl.constexpr,
     DV_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -233,18 +201,10 @@ def _attend_blocks(
     """The `nfull` whole BLOCK_L-key tiles of every range, one tensor-descriptor load each."""
     cum = tl.cumsum(nfull, 0)
     F = tl.sum(nfull, 0)
-    if INTERPRET:
-        i = 0
-        while i < F:
-            m_i, l_i, acc = _attend_block(
-                q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L
-            )
-            i += 1
-    else:
-        for i in tl.range(0, F):
-            m_i, l_i, acc = _attend_block(
-                q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L
-            )
+    for i in tl.range(0, F):
+        m_i, l_i, acc = _attend_block(
+            q, k_desc, v_desc, b, g, i, j, start, nfull, cum, m_i, l_i, acc, qk_scale, IEEE, DK_PAD, DV_PAD, BLOCK_L
+        )
     return m_i, l_i, acc
 
 
@@ -322,7 +282,6 @@ def _sel_fwd_kernel(
     kv_bytes,
     HAS_POS: tl.constexpr,
     IEEE: tl.constexpr,
-    INTERPRET: tl.constexpr,
     H_PAD: tl.constexpr,
     DK_PAD: tl.constexpr,
     DV_PAD: tl.constexpr,
@@ -398,7 +357,6 @@ def _sel_fwd_kernel(
             acc,
             qk_scale,
             IEEE,
-            INTERPRET,
             DK_PAD,
             DV_PAD,
             BLOCK_L,
@@ -419,7 +377,6 @@ def _sel_fwd_kernel(
             acc,
             qk_scale,
             IEEE,
-            INTERPRET,
             DK_PAD,
             DV_PAD,
             TAIL_L,
@@ -441,7 +398,6 @@ def _sel_fwd_kernel(
             acc,
             qk_scale,
             IEEE,
-            INTERPRET,
             DK_PAD,
             DV_PAD,
             BLOCK_L,
@@ -557,17 +513,16 @@ def _plan(q, k, v, norm_ranges, scale, positions, config, kind: str, key64: bool
         "TMA": False,
         "TAIL_L": max(MIN_DOT, int(cfg.get("TAIL_L", cfg["BLOCK_L"]))),
     }
-    meta.update(_constexprs(q, h, Dk, Dv, n, positions, kind, key64))
+    meta.update(_constexprs(q, h, Dk, Dv, n, positions, key64))
     if key is not None and tuning.last_kept("fwd"):
         st.plans[key] = (cfg, meta, st.last["fwd"])
     return cfg, meta
 
 
-def _constexprs(q, h: int, Dk: int, Dv: int, n: int, positions, kind: str, key64: bool) -> dict:
+def _constexprs(q, h: int, Dk: int, Dv: int, n: int, positions, key64: bool) -> dict:
     return {
         "HAS_POS": positions is not None,
         "IEEE": q.dtype == torch.float32,
-        "INTERPRET": kind == "interpreter",
         "H_PAD": pow2_at_least(h, MIN_DOT),
         "DK_PAD": pow2_at_least(Dk, MIN_DOT),
         "DV_PAD": pow2_at_least(Dv, MIN_DOT),
@@ -617,7 +572,7 @@ def triton_forward(
     kind = tuning.kind_of(q.device, S)
     key64 = S_kv > INT32_MAX
     if _tuner is not None:
-        meta = {"TMA": False, "TAIL_L": 0, **_constexprs(q, h, Dk, Dv, n, positions, kind, key64)}  # the gather path
+        meta = {"TMA": False, "TAIL_L": 0, **_constexprs(q, h, Dk, Dv, n, positions, key64)}  # the gather path
     else:
         cfg, meta = _plan(q, k, v, norm_ranges, scale, positions, config, kind, key64, clip)
         if cfg.get("PAIRS"):
