@@ -27,7 +27,8 @@ from selgate.reference.ranges import key_limit
 from selgate.kernels.served import run_environment
 
 from selgate.kernels.triton.autograd import selection_attention_triton_autograd
-from selgate.kernels.triton.bwd import InverseIndex, launch_config, triton_backward
+from selgate.kernels.triton.bwd import launch_config, triton_backward
+from selgate.kernels.triton.inverse_index import InverseIndex
 from selgate.kernels.triton.fwd import triton_forward
 
 from .timing import time_calls

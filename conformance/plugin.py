@@ -38,7 +38,7 @@ def pytest_addoption(parser):
         default=None,
         metavar="NAMES|pkg.mod:fn",
         help="implementations to run the matrix on: comma-separated registered names "
-        "(reference, sdpa, triton, triton-gather, triton-tma, triton-pairs, cuda) or package.module:callable; "
+        "(reference, sdpa, triton, triton-gather, triton-tma, triton-pairs, triton-kv-outer, cuda) or package.module:callable; "
         "default: all registered",
     )
     group.addoption(

@@ -318,6 +318,7 @@ _cuda_call, _ = _dispatched("cuda")
 _gather_call, _gather_varlen = _kernel("gather")
 _tma_call, _tma_varlen = _kernel("tma")
 _pairs_call, _ = _kernel("pairs")
+_kv_outer_call, _kv_outer_varlen = _kernel("kv_outer")
 
 # Declared from the kernels' own limits (selgate.kernels.triton_limits, kernels/cuda/decode.py).
 _TRITON = dict(
@@ -356,6 +357,10 @@ REGISTRY = {
     # Whole tiles through tensor descriptors: contiguous K/V, so every call takes that path.
     "triton-tma": Impl(
         "triton-tma", _tma_call, varlen=_tma_varlen, unavailable=_tma_unavailable, layouts=("contiguous",), **_TRITON
+    ),
+    # KV tiles outside, each row's tiles merged after (kernels/triton/kv_outer.py); prefill only.
+    "triton-kv-outer": Impl(
+        "triton-kv-outer", _kv_outer_call, varlen=_kv_outer_varlen, modes=("prefill",), unavailable=_triton_unavailable, **_TRITON
     ),
     "triton-pairs": Impl(
         "triton-pairs",

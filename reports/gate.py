@@ -52,7 +52,7 @@ PROFILE_KEYS = ("required_lanes", "same_commit", "sanitizer")
 # The registered implementations (selgate.conformance.registry.REGISTRY; a test keeps the two
 # equal): the gate does not import the registry, which imports the kernels. A test id names
 # its implementation after '[', and some names extend others (triton, triton-gather).
-IMPLEMENTATIONS = ("reference", "sdpa", "triton", "triton-gather", "triton-tma", "triton-pairs", "cuda")
+IMPLEMENTATIONS = ("reference", "sdpa", "triton", "triton-gather", "triton-tma", "triton-pairs", "triton-kv-outer", "cuda")
 
 
 def load_policy(path: Path = POLICY_FILE, today: datetime.date | None = None) -> dict:

@@ -196,6 +196,15 @@ VARS: dict[str, Var] = {
             "dispatcher",
             "configs `triton_fwd.<kind>.pairs`",
         ),
+        Var(
+            "SELGATE_TRITON_KV_OUTER",
+            "int",
+            None,
+            "Run the KV-tile-outer forward (kv_outer.py) for calls with at most this many query heads per KV head (0: never).",
+            (_K + "triton/tuning.py",),
+            "dispatcher",
+            "configs `triton_fwd.<kind>.kv_outer_max_heads`",
+        ),
         # Triton launch configuration.
         Var(
             "SELGATE_TRITON_FWD_CONFIG",

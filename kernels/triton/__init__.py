@@ -16,7 +16,7 @@ from .autograd import selection_attention_triton_autograd
 from .fwd import INT32_MAX, launch_config, pair_kernel, tma_unsupported, triton_forward
 
 interpreter_scalars.apply()
-FORWARD_KERNELS = ("gather", "tma", "pairs")
+FORWARD_KERNELS = ("gather", "tma", "pairs", "kv_outer")
 
 
 def selection_attention_triton(q, k, v, ranges, *, scale=None, positions=None, return_lse=False, normalized: bool = False):
@@ -53,13 +53,17 @@ def forward_kernel_unsupported(kernel: str, q, k, v, positions=None) -> str | No
     if kernel == "pairs":
         pairs = pair_kernel()
         return "this triton has no Gluon" if pairs is None else pairs.unsupported(q, k, v, positions)
+    if kernel == "kv_outer":
+        if q.shape[1] == 1:
+            return "decode (S = 1): the KV-outer forward serves prefill"
+        return f"k: S_kv={k.shape[2]} > 2^31 - 1; the inverse index counts keys in int32" if k.shape[2] > INT32_MAX else None
     if kernel != "gather":
         raise ValueError(f"kernel: expected one of {FORWARD_KERNELS}, got {kernel!r}")
     return None
 
 
 def selection_attention_kernel(kernel: str, q, k, v, ranges, *, scale=None, positions=None, return_lse=False):
-    """One named forward kernel ("gather", "tma" or "pairs"), whatever the profile would
+    """One named forward kernel (FORWARD_KERNELS), whatever the profile would
     choose: the conformance matrix checks each kernel on its own this way. Strict: raises
     `BackendUnavailable` when that kernel cannot take the call, never runs another. Forward
     only (no autograd); the launch parameters are the profile's for the call's kind."""
@@ -71,7 +75,8 @@ def selection_attention_kernel(kernel: str, q, k, v, ranges, *, scale=None, posi
     if detail is not None:
         raise BackendUnavailable(kernel, detail)
     cfg = launch_config(d.Dk, d.Dv, q.element_size(), tuning.kind_of(q.device, d.S))
-    cfg = {**cfg, "TMA": kernel == "tma", "PAIRS": kernel == "pairs"}
+    kv_outer = q.shape[3] if kernel == "kv_outer" else 0  # the call's h: the KV-outer route takes it
+    cfg = {**cfg, "TMA": kernel == "tma", "PAIRS": kernel == "pairs", "KV_OUTER_MAX_HEADS": kv_outer}
     norm = normalize_ranges(ranges, d.S_kv, positions)
     o, lse = triton_forward(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions, config=cfg)
     return (o, lse) if return_lse else o

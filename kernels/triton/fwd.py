@@ -575,15 +575,17 @@ def triton_forward(
         meta = {"TMA": False, "TAIL_L": 0, **_constexprs(q, h, Dk, Dv, n, positions, key64)}  # the gather path
     else:
         cfg, meta = _plan(q, k, v, norm_ranges, scale, positions, config, kind, key64, clip)
+        if S > 1 and h <= cfg.get("KV_OUTER_MAX_HEADS", 0) and not key64:
+            from .kv_outer import kv_outer_forward
+
+            norm_ranges = _normalised(norm_ranges, S_kv, positions, clip, counter, kv_bytes_per_key)
+            record_launch("triton_fwd")
+            record_launch("triton_fwd_kv_outer")
+            return kv_outer_forward(q, k, v, norm_ranges, scale=scale, positions=positions, out=(o, lse))
         if cfg.get("PAIRS"):
             pairs = pair_kernel()
             if pairs is not None and pairs.unsupported(q, k, v, positions) is None:
-                if clip or counter is not None:  # the pair kernel takes normalised ranges
-                    from .normalize import normalize_ranges_triton
-
-                    norm_ranges = normalize_ranges_triton(
-                        norm_ranges, S_kv, positions, counter=counter, kv_bytes_per_key=kv_bytes_per_key
-                    )
+                norm_ranges = _normalised(norm_ranges, S_kv, positions, clip, counter, kv_bytes_per_key)
                 record_launch("triton_fwd")
                 record_launch("triton_fwd_pairs")
                 return pairs.pair_forward(q, k, v, norm_ranges, scale=scale, out=(o, lse))
@@ -595,6 +597,16 @@ def triton_forward(
     args = (*tensors, *_shape_args(q, k, v, norm_ranges, o, lse, scale, kv_bytes_per_key))
     launch(_tuner or _sel_fwd_kernel, (rows,), *args, CLIP=bool(clip), COUNT=counter is not None, **meta)
     return o, lse
+
+
+def _normalised(ranges, S_kv: int, positions, clip: bool, counter, kv_bytes_per_key: int):
+    """`ranges` normalised, as the kernels other than fwd.py's take them: a call that asked
+    fwd.py to clip (or to count) has them normalised by the Triton normaliser, which counts."""
+    if not clip and counter is None:
+        return ranges
+    from .normalize import normalize_ranges_triton
+
+    return normalize_ranges_triton(ranges, S_kv, positions, counter=counter, kv_bytes_per_key=kv_bytes_per_key)
 
 
 def _tensor_args(q, k, v, descs, ranges, positions, o, lse, counter) -> tuple:

@@ -71,6 +71,7 @@ ENV_CACHE_DIR = "SELGATE_TRITON_TUNE_CACHE"
 ENV_RANGE_LEN = "SELGATE_TRITON_RANGE_LEN"
 ENV_TMA = "SELGATE_TRITON_TMA"
 ENV_PAIRS = "SELGATE_TRITON_PAIRS"
+ENV_KV_OUTER = "SELGATE_TRITON_KV_OUTER"
 DEFAULT_RANGE_LEN = 64
 FWD_KEYS = ("BLOCK_L", "num_warps", "num_stages")
 BWD_KEYS = (
@@ -274,6 +275,7 @@ class _State:
         kinds = {kind: raw for kind, raw in owner["triton_fwd"].items() if isinstance(raw, dict) and "block_l" in raw}
         self.tma = {kind: env_vars.get(ENV_TMA, bool(raw.get("tma", False))) for kind, raw in kinds.items()}  # read once
         self.pairs = {kind: env_vars.get(ENV_PAIRS, bool(raw.get("pairs", False))) for kind, raw in kinds.items()}
+        self.kv_outer = {kind: env_vars.get(ENV_KV_OUTER, int(raw.get("kv_outer_max_heads", 0))) for kind, raw in kinds.items()}
 
 
 _state: _State | None = None
@@ -464,7 +466,13 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
             st.owner, Dk, Dv, item, kind, b
         )
         tail = int(st.owner["triton_fwd"][kind].get("tail_l", cfg["BLOCK_L"]))
-        return {**cfg, "TMA": tma, "TAIL_L": max(MIN_DOT, tail), "PAIRS": st.pairs.get(kind, False)}, source
+        return {
+            **cfg,
+            "TMA": tma,
+            "TAIL_L": max(MIN_DOT, tail),
+            "PAIRS": st.pairs.get(kind, False),
+            "KV_OUTER_MAX_HEADS": st.kv_outer.get(kind, 0),
+        }, source
 
     return _select("fwd", key, resolve, tune, FWD_KEYS, ENV_FWD, env)
 

@@ -14,7 +14,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 from selgate.kernels.triton.autograd import selection_attention_triton_autograd  # noqa: E402
-from selgate.kernels.triton.bwd import InverseIndex, triton_backward  # noqa: E402
+from selgate.kernels.triton.bwd import triton_backward  # noqa: E402
 from selgate.kernels.triton.fwd import tma_supported  # noqa: E402
 from selgate.reference import (  # noqa: E402
     build_ranges,
@@ -24,7 +24,6 @@ from selgate.reference import (  # noqa: E402
     selection_attention_ref,
 )
 from selgate.reference.golden import gather_attention  # noqa: E402
-from selgate.reference.ranges import key_limit  # noqa: E402
 from tests.helpers import random_inputs  # noqa: E402
 
 DTYPES = [
@@ -199,31 +198,6 @@ def test_repeated_runs_are_bitwise_equal(dtype):
     ]
     for a, b in zip(*runs):
         assert torch.equal(a, b)
-
-
-def test_inverse_index_lists_each_selected_key_once_in_row_order():
-    _, k, _, r = random_inputs(B=2, S=7, G=2, S_kv=50, n=4, seed=5)
-    norm = normalize_ranges(r, 50)
-    lim = key_limit(norm, 50)[:, :, 0, 0]
-    idx = InverseIndex(norm, lim, G=2, S_kv=50, block_n=16, chunk=3)
-    B, S, G = norm.shape[:3]
-    seg = torch.repeat_interleave(idx.item_seg, idx.item_end - idx.item_start)
-    pos = torch.cat([torch.arange(a, b) for a, b in zip(idx.item_start.tolist(), idx.item_end.tolist())])
-    assert torch.equal(pos, torch.arange(len(idx.pair_row))), "work items tile the pair list in order"
-    row = idx.pair_row
-    b, g = row // (S * G), row % G
-    assert torch.equal(seg, (b * G + g) * idx.n_tiles + idx.pair_lo // 16)
-    assert bool(((idx.pair_hi - 1) // 16 == idx.pair_lo // 16).all()) and bool((idx.pair_hi > idx.pair_lo).all())
-    # rows are non-decreasing inside each tile's list (a fixed order, no scheduling involved)
-    same_seg = seg[1:] == seg[:-1]
-    assert bool((row[1:][same_seg] >= row[:-1][same_seg]).all())
-    # the pairs cover exactly the selected (row, key) set, each key once
-    key = torch.arange(50)
-    covered = torch.zeros(B * S * G, 50, dtype=torch.int64)
-    for rw, lo, hi in zip(row.tolist(), idx.pair_lo.tolist(), idx.pair_hi.tolist()):
-        covered[rw, lo:hi] += 1
-    selected = ((key >= norm[..., 0:1]) & (key < norm[..., 1:2])).any(3).reshape(B * S * G, 50)
-    assert torch.equal(covered, selected.long())
 
 
 @pytest.mark.parametrize("autocast", [False, True])

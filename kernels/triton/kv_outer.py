@@ -1,0 +1,199 @@
+"""Prefill forward with KV tiles outside: each selected KV tile is loaded once for all the query
+rows that selected it, then each row merges its tiles' partial results.
+
+Why: the row-outer forward (fwd.py, pairs.py) loads every row's selected keys again for each
+row. At the 64k prefill shape (T=65536, 4 KV heads, 16 blocks of 64) that is ~137 GB through L2
+a call whatever the number of query heads per KV head, so h = 1 costs what h = 16 costs. Here
+the inverse index (inverse_index.py, the backward's dk/dv index) lists, for every (b, g, KV tile),
+the (row, key interval) pairs that touch it; one program per work item loads its tile's K and V
+once and walks its pairs ROWS at a time, all heads of each, as one MMA operand. For every pair it
+writes the softmax partial of the pair's keys (running max m in log2 units, sum l, and the
+unnormalised P.V) to the pair's row-major slot. A second kernel merges each row's partials in
+slot order (online softmax rescaling). The order is fixed everywhere, so the result is bitwise
+reproducible, with no atomics.
+
+Cost: the partials, pairs x h x (Dv + 2) fp32 (2.2 GB at that shape for h = 1), written once and
+read once; so the kernel pays off where few heads share a tile, and the profile routes by h.
+Keys in a tile that no pair of the step selected are zeroed in V before the P.V product (a
+NaN there would poison 0 * NaN); K's are masked out of the scores.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from selgate.reference.ranges import key_limit
+
+from .inverse_index import InverseIndex
+from .tiles import pow2_at_least
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+BLOCK_N = 64  # keys a tile: NSA's selection block
+CHUNK = 1024  # pairs a work item: bounds the longest program (block 0 is selected by every row)
+ROWS_X_HEADS = 64  # MMA rows a step: ROWS pairs x BLOCK_H heads
+
+
+@triton.jit
+def _partials_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pair_row_ptr,
+    pair_lo_ptr,
+    pair_hi_ptr,
+    pair_slot_ptr,
+    item_seg_ptr,
+    item_start_ptr,
+    item_end_ptr,
+    pm_ptr,
+    pl_ptr,
+    pacc_ptr,
+    n_tiles,
+    S_kv,
+    h,
+    Dk,
+    Dv,
+    qk_scale_log2,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    w = tl.program_id(0)
+    seg = tl.load(item_seg_ptr + w).to(tl.int64)
+    p0 = tl.load(item_start_ptr + w).to(tl.int64)
+    p1 = tl.load(item_end_ptr + w).to(tl.int64)
+    keys = (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    km = keys < S_kv
+    dks = tl.arange(0, BLOCK_DK)
+    dvs = tl.arange(0, BLOCK_DV)
+    kv_rows = (seg // n_tiles) * S_kv + keys
+    kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=km[:, None] & (dks[None, :] < Dk), other=0.0)
+    vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
+    cols = tl.arange(0, ROWS * BLOCK_H)  # MMA row = (pair r, head i)
+    head = cols % BLOCK_H
+    for i in tl.range(p0, p1, ROWS):
+        pidx = i + cols // BLOCK_H
+        pm = pidx < p1
+        cm = pm & (head < h)
+        row = tl.load(pair_row_ptr + pidx, mask=pm, other=0).to(tl.int64)
+        lo = tl.load(pair_lo_ptr + pidx, mask=pm, other=0)
+        hi = tl.load(pair_hi_ptr + pidx, mask=pm, other=0)
+        slot = tl.load(pair_slot_ptr + pidx, mask=pm, other=0).to(tl.int64)
+        qg = tl.load(q_ptr + (row * h + head)[:, None] * Dk + dks[None, :], mask=cm[:, None] & (dks[None, :] < Dk), other=0.0)
+        sel = (keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]) & cm[:, None]
+        s = tl.where(sel, tl.dot(qg, tl.trans(kt), input_precision=PRECISION) * qk_scale_log2, float("-inf"))
+        m = tl.max(s, 1)
+        m = tl.where(cm, m, 0.0)  # every pair holds a key; padded MMA rows hold none
+        p = tl.where(sel, tl.exp2(s - m[:, None]), 0.0)
+        used = tl.max(sel.to(tl.int32), 0) > 0  # keys some pair of this step selected
+        acc = tl.dot(p.to(vt.dtype), tl.where(used[:, None], vt, 0.0), input_precision=PRECISION)
+        out = slot * h + head
+        tl.store(pm_ptr + out, m, mask=cm)
+        tl.store(pl_ptr + out, tl.sum(p, 1), mask=cm)
+        tl.store(pacc_ptr + out[:, None] * BLOCK_DV + dvs[None, :], acc, mask=cm[:, None])
+
+
+@triton.jit
+def _merge_kernel(
+    pm_ptr,
+    pl_ptr,
+    pacc_ptr,
+    row_end_ptr,
+    row_pairs_ptr,
+    o_ptr,
+    lse_ptr,
+    h,
+    Dv,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    p1 = tl.load(row_end_ptr + row)
+    p0 = p1 - tl.load(row_pairs_ptr + row)
+    heads = tl.arange(0, BLOCK_H)
+    hm = heads < h
+    dvs = tl.arange(0, BLOCK_DV)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    for j in tl.range(p0, p1):  # slot order: the row's ranges, then tiles, left to right
+        at = j * h + heads
+        m_j = tl.load(pm_ptr + at, mask=hm, other=0.0)
+        m_new = tl.maximum(m_i, m_j)
+        a = tl.exp2(m_i - m_new)
+        b = tl.exp2(m_j - m_new)
+        l_i = l_i * a + tl.load(pl_ptr + at, mask=hm, other=0.0) * b
+        part = tl.load(pacc_ptr + at[:, None] * BLOCK_DV + dvs[None, :], mask=hm[:, None], other=0.0)
+        acc = acc * a[:, None] + part * b[:, None]
+        m_i = m_new
+    empty = l_i == 0.0
+    o = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    out = row * h + heads
+    tl.store(o_ptr + out[:, None] * Dv + dvs[None, :], o.to(o_ptr.dtype.element_ty), mask=hm[:, None] & (dvs[None, :] < Dv))
+    tl.store(lse_ptr + out, lse, mask=hm)
+
+
+def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None):
+    """`(o, lse)` as `fwd.triton_forward` returns them, for ranges already normalised (sorted,
+    disjoint, clamped). Copies q, k, v that are not contiguous. Extra memory: the inverse index
+    and the partials, pairs x h x (pow2(Dv) + 2) fp32."""
+    B, S, G, h, Dk = q.shape
+    S_kv, Dv = k.shape[2], v.shape[3]
+    if out is None:
+        o = torch.empty(B, S, G, h, Dv, dtype=v.dtype, device=q.device)
+        lse = torch.empty(B, S, G, h, dtype=torch.float32, device=q.device)
+    else:
+        o, lse = out
+    if B * S * G == 0:
+        return o, lse
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    lim = key_limit(norm_ranges, S_kv, positions)[:, :, 0, 0]
+    idx = InverseIndex(norm_ranges, lim, G, S_kv, BLOCK_N, CHUNK)
+    BLOCK_H = pow2_at_least(h)
+    BLOCK_DK, BLOCK_DV = pow2_at_least(Dk, 16), pow2_at_least(Dv, 16)
+    slots = max(idx.n_pairs, 1) * h
+    pm = torch.empty(slots, dtype=torch.float32, device=q.device)
+    pl = torch.empty(slots, dtype=torch.float32, device=q.device)
+    pacc = torch.empty(slots * BLOCK_DV, dtype=torch.float32, device=q.device)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if idx.n_items:
+        _partials_kernel[(idx.n_items,)](
+            q,
+            k,
+            v,
+            idx.pair_row,
+            idx.pair_lo,
+            idx.pair_hi,
+            idx.pair_slot,
+            idx.item_seg,
+            idx.item_start,
+            idx.item_end,
+            pm,
+            pl,
+            pacc,
+            idx.n_tiles,
+            S_kv,
+            h,
+            Dk,
+            Dv,
+            scale * LOG2E,
+            ROWS=max(1, ROWS_X_HEADS // BLOCK_H),
+            BLOCK_H=BLOCK_H,
+            BLOCK_N=BLOCK_N,
+            BLOCK_DK=BLOCK_DK,
+            BLOCK_DV=BLOCK_DV,
+            PRECISION=precision,
+            num_warps=4,
+            num_stages=2,
+        )
+    _merge_kernel[(B * S * G,)](
+        pm, pl, pacc, idx.row_end, idx.row_pairs, o, lse, h, Dv, BLOCK_H=BLOCK_H, BLOCK_DV=BLOCK_DV, num_warps=4
+    )
+    return o, lse

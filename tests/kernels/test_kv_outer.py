@@ -1,0 +1,84 @@
+"""The KV-outer prefill forward (kernels/triton/kv_outer.py) against the fp64 reference, on what
+its design could get wrong: a tile split over several work items, two ranges of one row in one
+tile (two partials to merge), NaN in the unselected keys of a tile other rows selected, empty
+rows, a bitwise-identical rerun, and the profile's routing by heads per KV head.
+
+On CPU under TRITON_INTERPRET=1 (fp32 and fp16; bf16 is wrong in the interpreter, triton-lang/triton#11584)."""
+
+import os
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+from selgate.kernels import reload_settings, selection_attention, stats  # noqa: E402
+from selgate.kernels.triton import kv_outer  # noqa: E402
+from selgate.reference import build_ranges, normalize_ranges, selected_keys, selection_attention_ref  # noqa: E402
+from tests.helpers import clean_dispatcher, random_inputs  # noqa: E402, F401
+
+pytestmark = pytest.mark.usefixtures("clean_dispatcher")
+
+
+def _nan_outside(k, v, norm):
+    """k and v with every key no row selects set to NaN (a kernel must never read those)."""
+    unused = ~selected_keys(norm, k.shape[2])  # [B, G, S_kv]
+    return k.masked_fill(unused[..., None], float("nan")), v.masked_fill(unused[..., None], float("nan"))
+
+
+def _check(q, k, v, norm, dtype, **kw):
+    q, k, v = (t.to(DEVICE, dtype) for t in (q, k, v))
+    norm = norm.to(DEVICE)
+    o = torch.full((*q.shape[:4], v.shape[3]), float("nan"), dtype=dtype, device=DEVICE)
+    lse = torch.full(q.shape[:4], float("nan"), device=DEVICE)
+    kv_outer.kv_outer_forward(q, k, v, norm, scale=0.3, out=(o, lse), **kw)
+    ro, rl = selection_attention_ref(q.double(), k.double(), v.double(), norm, scale=0.3, return_lse=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert torch.isfinite(o).all() and not torch.isnan(lse).any()
+    torch.testing.assert_close(o.double(), ro.to(o.device), atol=tol, rtol=0)
+    assert torch.equal(torch.isinf(lse).cpu(), torch.isinf(rl).cpu())
+    finite = torch.isfinite(rl)
+    torch.testing.assert_close(lse[finite].double(), rl[finite].to(lse.device), atol=tol, rtol=0)
+    return o, lse
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_tiles_and_two_ranges_in_one_tile_merge_to_the_reference(monkeypatch, dtype):
+    """CHUNK 3: a tile every row selects is split over many work items; ranges of 5 keys with
+    gaps put two ranges of one row into one 64-key tile; NaN in every key no row selected."""
+    monkeypatch.setattr(kv_outer, "CHUNK", 3)
+    q, k, v, _ = random_inputs(B=2, S=40, G=2, h=3, Dk=16, Dv=8, S_kv=150, n=4, seed=1)
+    starts = torch.tensor([0, 10, 70, 140])
+    r = torch.stack([starts, starts + 5], -1).expand(2, 40, 2, 4, 2).clone()
+    r[1, 5] = 0  # empty rows
+    norm = normalize_ranges(r, 150)
+    k, v = _nan_outside(k, v, norm)
+    _check(q, k, v, norm, dtype)
+
+
+def test_nsa_ranges_at_one_head_a_group_and_a_rerun_is_bitwise_identical():
+    q, k, v, _ = random_inputs(B=1, S=130, G=2, h=1, Dk=32, Dv=32, S_kv=130, n=1, seed=2)
+    norm = build_ranges(torch.rand(1, 130, 2, 9, generator=torch.Generator().manual_seed(0)), G=2, l_sel=16, n=5, S_kv=130)
+    o, lse = _check(q, k, v, norm, torch.float32)
+    again = kv_outer.kv_outer_forward(*(t.to(DEVICE, torch.float32) for t in (q, k, v)), norm.to(DEVICE), scale=0.3)
+    assert torch.equal(o, again[0]) and torch.equal(lse, again[1])
+
+
+def test_the_profile_routes_prefill_calls_by_heads_per_kv_head(monkeypatch):
+    """SELGATE_TRITON_KV_OUTER=2 (the profile's `kv_outer_max_heads`): prefill with h <= 2 runs
+    the KV-outer kernel, h = 3 and decode do not."""
+    monkeypatch.setenv("SELGATE_TRITON_KV_OUTER", "2")
+    reload_settings()
+    try:
+        for h, S, expect in ((2, 9, 1), (3, 9, 0), (1, 1, 0)):
+            q, k, v, r = random_inputs(B=1, S=S, G=2, h=h, Dk=16, Dv=16, S_kv=40, n=3, dtype=torch.float32, seed=h)
+            before = stats()["launches"].get("triton_fwd_kv_outer", 0)
+            o = selection_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), r.to(DEVICE), backend="triton")
+            assert stats()["launches"].get("triton_fwd_kv_outer", 0) - before == expect, (h, S)
+            want = selection_attention_ref(q.double(), k.double(), v.double(), r)
+            torch.testing.assert_close(o.double().cpu(), want, atol=1e-5, rtol=0)
+    finally:
+        monkeypatch.delenv("SELGATE_TRITON_KV_OUTER")
+        reload_settings()
