@@ -155,6 +155,13 @@ def _build_triton(p, x):
     return lambda: selection_attention_triton(x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
 
 
+def _build_kv_outer(p, x):
+    """The KV-outer forward on its own (kernels/triton/kv_outer.py), whatever the profile routes."""
+    from selgate.kernels.triton import selection_attention_kernel
+
+    return lambda: selection_attention_kernel("kv_outer", x.q, x.k, x.v, x.ranges, scale=x.scale)
+
+
 def _build_triton_launch(p, x, config):
     """The raw forward with explicit launch parameters (variants are compared with each other)."""
     from selgate.kernels.triton.fwd import triton_forward
@@ -199,6 +206,7 @@ METHODS = {
         Method("sdpa", True, _build_sdpa),
         Method("triton", True, _build_triton, _needs(triton=True), graphable=True),
         Method("cuda", True, _build_cuda, _needs(kind="decode", cuda=True), graphable=True),
+        Method("triton_kv_outer", True, _build_kv_outer, _needs(kind="prefill", triton=True)),
         Method("auto", True, _build_auto, graphable=True),
         Method("masked_sdpa", False, _build_masked, _needs(budget=_masked_bytes)),
         Method("gather_sdpa", False, _build_gather, _needs(budget=_gather_bytes)),

@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
+import torch
+
 from selgate.bench import tables
+from selgate.bench.baselines import get_method
 from selgate.bench.__main__ import main
 from selgate.bench.inputs import decode_problem
 from selgate.bench.presets import PRESETS, PREFILL_SCALING_T, acceptance_prefill
@@ -181,3 +184,15 @@ def test_a_users_kernel_is_drawn_titles_wrap_and_a_narrow_axis_has_labels(mpl, t
     low, high = ax.get_ylim()
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
     assert labels, "no y tick label within the drawn range"
+
+
+def test_prefill_heads_preset_is_the_acceptance_prefill_over_h_and_T():
+    """Only the query heads per KV head and T vary; fla-core runs where it applies (h = 16)."""
+    (m,) = PRESETS["prefill_heads"]()
+    ref = acceptance_prefill("bfloat16")
+    assert sorted({(p.S, p.h) for p in m.problems}) == [(T, h) for T in (8192, 16384, 65536) for h in (1, 2, 4, 8, 16)]
+    for p in m.problems:
+        assert p.G == ref.G and dataclasses.replace(p, S=ref.S, S_kv=ref.S_kv, h=ref.h) == ref
+    assert m.methods == ("triton", "triton_kv_outer", "fla_nsa")
+    fla = get_method("fla_nsa")
+    assert [p.h for p in m.problems if "h=" not in (fla.skip_reason(p, torch.device("cuda")) or "")] == [16] * 3
