@@ -193,7 +193,8 @@ def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=
             num_warps=4,
             num_stages=2,
         )
+    warps = max(1, min(4, BLOCK_H * BLOCK_DV // 512))  # one warp a row at h = 1: 128 lanes of work, not 4 warps idle
     _merge_kernel[(B * S * G,)](
-        pm, pl, pacc, idx.row_end, idx.row_pairs, o, lse, h, Dv, BLOCK_H=BLOCK_H, BLOCK_DV=BLOCK_DV, num_warps=4
+        pm, pl, pacc, idx.row_end, idx.row_pairs, o, lse, h, Dv, BLOCK_H=BLOCK_H, BLOCK_DV=BLOCK_DV, num_warps=warps
     )
     return o, lse
