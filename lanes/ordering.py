@@ -13,7 +13,9 @@ slowest first, on its own worker) instead of all landing in the first worker's c
 ran one after another (docs/lanes.md). The order is the same on
 every xdist worker (each one collects and sorts the same way, from the same worker count), which
 xdist requires; only the order changes, never the selection. A relative SELGATE_DURATIONS is taken
-from pytest's rootdir (the checkout, in a lane's image too)."""
+from pytest's rootdir (the checkout, in a lane's image too). A test marked `slow` that the file does
+not list counts as costly at COSTLY_S: the CPU lane skips slow tests, so its durations never measure
+them, while `bin/test`, ordered by that lane's file, runs them."""
 
 from __future__ import annotations
 
@@ -75,6 +77,12 @@ def costly_first(items: list, durations: dict, costly_s: float = COSTLY_S, worke
     return out
 
 
+def with_slow_marked(items: list, durations: dict) -> dict:
+    """`durations`, and COSTLY_S for each test of `items` marked `slow` that they do not list (slow,
+    but by how much no run recorded)."""
+    return {**{i.nodeid: COSTLY_S for i in items if i.get_closest_marker("slow")}, **durations}
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     path = env_vars.get(DURATIONS_ENV)
@@ -85,7 +93,7 @@ def pytest_collection_modifyitems(config, items):
                 f"{DURATIONS_ENV}: no durations file {full} (relative paths are taken from the rootdir {config.rootpath})"
             )
         workers = getattr(config, "workerinput", {}).get("workercount", 1)  # 1 outside xdist
-        items[:] = costly_first(items, load_durations(full), workers=workers)
+        items[:] = costly_first(items, with_slow_marked(items, load_durations(full)), workers=workers)
 
 
 def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S) -> dict:

@@ -156,6 +156,23 @@ def test_the_plugin_orders_a_real_collection_the_same_way(tmp_path):
     assert ids == ["test_x[2]", "test_x[4]", "test_x[0]", "test_x[1]", "test_x[3]", "test_x[5]"], out.stdout + out.stderr
 
 
+def test_a_slow_marked_test_the_durations_do_not_list_starts_among_the_costly_ones(tmp_path):
+    """A lane that skips slow tests records no duration for them; a run that selects them starts
+    them after the recorded costly tests, before the rest."""
+    (tmp_path / "test_mod.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(4))\ndef test_x(i):\n    pass\n\n"
+        "@pytest.mark.slow\ndef test_slow():\n    pass\n"
+    )
+    durations = tmp_path / "durations.json"
+    durations.write_text(json.dumps({"tests": {"test_mod.py::test_x[3]": 12.0}}))
+    env = {**os.environ, ordering.DURATIONS_ENV: durations.name, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    out = run_pytest(
+        tmp_path, "--collect-only", "-q", "-p", "selgate.lanes.ordering", "-p", "no:cacheprovider", "test_mod.py", env=env
+    )
+    ids = [line.split("::")[1] for line in out.stdout.splitlines() if "::" in line]
+    assert ids == ["test_x[3]", "test_slow", "test_x[0]", "test_x[1]", "test_x[2]"], out.stdout + out.stderr
+
+
 def test_a_missing_durations_file_is_a_usage_error_naming_it(tmp_path):
     (tmp_path / "test_mod.py").write_text("def test_x():\n    pass\n")
     env = {**os.environ, ordering.DURATIONS_ENV: "lanes/durations/cpu.json", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
