@@ -4,6 +4,7 @@ SPEC.md's acceptance against the fp64 reference."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -117,3 +118,9 @@ def running_with(last_arg: str) -> list:
         if proc.name.isdigit() and len(argv) > 1 and argv[-2] == last_arg.encode() and state != "Z":
             pids.append(int(proc.name))
     return pids
+
+
+def blocked_by_failures(rc: int, log: str) -> bool:
+    """Whether a `selgate check` narrowed with -k blocked on the kernel's failing cases, not only
+    on its narrowing (a narrowed check is BLOCKED whatever the kernel does)."""
+    return rc == 1 and "CHECK BLOCKED" in log and re.search(r"blocking: \d+ failing case\(s\)", log) is not None

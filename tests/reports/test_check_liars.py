@@ -19,7 +19,7 @@ import pytest
 from selgate.conformance import sandbox
 from selgate.reports.results import load_lane
 
-from tests.helpers import running_with
+from tests.helpers import blocked_by_failures, running_with
 from tests.reports.test_check_cli import OUTSIDE, _check
 
 
@@ -43,11 +43,6 @@ def checked(tmp_path):
         return rc, log, tmp_path / "out"
 
     return run
-
-
-def blocked_by_failures(rc: int, log: str) -> bool:
-    """Whether a narrowed check blocked on the kernel's failing cases, not only on its narrowing."""
-    return rc == 1 and "CHECK BLOCKED" in log and re.search(r"blocking: \d+ failing case\(s\)", log) is not None
 
 
 def test_the_workers_run_what_the_probe_was_declared(checked):
