@@ -99,6 +99,7 @@ def _install(base: Path, env_dir: Path):
             "install",
             "-q",
             "--disable-pip-version-check",
+            "--no-compile",  # bytecode for what the tests import is written as they import it, not for all of torch
             str(wheel),
             torch_pin,
             "triton==3.6.0",
