@@ -14,6 +14,11 @@
   writes its result directly; a tile split into several chunks (a block every row selects)
   writes fp32 partials that a reduce kernel sums in chunk order. No atomics anywhere, so
   results are bitwise reproducible; keys no row selected keep exact zeros.
+- dq from the pairs (`dq_kv_outer_max_heads` >= h): the dk/dv kernel, which has every pair's
+  `ds` in registers, also writes each pair's share of dq to the pair's row-major slot
+  (inverse_index.py), and a small kernel sums each row's slots in order; no dq kernel, so no
+  row reloads its selected keys. It costs pairs x h x Dk fp32 of memory, so it is for few heads
+  a group (the profile says how few, as for the KV-outer forward).
 
 Host syncs: two small reads while building the index (the number of (row, tile) pairs,
 then the number of work items and partial slots) size the index and the grid, so the
@@ -405,9 +410,14 @@ def _dkdv_step(
     dvs,
     dvm,
     qk_scale_log2,
+    pair_slot_ptr,
+    pdq_ptr,
     PRECISION: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    DQ: tl.constexpr,
 ):
-    """One MMA step: pairs i .. i+ROWS-1 of the tile's list, all heads of each."""
+    """One MMA step: pairs i .. i+ROWS-1 of the tile's list, all heads of each. With DQ, also
+    each pair's share of dq (unscaled), stored at the pair's row-major slot."""
     pidx = i + r_of_c
     pm = pidx < p1
     cm = pm & (head < h)
@@ -426,6 +436,11 @@ def _dkdv_step(
     dpt = tl.dot(vt, tl.trans(dog), input_precision=PRECISION)
     dst = tl.where(sel, pt * (dpt - delta[None, :]), 0.0)  # where, not *: unselected keys may hold NaN
     acc_dk = tl.dot(dst.to(qg.dtype), qg, acc_dk, input_precision=PRECISION)
+    if DQ:
+        used = tl.max(sel.to(tl.int32), 1) > 0  # keys some pair of this step selected: 0 * NaN elsewhere
+        dqp = tl.dot(tl.trans(dst.to(kt.dtype)), tl.where(used[:, None], kt, 0.0), input_precision=PRECISION)
+        slot = tl.load(pair_slot_ptr + pidx, mask=pm, other=0).to(tl.int64)
+        tl.store(pdq_ptr + (slot * h + head)[:, None] * BLOCK_DK + dks[None, :], dqp, mask=cm[:, None])
     return acc_dk, acc_dv
 
 
@@ -448,6 +463,8 @@ def _dkdv_kernel(
     dv_ptr,
     pdk_ptr,
     pdv_ptr,
+    pair_slot_ptr,
+    pdq_ptr,
     n_tiles,
     S_kv,
     h,
@@ -461,6 +478,7 @@ def _dkdv_kernel(
     BLOCK_DK: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
+    DQ: tl.constexpr,
 ):
     w = tl.program_id(0)
     seg = tl.load(item_seg_ptr + w).to(tl.int64)
@@ -507,7 +525,11 @@ def _dkdv_kernel(
             dvs,
             dvm,
             qk_scale_log2,
+            pair_slot_ptr,
+            pdq_ptr,
             PRECISION,
+            BLOCK_DK,
+            DQ,
         )
     acc_dk = acc_dk * scale
     slot = tl.load(item_slot_ptr + w).to(tl.int64)
@@ -563,6 +585,36 @@ def _reduce_partials_kernel(
     )
     tl.store(
         dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty), mask=km[:, None] & (dvs[None, :] < Dv)
+    )
+
+
+@triton.jit
+def _sum_dq_kernel(
+    pdq_ptr,
+    row_end_ptr,
+    row_pairs_ptr,
+    dq_ptr,
+    h,
+    Dk,
+    scale,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+):
+    """dq of one (b, s, g) row: its pairs' shares summed in slot order (fixed: reproducible)."""
+    row = tl.program_id(0).to(tl.int64)
+    p1 = tl.load(row_end_ptr + row)
+    p0 = p1 - tl.load(row_pairs_ptr + row)
+    heads = tl.arange(0, BLOCK_H)
+    hm = heads < h
+    dks = tl.arange(0, BLOCK_DK)
+    acc = tl.zeros([BLOCK_H, BLOCK_DK], tl.float32)
+    for j in tl.range(p0, p1):
+        acc += tl.load(pdq_ptr + (j * h + heads)[:, None] * BLOCK_DK + dks[None, :], mask=hm[:, None], other=0.0)
+    out = row * h + heads
+    tl.store(
+        dq_ptr + out[:, None] * Dk + dks[None, :],
+        (acc * scale).to(dq_ptr.dtype.element_ty),
+        mask=hm[:, None] & (dks[None, :] < Dk),
     )
 
 
@@ -633,6 +685,7 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
             stages=2,
             chunk=DEFAULT_CHUNK,
             overlap=True,
+            dq_kv_outer_max_heads=0,
         )
     prof = load_config()["triton_bwd"]
     return dict(
@@ -647,6 +700,7 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
         stages=int(prof["stages"]) if small else 2,
         chunk=DEFAULT_CHUNK,
         overlap=True,
+        dq_kv_outer_max_heads=int(prof.get("dq_kv_outer_max_heads", 0)),
     )
 
 
@@ -742,39 +796,41 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
         _check_like(name, got, like.shape, like.dtype)
         if not got.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {got.stride()}")
+    fused = d.h <= cfg["dq_kv_outer_max_heads"]  # dq from the dk/dv kernel's pairs, no dq kernel
     tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
     descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
-    _dq_kernel[(d.S, d.B * d.G)](
-        q,
-        k,
-        v,
-        *descs,
-        do,
-        lse,
-        delta,
-        norm_ranges,
-        lim,
-        dq,
-        d.S,
-        d.G,
-        d.S_kv,
-        d.n,
-        d.h,
-        d.Dk,
-        d.Dv,
-        scale,
-        qk_scale_log2,
-        BLOCK_H=BLOCK_H,
-        BLOCK_N=cfg["dq_block_n"],
-        BLOCK_DK=BLOCK_DK,
-        BLOCK_DV=BLOCK_DV,
-        N_PAD=_pow2(d.n),
-        PRECISION=precision,
-        TMA=tma,
-        TAIL_N=cfg["dq_tail_n"],
-        num_warps=cfg["dq_warps"],
-        num_stages=cfg["dq_stages"],
-    )
+    if not fused:
+        _dq_kernel[(d.S, d.B * d.G)](
+            q,
+            k,
+            v,
+            *descs,
+            do,
+            lse,
+            delta,
+            norm_ranges,
+            lim,
+            dq,
+            d.S,
+            d.G,
+            d.S_kv,
+            d.n,
+            d.h,
+            d.Dk,
+            d.Dv,
+            scale,
+            qk_scale_log2,
+            BLOCK_H=BLOCK_H,
+            BLOCK_N=cfg["dq_block_n"],
+            BLOCK_DK=BLOCK_DK,
+            BLOCK_DV=BLOCK_DV,
+            N_PAD=_pow2(d.n),
+            PRECISION=precision,
+            TMA=tma,
+            TAIL_N=cfg["dq_tail_n"],
+            num_warps=cfg["dq_warps"],
+            num_stages=cfg["dq_stages"],
+        )
 
     bn = cfg["block_n"]
     main = torch.cuda.current_stream(q.device) if side is not None else None
@@ -785,16 +841,18 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
             main.wait_stream(side)
             idx.record_stream(main)
         with torch.cuda.stream(side) if side is not None and cfg["overlap"] else contextlib.nullcontext():
-            _dkdv(q, k, v, do, lse, delta, idx, dk, dv, d, cfg, scale, precision)
+            _dkdv(q, k, v, do, lse, delta, idx, dk, dv, d, cfg, scale, precision, dq if fused else None)
     finally:  # also on an error: nothing the caller frees may still be in use on the side stream
         if side is not None:
             main.wait_stream(side)
     return dq, dk, dv
 
 
-def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scale: float, precision: str) -> None:
+def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scale: float, precision: str, dq=None) -> None:
     """dk and dv from the inverse index, on the current stream: zero-filled (tiles no row
-    selected are never visited), one program per work item, then split tiles' partials summed."""
+    selected are never visited), one program per work item, then split tiles' partials summed.
+    Given `dq`, also dq: each pair's share written to its row-major slot (pairs x h x Dk fp32),
+    then summed per row in slot order."""
     bn = cfg["block_n"]
     BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     heads_kv = pow2_at_least(d.h)  # block_m // heads_kv rows share one MMA
@@ -803,6 +861,7 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
     dv.zero_()
     pdk = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DK, dtype=torch.float32, device=q.device)
     pdv = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DV, dtype=torch.float32, device=q.device)
+    pdq = torch.empty(max(idx.n_pairs, 1) * d.h * BLOCK_DK if dq is not None else 1, dtype=torch.float32, device=q.device)
     if idx.n_items:
         _dkdv_kernel[(idx.n_items,)](
             q,
@@ -822,6 +881,8 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
             dv,
             pdk,
             pdv,
+            idx.pair_slot,
+            pdq,
             idx.n_tiles,
             d.S_kv,
             d.h,
@@ -835,6 +896,7 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
             BLOCK_DK=BLOCK_DK,
             BLOCK_DV=BLOCK_DV,
             PRECISION=precision,
+            DQ=dq is not None,
             num_warps=cfg["warps"],
             num_stages=cfg["stages"],
         )
@@ -854,4 +916,17 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
             BLOCK_N=bn,
             BLOCK_DK=BLOCK_DK,
             BLOCK_DV=BLOCK_DV,
+        )
+    if dq is not None:
+        _sum_dq_kernel[(d.B * d.S * d.G,)](
+            pdq,
+            idx.row_end,
+            idx.row_pairs,
+            dq,
+            d.h,
+            d.Dk,
+            scale,
+            BLOCK_H=heads_kv,
+            BLOCK_DK=BLOCK_DK,
+            num_warps=1 if heads_kv < 4 else 4,
         )
