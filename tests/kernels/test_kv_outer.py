@@ -82,3 +82,22 @@ def test_the_profile_routes_prefill_calls_by_heads_per_kv_head(monkeypatch):
     finally:
         monkeypatch.delenv("SELGATE_TRITON_KV_OUTER")
         reload_settings()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graph capture needs a GPU")
+def test_under_graph_capture_the_row_kernels_serve_the_route(monkeypatch):
+    """The KV-outer forward reads its index's size on the host, which capture forbids: a captured
+    prefill takes the row kernels, and replays right."""
+    monkeypatch.setenv("SELGATE_TRITON_KV_OUTER", "16")
+    reload_settings()
+    try:
+        q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=64, G=2, h=2, Dk=64, Dv=64, S_kv=64, n=3, dtype=torch.float16))
+        eager = selection_attention(q, k, v, r, backend="triton")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = selection_attention(q, k, v, r, backend="triton")
+        graph.replay()
+        torch.testing.assert_close(captured, eager, atol=2e-3, rtol=0)
+    finally:
+        monkeypatch.delenv("SELGATE_TRITON_KV_OUTER")
+        reload_settings()
