@@ -18,7 +18,8 @@
   `ds` in registers, also writes each pair's share of dq to the pair's row-major slot
   (inverse_index.py), and a small kernel sums each row's slots in order; no dq kernel, so no
   row reloads its selected keys. It costs pairs x h x Dk fp32 of memory, so it is for few heads
-  a group (the profile says how few, as for the KV-outer forward).
+  a group (the profile says how few, as for the KV-outer forward), and a call whose shares
+  would pass `inverse_index.PARTIALS_BUDGET` takes the dq kernel instead.
 
 Host syncs: two small reads while building the index (the number of (row, tile) pairs,
 then the number of work items and partial slots) size the index and the grid, so the
@@ -48,6 +49,7 @@ from selgate.reference.validation import check_inputs
 
 from . import tuning
 from .fwd import INT32_MAX, tma_descriptors, tma_supported
+from . import inverse_index
 from .inverse_index import InverseIndex
 from .tiles import block_key, ceil_div, gather_keys, pow2_at_least
 
@@ -772,7 +774,7 @@ def triton_backward(
 
 def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scale: float, precision: str, BLOCK_H: int):
     """delta, dq and the inverse index, then dk/dv (on the side stream with `overlap`)."""
-    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
+    BLOCK_DV = _pow2(d.Dv)
     n_rows = d.B * d.S * d.G * d.h
     delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
     _delta_kernel[(ceil_div(n_rows, 32),)](
@@ -790,53 +792,23 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
     if side is not None:  # the index reads norm_ranges and lim, the dk/dv kernel delta
         side.wait_stream(torch.cuda.current_stream(q.device))
 
-    qk_scale_log2 = scale * LOG2E
     dq, dk, dv = out if out is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     for name, got, like in (("out[0]", dq, q), ("out[1]", dk, k), ("out[2]", dv, v)):
         _check_like(name, got, like.shape, like.dtype)
         if not got.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {got.stride()}")
     fused = d.h <= cfg["dq_kv_outer_max_heads"]  # dq from the dk/dv kernel's pairs, no dq kernel
-    tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
-    descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
     if not fused:
-        _dq_kernel[(d.S, d.B * d.G)](
-            q,
-            k,
-            v,
-            *descs,
-            do,
-            lse,
-            delta,
-            norm_ranges,
-            lim,
-            dq,
-            d.S,
-            d.G,
-            d.S_kv,
-            d.n,
-            d.h,
-            d.Dk,
-            d.Dv,
-            scale,
-            qk_scale_log2,
-            BLOCK_H=BLOCK_H,
-            BLOCK_N=cfg["dq_block_n"],
-            BLOCK_DK=BLOCK_DK,
-            BLOCK_DV=BLOCK_DV,
-            N_PAD=_pow2(d.n),
-            PRECISION=precision,
-            TMA=tma,
-            TAIL_N=cfg["dq_tail_n"],
-            num_warps=cfg["dq_warps"],
-            num_stages=cfg["dq_stages"],
-        )
+        _dq(q, k, v, do, lse, delta, norm_ranges, lim, dq, d, cfg, scale, precision, BLOCK_H)
 
     bn = cfg["block_n"]
     main = torch.cuda.current_stream(q.device) if side is not None else None
     try:
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
+        if fused and idx.n_pairs * d.h * _pow2(d.Dk) * 4 > inverse_index.PARTIALS_BUDGET:
+            fused = False  # the dq shares would not fit: the dq kernel, after the index
+            _dq(q, k, v, do, lse, delta, norm_ranges, lim, dq, d, cfg, scale, precision, BLOCK_H)
         if side is not None and not cfg["overlap"]:  # dk/dv after dq, on the caller's stream
             main.wait_stream(side)
             idx.record_stream(main)
@@ -846,6 +818,44 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
         if side is not None:
             main.wait_stream(side)
     return dq, dk, dv
+
+
+def _dq(q, k, v, do, lse, delta, norm_ranges, lim, dq, d, cfg: dict, scale: float, precision: str, BLOCK_H: int) -> None:
+    """dq by its own kernel: one program per (b, s, g) row walks the row's selected keys."""
+    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
+    tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
+    descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
+    _dq_kernel[(d.S, d.B * d.G)](
+        q,
+        k,
+        v,
+        *descs,
+        do,
+        lse,
+        delta,
+        norm_ranges,
+        lim,
+        dq,
+        d.S,
+        d.G,
+        d.S_kv,
+        d.n,
+        d.h,
+        d.Dk,
+        d.Dv,
+        scale,
+        scale * LOG2E,
+        BLOCK_H=BLOCK_H,
+        BLOCK_N=cfg["dq_block_n"],
+        BLOCK_DK=BLOCK_DK,
+        BLOCK_DV=BLOCK_DV,
+        N_PAD=_pow2(d.n),
+        PRECISION=precision,
+        TMA=tma,
+        TAIL_N=cfg["dq_tail_n"],
+        num_warps=cfg["dq_warps"],
+        num_stages=cfg["dq_stages"],
+    )
 
 
 def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scale: float, precision: str, dq=None) -> None:

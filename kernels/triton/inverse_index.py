@@ -9,6 +9,11 @@ import torch
 
 from .tiles import ceil_div
 
+# Bytes of per-pair partial results (the KV-outer forward's softmax partials, the backward's dq
+# shares) one launch may hold: past it the forward runs in row chunks and the backward takes
+# its dq kernel. 2 GiB holds the 64k prefill's forward partials at h = 1 in two chunks.
+PARTIALS_BUDGET = 2 << 30
+
 
 class InverseIndex:
     """For every (b, g, KV tile): its (query row, key interval) pairs, and the work items

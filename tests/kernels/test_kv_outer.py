@@ -15,7 +15,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 from selgate.kernels import reload_settings, selection_attention, stats  # noqa: E402
-from selgate.kernels.triton import kv_outer  # noqa: E402
+from selgate.kernels.triton import inverse_index, kv_outer  # noqa: E402
 from selgate.reference import build_ranges, normalize_ranges, selected_keys, selection_attention_ref  # noqa: E402
 from tests.helpers import clean_dispatcher, random_inputs  # noqa: E402, F401
 
@@ -56,6 +56,19 @@ def test_split_tiles_and_two_ranges_in_one_tile_merge_to_the_reference(monkeypat
     norm = normalize_ranges(r, 150)
     k, v = _nan_outside(k, v, norm)
     _check(q, k, v, norm, dtype)
+
+
+def test_a_call_over_the_partials_budget_runs_in_row_chunks(monkeypatch):
+    """A budget of 7 pairs' partials: each batch's rows run in several chunks (a row never cut),
+    the rows after a chunk boundary see their own positions, and the result is the reference's."""
+    q, k, v, r = random_inputs(B=2, S=12, G=2, h=2, Dk=16, Dv=16, S_kv=90, n=3, seed=3)
+    norm = normalize_ranges(r, 90)
+    monkeypatch.setattr(inverse_index, "PARTIALS_BUDGET", 7 * 2 * (16 + 2) * 4)
+    launches = []
+    real = kv_outer._launch
+    monkeypatch.setattr(kv_outer, "_launch", lambda q, *a, **kw: launches.append(q.shape[:2]) or real(q, *a, **kw))
+    _check(q, k, v, norm, torch.float32)
+    assert len(launches) > 4 and sum(S for B, S in launches) == 2 * 12 and all(B == 1 for B, S in launches)
 
 
 def test_nsa_ranges_at_one_head_a_group_and_a_rerun_is_bitwise_identical():

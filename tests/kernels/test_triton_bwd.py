@@ -146,6 +146,19 @@ def test_backward_matches_fp64_reference(case, dtype, dq_path):
     )
 
 
+def test_dq_shares_over_the_partials_budget_take_the_dq_kernel(monkeypatch):
+    """dq from the pairs asked for, but its shares would pass the budget: the dq kernel runs
+    (spied), after the index, and the gradients still meet the reference."""
+    from selgate.kernels.triton import bwd, inverse_index
+
+    monkeypatch.setattr(inverse_index, "PARTIALS_BUDGET", 64)
+    ran = []
+    real = bwd._dq
+    monkeypatch.setattr(bwd, "_dq", lambda *a: ran.append(1) or real(*a))
+    assert_backward_matches_reference("overlap_empty", torch.float32, dict(block_n=16, chunk=5, dq_kv_outer_max_heads=16))
+    assert ran == [1]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dq_through_tensor_descriptors(dtype):
     """dq_tma: each range's whole 16-key tiles through tensor descriptors (padded head dims
