@@ -11,8 +11,9 @@ from .tiles import ceil_div
 
 # Bytes of per-pair partial results (the KV-outer forward's softmax partials, the backward's dq
 # shares) one launch may hold: past it the forward runs in row chunks and the backward takes
-# its dq kernel. 2 GiB holds the 64k prefill's forward partials at h = 1 in two chunks.
-PARTIALS_BUDGET = 2 << 30
+# its dq kernel. 4 GiB holds the 64k prefill's forward partials and dq shares at h = 1 (2.2 GB
+# each, one after the other), and keeps its forward + backward under the 6.2 GiB that h = 16 takes.
+PARTIALS_BUDGET = 4 << 30
 
 
 class InverseIndex:
