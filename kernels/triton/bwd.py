@@ -51,7 +51,7 @@ from . import tuning
 from .fwd import INT32_MAX, tma_descriptors, tma_supported
 from . import inverse_index
 from .inverse_index import InverseIndex
-from .tiles import block_key, ceil_div, gather_keys, pow2_at_least
+from .tiles import block_key, ceil_div, gather_keys, keys_used, pow2_at_least
 
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -439,8 +439,7 @@ def _dkdv_step(
     dst = tl.where(sel, pt * (dpt - delta[None, :]), 0.0)  # where, not *: unselected keys may hold NaN
     acc_dk = tl.dot(dst.to(qg.dtype), qg, acc_dk, input_precision=PRECISION)
     if DQ:
-        used = tl.max(sel.to(tl.int32), 1) > 0  # keys some pair of this step selected: 0 * NaN elsewhere
-        dqp = tl.dot(tl.trans(dst.to(kt.dtype)), tl.where(used[:, None], kt, 0.0), input_precision=PRECISION)
+        dqp = tl.dot(tl.trans(dst.to(kt.dtype)), kt, input_precision=PRECISION)
         slot = tl.load(pair_slot_ptr + pidx, mask=pm, other=0).to(tl.int64)
         tl.store(pdq_ptr + (slot * h + head)[:, None] * BLOCK_DK + dks[None, :], dqp, mask=cm[:, None])
     return acc_dk, acc_dv
@@ -494,7 +493,10 @@ def _dkdv_kernel(
     dkm = dks < Dk
     dvm = dvs < Dv
     kv_rows = bg * S_kv + keys
-    kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=km[:, None] & dkm[None, :], other=0.0)
+    k_in = km
+    if DQ:  # the dq product multiplies K by zeros at keys no pair selects: they must not be NaN
+        k_in = km & keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, 64)
+    kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=k_in[:, None] & dkm[None, :], other=0.0)
     vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & dvm[None, :], other=0.0)
     cols = tl.arange(0, ROWS * BLOCK_H)  # column = (pair r, head i) of the gathered operand
     r_of_c = cols // BLOCK_H

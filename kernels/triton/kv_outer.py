@@ -14,8 +14,8 @@ reproducible, with no atomics.
 
 Cost: the partials, pairs x h x (Dv + 2) fp32 (2.2 GB at that shape for h = 1), written once and
 read once; so the kernel pays off where few heads share a tile, and the profile routes by h.
-Keys in a tile that no pair of the step selected are zeroed in V before the P.V product (a
-NaN there would poison 0 * NaN); K's are masked out of the scores.
+Keys of a tile that no pair of the work item selects are never loaded (read as zeros: a NaN
+there would spread through 0 * NaN in the P.V product).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from selgate.reference.ranges import query_positions
 
 from . import inverse_index
 from .inverse_index import InverseIndex
-from .tiles import pow2_at_least
+from .tiles import keys_used, pow2_at_least
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -70,7 +70,7 @@ def _partials_kernel(
     p0 = tl.load(item_start_ptr + w).to(tl.int64)
     p1 = tl.load(item_end_ptr + w).to(tl.int64)
     keys = (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    km = keys < S_kv
+    km = (keys < S_kv) & keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, 64)
     dks = tl.arange(0, BLOCK_DK)
     dvs = tl.arange(0, BLOCK_DV)
     kv_rows = (seg // n_tiles) * S_kv + keys
@@ -92,8 +92,7 @@ def _partials_kernel(
         m = tl.max(s, 1)
         m = tl.where(cm, m, 0.0)  # every pair holds a key; padded MMA rows hold none
         p = tl.where(sel, tl.exp2(s - m[:, None]), 0.0)
-        used = tl.max(sel.to(tl.int32), 0) > 0  # keys some pair of this step selected
-        acc = tl.dot(p.to(vt.dtype), tl.where(used[:, None], vt, 0.0), input_precision=PRECISION)
+        acc = tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
         out = slot * h + head
         tl.store(pm_ptr + out, m, mask=cm)
         tl.store(pl_ptr + out, tl.sum(p, 1), mask=cm)

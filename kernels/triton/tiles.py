@@ -58,3 +58,18 @@ def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
         else:
             block_l //= 2
     return {"BLOCK_L": block_l, "num_warps": int(cfg["num_warps"]), "num_stages": stages}
+
+
+@triton.jit
+def keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, VEC: tl.constexpr):
+    """Which of a KV tile's `keys` at least one of the work item's pairs [p0, p1) selects: the
+    keys a KV-outer kernel loads (the rest may hold NaN, and a 0 * NaN in an MMA would spread it)."""
+    used = tl.zeros(keys.shape, tl.int32)
+    for i in tl.range(p0, p1, VEC):
+        pidx = i + tl.arange(0, VEC)
+        pm = pidx < p1
+        lo = tl.load(pair_lo_ptr + pidx, mask=pm, other=0)
+        hi = tl.load(pair_hi_ptr + pidx, mask=pm, other=0)
+        inside = (keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None])
+        used = tl.maximum(used, tl.max(inside.to(tl.int32), 0))
+    return used > 0
