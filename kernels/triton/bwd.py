@@ -51,7 +51,7 @@ from . import tuning
 from .fwd import INT32_MAX, tma_descriptors, tma_supported
 from . import inverse_index
 from .inverse_index import InverseIndex
-from .tiles import block_key, ceil_div, gather_keys, keys_used, pow2_at_least
+from .tiles import block_key, ceil_div, gather_keys, keys_used, pow2_at_least, work_item
 
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -481,12 +481,7 @@ def _dkdv_kernel(
     PRECISION: tl.constexpr,
     DQ: tl.constexpr,
 ):
-    w = tl.program_id(0)
-    seg = tl.load(item_seg_ptr + w).to(tl.int64)
-    p0 = tl.load(item_start_ptr + w).to(tl.int64)
-    p1 = tl.load(item_end_ptr + w).to(tl.int64)
-    bg = seg // n_tiles
-    keys = (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bg, keys, p0, p1 = work_item(item_seg_ptr, item_start_ptr, item_end_ptr, n_tiles, BLOCK_N)
     km = keys < S_kv
     dks = tl.arange(0, BLOCK_DK)
     dvs = tl.arange(0, BLOCK_DV)
@@ -536,7 +531,7 @@ def _dkdv_kernel(
             DQ,
         )
     acc_dk = acc_dk * scale
-    slot = tl.load(item_slot_ptr + w).to(tl.int64)
+    slot = tl.load(item_slot_ptr + tl.program_id(0)).to(tl.int64)
     if slot < 0:
         tl.store(
             dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty), mask=km[:, None] & dkm[None, :]

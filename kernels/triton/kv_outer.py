@@ -28,7 +28,7 @@ from selgate.reference.ranges import query_positions
 
 from . import inverse_index
 from .inverse_index import InverseIndex
-from .tiles import keys_used, pow2_at_least
+from .tiles import keys_used, pow2_at_least, work_item
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -65,15 +65,11 @@ def _partials_kernel(
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    w = tl.program_id(0)
-    seg = tl.load(item_seg_ptr + w).to(tl.int64)
-    p0 = tl.load(item_start_ptr + w).to(tl.int64)
-    p1 = tl.load(item_end_ptr + w).to(tl.int64)
-    keys = (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bg, keys, p0, p1 = work_item(item_seg_ptr, item_start_ptr, item_end_ptr, n_tiles, BLOCK_N)
     km = (keys < S_kv) & keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, 64)
     dks = tl.arange(0, BLOCK_DK)
     dvs = tl.arange(0, BLOCK_DV)
-    kv_rows = (seg // n_tiles) * S_kv + keys
+    kv_rows = bg * S_kv + keys
     kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=km[:, None] & (dks[None, :] < Dk), other=0.0)
     vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
     cols = tl.arange(0, ROWS * BLOCK_H)  # MMA row = (pair r, head i)

@@ -73,3 +73,14 @@ def keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, VEC: tl.constexpr):
         inside = (keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None])
         used = tl.maximum(used, tl.max(inside.to(tl.int32), 0))
     return used > 0
+
+
+@triton.jit
+def work_item(item_seg_ptr, item_start_ptr, item_end_ptr, n_tiles, BLOCK_N: tl.constexpr):
+    """This program's work item of the inverse index (inverse_index.py): its (b, g) segment,
+    the keys of its KV tile, and its pairs [p0, p1)."""
+    w = tl.program_id(0)
+    seg = tl.load(item_seg_ptr + w).to(tl.int64)
+    p0 = tl.load(item_start_ptr + w).to(tl.int64)
+    p1 = tl.load(item_end_ptr + w).to(tl.int64)
+    return seg // n_tiles, (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N), p0, p1
