@@ -14,6 +14,12 @@
   writes its result directly; a tile split into several chunks (a block every row selects)
   writes fp32 partials that a reduce kernel sums in chunk order. No atomics anywhere, so
   results are bitwise reproducible; keys no row selected keep exact zeros.
+- dq from the pairs (`dq_kv_outer_max_heads` >= h): the dk/dv kernel, which has every pair's
+  `ds` in registers, also writes each pair's share of dq to the pair's row-major slot
+  (inverse_index.py), and a small kernel sums each row's slots in order; no dq kernel, so no
+  row reloads its selected keys. It costs pairs x h x Dk fp32 of memory, so it is for few heads
+  a group (the profile says how few, as for the KV-outer forward), and a call whose shares
+  would pass `inverse_index.PARTIALS_BUDGET` takes the dq kernel instead.
 
 Host syncs: two small reads while building the index (the number of (row, tile) pairs,
 then the number of work items and partial slots) size the index and the grid, so the
@@ -43,8 +49,9 @@ from selgate.reference.validation import check_inputs
 
 from . import tuning
 from .fwd import INT32_MAX, tma_descriptors, tma_supported
+from . import inverse_index
 from .inverse_index import InverseIndex
-from .tiles import block_key, ceil_div, gather_keys, pow2_at_least
+from .tiles import block_key, ceil_div, gather_keys, keys_used, pow2_at_least, work_item
 
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -405,9 +412,14 @@ def _dkdv_step(
     dvs,
     dvm,
     qk_scale_log2,
+    pair_slot_ptr,
+    pdq_ptr,
     PRECISION: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    DQ: tl.constexpr,
 ):
-    """One MMA step: pairs i .. i+ROWS-1 of the tile's list, all heads of each."""
+    """One MMA step: pairs i .. i+ROWS-1 of the tile's list, all heads of each. With DQ, also
+    each pair's share of dq (unscaled), stored at the pair's row-major slot."""
     pidx = i + r_of_c
     pm = pidx < p1
     cm = pm & (head < h)
@@ -426,6 +438,10 @@ def _dkdv_step(
     dpt = tl.dot(vt, tl.trans(dog), input_precision=PRECISION)
     dst = tl.where(sel, pt * (dpt - delta[None, :]), 0.0)  # where, not *: unselected keys may hold NaN
     acc_dk = tl.dot(dst.to(qg.dtype), qg, acc_dk, input_precision=PRECISION)
+    if DQ:
+        dqp = tl.dot(tl.trans(dst.to(kt.dtype)), kt, input_precision=PRECISION)
+        slot = tl.load(pair_slot_ptr + pidx, mask=pm, other=0).to(tl.int64)
+        tl.store(pdq_ptr + (slot * h + head)[:, None] * BLOCK_DK + dks[None, :], dqp, mask=cm[:, None])
     return acc_dk, acc_dv
 
 
@@ -448,6 +464,8 @@ def _dkdv_kernel(
     dv_ptr,
     pdk_ptr,
     pdv_ptr,
+    pair_slot_ptr,
+    pdq_ptr,
     n_tiles,
     S_kv,
     h,
@@ -461,20 +479,19 @@ def _dkdv_kernel(
     BLOCK_DK: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
+    DQ: tl.constexpr,
 ):
-    w = tl.program_id(0)
-    seg = tl.load(item_seg_ptr + w).to(tl.int64)
-    p0 = tl.load(item_start_ptr + w).to(tl.int64)
-    p1 = tl.load(item_end_ptr + w).to(tl.int64)
-    bg = seg // n_tiles
-    keys = (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bg, keys, p0, p1 = work_item(item_seg_ptr, item_start_ptr, item_end_ptr, n_tiles, BLOCK_N)
     km = keys < S_kv
     dks = tl.arange(0, BLOCK_DK)
     dvs = tl.arange(0, BLOCK_DV)
     dkm = dks < Dk
     dvm = dvs < Dv
     kv_rows = bg * S_kv + keys
-    kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=km[:, None] & dkm[None, :], other=0.0)
+    k_in = km
+    if DQ:  # the dq product multiplies K by zeros at keys no pair selects: they must not be NaN
+        k_in = km & keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, 64)
+    kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=k_in[:, None] & dkm[None, :], other=0.0)
     vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & dvm[None, :], other=0.0)
     cols = tl.arange(0, ROWS * BLOCK_H)  # column = (pair r, head i) of the gathered operand
     r_of_c = cols // BLOCK_H
@@ -507,10 +524,14 @@ def _dkdv_kernel(
             dvs,
             dvm,
             qk_scale_log2,
+            pair_slot_ptr,
+            pdq_ptr,
             PRECISION,
+            BLOCK_DK,
+            DQ,
         )
     acc_dk = acc_dk * scale
-    slot = tl.load(item_slot_ptr + w).to(tl.int64)
+    slot = tl.load(item_slot_ptr + tl.program_id(0)).to(tl.int64)
     if slot < 0:
         tl.store(
             dk_ptr + kv_rows[:, None] * Dk + dks[None, :], acc_dk.to(dk_ptr.dtype.element_ty), mask=km[:, None] & dkm[None, :]
@@ -563,6 +584,36 @@ def _reduce_partials_kernel(
     )
     tl.store(
         dv_ptr + kv_rows[:, None] * Dv + dvs[None, :], acc_dv.to(dv_ptr.dtype.element_ty), mask=km[:, None] & (dvs[None, :] < Dv)
+    )
+
+
+@triton.jit
+def _sum_dq_kernel(
+    pdq_ptr,
+    row_end_ptr,
+    row_pairs_ptr,
+    dq_ptr,
+    h,
+    Dk,
+    scale,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+):
+    """dq of one (b, s, g) row: its pairs' shares summed in slot order (fixed: reproducible)."""
+    row = tl.program_id(0).to(tl.int64)
+    p1 = tl.load(row_end_ptr + row)
+    p0 = p1 - tl.load(row_pairs_ptr + row)
+    heads = tl.arange(0, BLOCK_H)
+    hm = heads < h
+    dks = tl.arange(0, BLOCK_DK)
+    acc = tl.zeros([BLOCK_H, BLOCK_DK], tl.float32)
+    for j in tl.range(p0, p1):
+        acc += tl.load(pdq_ptr + (j * h + heads)[:, None] * BLOCK_DK + dks[None, :], mask=hm[:, None], other=0.0)
+    out = row * h + heads
+    tl.store(
+        dq_ptr + out[:, None] * Dk + dks[None, :],
+        (acc * scale).to(dq_ptr.dtype.element_ty),
+        mask=hm[:, None] & (dks[None, :] < Dk),
     )
 
 
@@ -633,6 +684,7 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
             stages=2,
             chunk=DEFAULT_CHUNK,
             overlap=True,
+            dq_kv_outer_max_heads=0,
         )
     prof = load_config()["triton_bwd"]
     return dict(
@@ -647,6 +699,7 @@ def default_config(Dk: int, Dv: int, dtype: torch.dtype) -> dict:
         stages=int(prof["stages"]) if small else 2,
         chunk=DEFAULT_CHUNK,
         overlap=True,
+        dq_kv_outer_max_heads=int(prof.get("dq_kv_outer_max_heads", 0)),
     )
 
 
@@ -718,7 +771,7 @@ def triton_backward(
 
 def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scale: float, precision: str, BLOCK_H: int):
     """delta, dq and the inverse index, then dk/dv (on the side stream with `overlap`)."""
-    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
+    BLOCK_DV = _pow2(d.Dv)
     n_rows = d.B * d.S * d.G * d.h
     delta = torch.empty(n_rows, dtype=torch.float32, device=q.device)
     _delta_kernel[(ceil_div(n_rows, 32),)](
@@ -736,12 +789,37 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
     if side is not None:  # the index reads norm_ranges and lim, the dk/dv kernel delta
         side.wait_stream(torch.cuda.current_stream(q.device))
 
-    qk_scale_log2 = scale * LOG2E
     dq, dk, dv = out if out is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     for name, got, like in (("out[0]", dq, q), ("out[1]", dk, k), ("out[2]", dv, v)):
         _check_like(name, got, like.shape, like.dtype)
         if not got.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {got.stride()}")
+    fused = d.h <= cfg["dq_kv_outer_max_heads"]  # dq from the dk/dv kernel's pairs, no dq kernel
+    if not fused:
+        _dq(q, k, v, do, lse, delta, norm_ranges, lim, dq, d, cfg, scale, precision, BLOCK_H)
+
+    bn = cfg["block_n"]
+    main = torch.cuda.current_stream(q.device) if side is not None else None
+    try:
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
+        if fused and idx.n_pairs * d.h * _pow2(d.Dk) * 4 > inverse_index.PARTIALS_BUDGET:
+            fused = False  # the dq shares would not fit: the dq kernel, after the index
+            _dq(q, k, v, do, lse, delta, norm_ranges, lim, dq, d, cfg, scale, precision, BLOCK_H)
+        if side is not None and not cfg["overlap"]:  # dk/dv after dq, on the caller's stream
+            main.wait_stream(side)
+            idx.record_stream(main)
+        with torch.cuda.stream(side) if side is not None and cfg["overlap"] else contextlib.nullcontext():
+            _dkdv(q, k, v, do, lse, delta, idx, dk, dv, d, cfg, scale, precision, dq if fused else None)
+    finally:  # also on an error: nothing the caller frees may still be in use on the side stream
+        if side is not None:
+            main.wait_stream(side)
+    return dq, dk, dv
+
+
+def _dq(q, k, v, do, lse, delta, norm_ranges, lim, dq, d, cfg: dict, scale: float, precision: str, BLOCK_H: int) -> None:
+    """dq by its own kernel: one program per (b, s, g) row walks the row's selected keys."""
+    BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     tma = bool(cfg["dq_tma"]) and tma_supported(k, v)
     descs = tma_descriptors(k, v, cfg["dq_block_n"]) if tma else (None, None)
     _dq_kernel[(d.S, d.B * d.G)](
@@ -763,7 +841,7 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
         d.Dk,
         d.Dv,
         scale,
-        qk_scale_log2,
+        scale * LOG2E,
         BLOCK_H=BLOCK_H,
         BLOCK_N=cfg["dq_block_n"],
         BLOCK_DK=BLOCK_DK,
@@ -776,25 +854,12 @@ def _launch(q, k, v, o, lse, do, dlse, norm_ranges, lim, out, d, cfg: dict, scal
         num_stages=cfg["dq_stages"],
     )
 
-    bn = cfg["block_n"]
-    main = torch.cuda.current_stream(q.device) if side is not None else None
-    try:
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            idx = InverseIndex(norm_ranges, lim, d.G, d.S_kv, bn, cfg["chunk"])
-        if side is not None and not cfg["overlap"]:  # dk/dv after dq, on the caller's stream
-            main.wait_stream(side)
-            idx.record_stream(main)
-        with torch.cuda.stream(side) if side is not None and cfg["overlap"] else contextlib.nullcontext():
-            _dkdv(q, k, v, do, lse, delta, idx, dk, dv, d, cfg, scale, precision)
-    finally:  # also on an error: nothing the caller frees may still be in use on the side stream
-        if side is not None:
-            main.wait_stream(side)
-    return dq, dk, dv
 
-
-def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scale: float, precision: str) -> None:
+def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scale: float, precision: str, dq=None) -> None:
     """dk and dv from the inverse index, on the current stream: zero-filled (tiles no row
-    selected are never visited), one program per work item, then split tiles' partials summed."""
+    selected are never visited), one program per work item, then split tiles' partials summed.
+    Given `dq`, also dq: each pair's share written to its row-major slot (pairs x h x Dk fp32),
+    then summed per row in slot order."""
     bn = cfg["block_n"]
     BLOCK_DK, BLOCK_DV = _pow2(d.Dk), _pow2(d.Dv)
     heads_kv = pow2_at_least(d.h)  # block_m // heads_kv rows share one MMA
@@ -803,6 +868,7 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
     dv.zero_()
     pdk = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DK, dtype=torch.float32, device=q.device)
     pdv = torch.empty(max(idx.n_slots, 1) * bn * BLOCK_DV, dtype=torch.float32, device=q.device)
+    pdq = torch.empty(max(idx.n_pairs, 1) * d.h * BLOCK_DK if dq is not None else 1, dtype=torch.float32, device=q.device)
     if idx.n_items:
         _dkdv_kernel[(idx.n_items,)](
             q,
@@ -822,6 +888,8 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
             dv,
             pdk,
             pdv,
+            idx.pair_slot,
+            pdq,
             idx.n_tiles,
             d.S_kv,
             d.h,
@@ -835,6 +903,7 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
             BLOCK_DK=BLOCK_DK,
             BLOCK_DV=BLOCK_DV,
             PRECISION=precision,
+            DQ=dq is not None,
             num_warps=cfg["warps"],
             num_stages=cfg["stages"],
         )
@@ -854,4 +923,17 @@ def _dkdv(q, k, v, do, lse, delta, idx: InverseIndex, dk, dv, d, cfg: dict, scal
             BLOCK_N=bn,
             BLOCK_DK=BLOCK_DK,
             BLOCK_DV=BLOCK_DV,
+        )
+    if dq is not None:
+        _sum_dq_kernel[(d.B * d.S * d.G,)](
+            pdq,
+            idx.row_end,
+            idx.row_pairs,
+            dq,
+            d.h,
+            d.Dk,
+            scale,
+            BLOCK_H=heads_kv,
+            BLOCK_DK=BLOCK_DK,
+            num_warps=1 if heads_kv < 4 else 4,
         )

@@ -9,6 +9,12 @@ import torch
 
 from .tiles import ceil_div
 
+# Bytes of per-pair partial results (the KV-outer forward's softmax partials, the backward's dq
+# shares) one launch may hold: past it the forward runs in row chunks and the backward takes
+# its dq kernel. 4 GiB holds the 64k prefill's forward partials and dq shares at h = 1 (2.2 GB
+# each, one after the other), and keeps its forward + backward under the 6.2 GiB that h = 16 takes.
+PARTIALS_BUDGET = 4 << 30
+
 
 class InverseIndex:
     """For every (b, g, KV tile): its (query row, key interval) pairs, and the work items

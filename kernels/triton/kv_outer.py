@@ -14,8 +14,8 @@ reproducible, with no atomics.
 
 Cost: the partials, pairs x h x (Dv + 2) fp32 (2.2 GB at that shape for h = 1), written once and
 read once; so the kernel pays off where few heads share a tile, and the profile routes by h.
-Keys in a tile that no pair of the step selected are zeroed in V before the P.V product (a
-NaN there would poison 0 * NaN); K's are masked out of the scores.
+Keys of a tile that no pair of the work item selects are never loaded (read as zeros: a NaN
+there would spread through 0 * NaN in the P.V product).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
-from selgate.reference.ranges import key_limit
+from selgate.reference.ranges import query_positions
 
+from . import inverse_index
 from .inverse_index import InverseIndex
-from .tiles import pow2_at_least
+from .tiles import keys_used, pow2_at_least, work_item
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -64,15 +65,11 @@ def _partials_kernel(
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    w = tl.program_id(0)
-    seg = tl.load(item_seg_ptr + w).to(tl.int64)
-    p0 = tl.load(item_start_ptr + w).to(tl.int64)
-    p1 = tl.load(item_end_ptr + w).to(tl.int64)
-    keys = (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    km = keys < S_kv
+    bg, keys, p0, p1 = work_item(item_seg_ptr, item_start_ptr, item_end_ptr, n_tiles, BLOCK_N)
+    km = (keys < S_kv) & keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, 64)
     dks = tl.arange(0, BLOCK_DK)
     dvs = tl.arange(0, BLOCK_DV)
-    kv_rows = (seg // n_tiles) * S_kv + keys
+    kv_rows = bg * S_kv + keys
     kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=km[:, None] & (dks[None, :] < Dk), other=0.0)
     vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
     cols = tl.arange(0, ROWS * BLOCK_H)  # MMA row = (pair r, head i)
@@ -91,8 +88,7 @@ def _partials_kernel(
         m = tl.max(s, 1)
         m = tl.where(cm, m, 0.0)  # every pair holds a key; padded MMA rows hold none
         p = tl.where(sel, tl.exp2(s - m[:, None]), 0.0)
-        used = tl.max(sel.to(tl.int32), 0) > 0  # keys some pair of this step selected
-        acc = tl.dot(p.to(vt.dtype), tl.where(used[:, None], vt, 0.0), input_precision=PRECISION)
+        acc = tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
         out = slot * h + head
         tl.store(pm_ptr + out, m, mask=cm)
         tl.store(pl_ptr + out, tl.sum(p, 1), mask=cm)
@@ -143,7 +139,8 @@ def _merge_kernel(
 def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None):
     """`(o, lse)` as `fwd.triton_forward` returns them, for ranges already normalised (sorted,
     disjoint, clamped). Copies q, k, v that are not contiguous. Extra memory: the inverse index
-    and the partials, pairs x h x (pow2(Dv) + 2) fp32."""
+    and the partials, pairs x h x (pow2(Dv) + 2) fp32, at most inverse_index.PARTIALS_BUDGET a launch: a call
+    whose partials would take more runs in chunks of query rows (each chunk loads its tiles once)."""
     B, S, G, h, Dk = q.shape
     S_kv, Dv = k.shape[2], v.shape[3]
     if out is None:
@@ -154,7 +151,44 @@ def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=
     if B * S * G == 0:
         return o, lse
     q, k, v = (t.contiguous() for t in (q, k, v))
-    lim = key_limit(norm_ranges, S_kv, positions)[:, :, 0, 0]
+    o_run, lse_run = (t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format) for t in (o, lse))
+    t = query_positions(B, S, S_kv, q.device, positions)
+    per_pair = h * (pow2_at_least(Dv, 16) + 2) * 4
+    for b in range(B):
+        for s0, s1 in _row_chunks(norm_ranges[b], t[b], S_kv, inverse_index.PARTIALS_BUDGET // per_pair):
+            rows = slice(b, b + 1), slice(s0, s1)
+            _launch(q[rows], k[b : b + 1], v[b : b + 1], norm_ranges[rows], t[rows], o_run[rows], lse_run[rows], scale=scale)
+    if o_run is not o:
+        o.copy_(o_run)
+        lse.copy_(lse_run)
+    return o, lse
+
+
+def _row_chunks(ranges, t, S_kv: int, max_pairs: int) -> list:
+    """[(s0, s1)]: query rows of one batch cut so that no chunk has more than `max_pairs`
+    (row, tile) pairs, a row never cut (one host read of the rows' pair counts, only when
+    the whole call could exceed the budget)."""
+    S, G, n = ranges.shape[:3]
+    if S * G * (n + -(-S_kv // BLOCK_N)) <= max_pairs:  # no row can have more pairs than that
+        return [(0, S)]
+    r = ranges.to(torch.int64)
+    start = r[..., 0]
+    end = torch.minimum(r[..., 1], (t + 1).clamp(0, S_kv)[:, None, None])
+    tiles = torch.where(end > start, torch.div(end - 1, BLOCK_N, rounding_mode="floor") - start // BLOCK_N + 1, 0)
+    cum = torch.cumsum(tiles.sum((1, 2)), 0).tolist()
+    chunks, s0, base = [], 0, 0
+    for s, c in enumerate(cum):
+        if c - base > max_pairs and s > s0:
+            chunks.append((s0, s))
+            s0, base = s, cum[s - 1]
+    return chunks + [(s0, S)]
+
+
+def _launch(q, k, v, norm_ranges, t, o, lse, *, scale: float) -> None:
+    """Both kernels over one chunk of rows (B = 1, all contiguous)."""
+    _, S, G, h, Dk = q.shape
+    S_kv, Dv = k.shape[2], v.shape[3]
+    lim = (t + 1).clamp(0, S_kv)
     idx = InverseIndex(norm_ranges, lim, G, S_kv, BLOCK_N, CHUNK)
     BLOCK_H = pow2_at_least(h)
     BLOCK_DK, BLOCK_DV = pow2_at_least(Dk, 16), pow2_at_least(Dv, 16)
@@ -194,7 +228,6 @@ def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=
             num_stages=2,
         )
     warps = max(1, min(4, BLOCK_H * BLOCK_DV // 512))  # one warp a row at h = 1: 128 lanes of work, not 4 warps idle
-    _merge_kernel[(B * S * G,)](
+    _merge_kernel[(S * G,)](
         pm, pl, pacc, idx.row_end, idx.row_pairs, o, lse, h, Dv, BLOCK_H=BLOCK_H, BLOCK_DV=BLOCK_DV, num_warps=warps
     )
-    return o, lse

@@ -58,3 +58,29 @@ def fit_smem(cfg: dict, Dk: int, Dv: int, item: int, budget_kb: int) -> dict:
         else:
             block_l //= 2
     return {"BLOCK_L": block_l, "num_warps": int(cfg["num_warps"]), "num_stages": stages}
+
+
+@triton.jit
+def keys_used(keys, pair_lo_ptr, pair_hi_ptr, p0, p1, VEC: tl.constexpr):
+    """Which of a KV tile's `keys` at least one of the work item's pairs [p0, p1) selects: the
+    keys a KV-outer kernel loads (the rest may hold NaN, and a 0 * NaN in an MMA would spread it)."""
+    used = tl.zeros(keys.shape, tl.int32)
+    for i in tl.range(p0, p1, VEC):
+        pidx = i + tl.arange(0, VEC)
+        pm = pidx < p1
+        lo = tl.load(pair_lo_ptr + pidx, mask=pm, other=0)
+        hi = tl.load(pair_hi_ptr + pidx, mask=pm, other=0)
+        inside = (keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None])
+        used = tl.maximum(used, tl.max(inside.to(tl.int32), 0))
+    return used > 0
+
+
+@triton.jit
+def work_item(item_seg_ptr, item_start_ptr, item_end_ptr, n_tiles, BLOCK_N: tl.constexpr):
+    """This program's work item of the inverse index (inverse_index.py): its (b, g) segment,
+    the keys of its KV tile, and its pairs [p0, p1)."""
+    w = tl.program_id(0)
+    seg = tl.load(item_seg_ptr + w).to(tl.int64)
+    p0 = tl.load(item_start_ptr + w).to(tl.int64)
+    p1 = tl.load(item_end_ptr + w).to(tl.int64)
+    return seg // n_tiles, (seg % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N), p0, p1

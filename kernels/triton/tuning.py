@@ -86,6 +86,7 @@ BWD_KEYS = (
     "stages",
     "chunk",
     "overlap",
+    "dq_kv_outer_max_heads",
 )
 
 # The first-call autotune's budget: a few forward configs a key (each a compile and ~30 ms of

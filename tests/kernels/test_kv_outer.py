@@ -15,7 +15,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 from selgate.kernels import reload_settings, selection_attention, stats  # noqa: E402
-from selgate.kernels.triton import kv_outer  # noqa: E402
+from selgate.kernels.triton import inverse_index, kv_outer  # noqa: E402
 from selgate.reference import build_ranges, normalize_ranges, selected_keys, selection_attention_ref  # noqa: E402
 from tests.helpers import clean_dispatcher, random_inputs  # noqa: E402, F401
 
@@ -58,6 +58,19 @@ def test_split_tiles_and_two_ranges_in_one_tile_merge_to_the_reference(monkeypat
     _check(q, k, v, norm, dtype)
 
 
+def test_a_call_over_the_partials_budget_runs_in_row_chunks(monkeypatch):
+    """A budget of 7 pairs' partials: each batch's rows run in several chunks (a row never cut),
+    the rows after a chunk boundary see their own positions, and the result is the reference's."""
+    q, k, v, r = random_inputs(B=2, S=12, G=2, h=2, Dk=16, Dv=16, S_kv=90, n=3, seed=3)
+    norm = normalize_ranges(r, 90)
+    monkeypatch.setattr(inverse_index, "PARTIALS_BUDGET", 7 * 2 * (16 + 2) * 4)
+    launches = []
+    real = kv_outer._launch
+    monkeypatch.setattr(kv_outer, "_launch", lambda q, *a, **kw: launches.append(q.shape[:2]) or real(q, *a, **kw))
+    _check(q, k, v, norm, torch.float32)
+    assert len(launches) > 4 and sum(S for B, S in launches) == 2 * 12 and all(B == 1 for B, S in launches)
+
+
 def test_nsa_ranges_at_one_head_a_group_and_a_rerun_is_bitwise_identical():
     q, k, v, _ = random_inputs(B=1, S=130, G=2, h=1, Dk=32, Dv=32, S_kv=130, n=1, seed=2)
     norm = build_ranges(torch.rand(1, 130, 2, 9, generator=torch.Generator().manual_seed(0)), G=2, l_sel=16, n=5, S_kv=130)
@@ -79,6 +92,25 @@ def test_the_profile_routes_prefill_calls_by_heads_per_kv_head(monkeypatch):
             assert stats()["launches"].get("triton_fwd_kv_outer", 0) - before == expect, (h, S)
             want = selection_attention_ref(q.double(), k.double(), v.double(), r)
             torch.testing.assert_close(o.double().cpu(), want, atol=1e-5, rtol=0)
+    finally:
+        monkeypatch.delenv("SELGATE_TRITON_KV_OUTER")
+        reload_settings()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graph capture needs a GPU")
+def test_under_graph_capture_the_row_kernels_serve_the_route(monkeypatch):
+    """The KV-outer forward reads its index's size on the host, which capture forbids: a captured
+    prefill takes the row kernels, and replays right."""
+    monkeypatch.setenv("SELGATE_TRITON_KV_OUTER", "16")
+    reload_settings()
+    try:
+        q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=1, S=64, G=2, h=2, Dk=64, Dv=64, S_kv=64, n=3, dtype=torch.float16))
+        eager = selection_attention(q, k, v, r, backend="triton")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = selection_attention(q, k, v, r, backend="triton")
+        graph.replay()
+        torch.testing.assert_close(captured, eager, atol=2e-3, rtol=0)
     finally:
         monkeypatch.delenv("SELGATE_TRITON_KV_OUTER")
         reload_settings()

@@ -133,13 +133,30 @@ def assert_backward_matches_reference(case, dtype, config):
     return norm
 
 
-@pytest.mark.parametrize("dq_path", ["gather", "tma"])
+@pytest.mark.parametrize("dq_path", ["gather", "tma", "kv_outer"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["overlap_empty", "heavy_reuse", "h1_dk8", "decode_positions"])
 def test_backward_matches_fp64_reference(case, dtype, dq_path):
     # small tiles and chunks: several KV tiles, and tiles split into partials, even at tiny
-    # sizes; dq through the gather path (SM < 9.0, unaligned K/V) and through descriptors
-    assert_backward_matches_reference(case, dtype, dict(block_n=16, chunk=5, dq_tma=dq_path == "tma"))
+    # sizes; dq through the gather path (SM < 9.0, unaligned K/V), through descriptors, and
+    # from the dk/dv kernel's pairs (summed per row)
+    fused = 16 if dq_path == "kv_outer" else 0
+    assert_backward_matches_reference(
+        case, dtype, dict(block_n=16, chunk=5, dq_tma=dq_path == "tma", dq_kv_outer_max_heads=fused)
+    )
+
+
+def test_dq_shares_over_the_partials_budget_take_the_dq_kernel(monkeypatch):
+    """dq from the pairs asked for, but its shares would pass the budget: the dq kernel runs
+    (spied), after the index, and the gradients still meet the reference."""
+    from selgate.kernels.triton import bwd, inverse_index
+
+    monkeypatch.setattr(inverse_index, "PARTIALS_BUDGET", 64)
+    ran = []
+    real = bwd._dq
+    monkeypatch.setattr(bwd, "_dq", lambda *a: ran.append(1) or real(*a))
+    assert_backward_matches_reference("overlap_empty", torch.float32, dict(block_n=16, chunk=5, dq_kv_outer_max_heads=16))
+    assert ran == [1]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -156,7 +173,8 @@ def test_dq_through_tensor_descriptors(dtype):
     assert bool(((length > 16) & (length % 16 > 0)).any()) and bool(((length > 0) & (length < 16)).any())
 
 
-def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero():
+@pytest.mark.parametrize("fused", [0, 2], ids=["dq-kernel", "dq-from-pairs"])
+def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero(fused):
     q, k, v, r = random_inputs(B=1, S=6, G=2, h=2, Dk=16, Dv=8, S_kv=45, n=2, hi=30, seed=4)
     r[0, 2, 1] = 0  # an empty row
     q, k, v, r = (t.to(DEVICE) for t in (q.float(), k.float(), v.float(), r))
@@ -169,7 +187,16 @@ def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero(
 
     def run(k, v):
         return triton_backward(
-            q, k, v, o.float(), lse.float(), do, norm, scale=sc, out=poisoned_like(q, k, v), config=dict(block_n=16, chunk=3)
+            q,
+            k,
+            v,
+            o.float(),
+            lse.float(),
+            do,
+            norm,
+            scale=sc,
+            out=poisoned_like(q, k, v),
+            config=dict(block_n=16, chunk=3, dq_kv_outer_max_heads=fused),
         )
 
     clean = run(k, v)
@@ -186,14 +213,17 @@ def test_nan_keys_outside_the_selection_never_leak_and_unselected_keys_get_zero(
     assert torch.equal(run(k, v)[1], clean[1]), "a second run must be bitwise equal"
 
 
+@pytest.mark.parametrize("fused", [0, 2], ids=["dq-kernel", "dq-from-pairs"])
 @pytest.mark.parametrize("dtype", [torch.float16])
-def test_repeated_runs_are_bitwise_equal(dtype):
+def test_repeated_runs_are_bitwise_equal(dtype, fused):
     q, k, v, r, pos = make_case("heavy_reuse", dtype, seed=2)
     norm = normalize_ranges(r, k.shape[2])
     o, lse = selection_attention_ref(q, k, v, norm, return_lse=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
     runs = [
-        triton_backward(q, k, v, o.to(dtype), lse.float(), do, norm, scale=0.25, config=dict(block_n=16, chunk=4))
+        triton_backward(
+            q, k, v, o.to(dtype), lse.float(), do, norm, scale=0.25, config=dict(block_n=16, chunk=4, dq_kv_outer_max_heads=fused)
+        )
         for _ in range(2)
     ]
     for a, b in zip(*runs):

@@ -196,6 +196,7 @@ def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkey
         "TMA": True,
         "TAIL_L": 16,  # tail >= MMA minimum
         "PAIRS": False,
+        "KV_OUTER_MAX_HEADS": 0,
     }
     monkeypatch.setenv(tuning.ENV_TMA, "0")
     tuning.clear_cache()
