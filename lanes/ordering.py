@@ -48,6 +48,12 @@ def load_others_mean(path) -> float | None:
     return float(others["seconds"]) / int(others["count"])
 
 
+def load_min_s(path) -> float | None:
+    """The bound under which a durations file leaves tests unlisted (its `min_s`), or None."""
+    min_s = json.loads(Path(path).read_text()).get("min_s")
+    return float(min_s) if isinstance(min_s, (int, float)) else None
+
+
 def first_chunks(n: int, workers: int) -> list[int]:
     """The sizes of xdist worksteal's first split of `n` tests over `workers` idle workers: each
     in turn takes the pending tests // the workers still without a chunk."""

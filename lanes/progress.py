@@ -55,11 +55,21 @@ class Progress:
     id (the lane's durations file), `workers` the xdist workers that share the tests."""
 
     def __init__(
-        self, every_s: float = DEFAULT_INTERVAL_S, clock=time.monotonic, durations=None, workers: int = 1, others_mean=None
+        self,
+        every_s: float = DEFAULT_INTERVAL_S,
+        clock=time.monotonic,
+        durations=None,
+        workers: int = 1,
+        others_mean=None,
+        others_below=None,
     ):
         self.every_s, self.clock = every_s, clock
         self.durations, self.workers = durations or {}, max(1, workers)
         self.others_mean = others_mean  # the recorded mean of the tests the durations do not list
+        # Those tests each took less than this (the file's min_s) when recorded: an unlisted test
+        # that takes longer here (one the recorded run skipped, as the CPU lane skips slow tests)
+        # says nothing of the rest, and is kept out of their mean.
+        self.others_below = others_below
         self.lock = threading.RLock()
         self.total = 0
         self.ids: set = set()  # the collected ids, where known: the tests left are these less done
@@ -101,9 +111,10 @@ class Progress:
                 return None
             self.done.add(nodeid)
             self.last_result = now
-            if nodeid not in self.durations:
+            took = self.seconds.get(nodeid, 0.0)
+            if nodeid not in self.durations and (self.others_below is None or took < self.others_below):
                 self.measured += 1
-                self.measured_s += self.seconds.get(nodeid, 0.0)
+                self.measured_s += took
             step = len(self.done) * 100 // self.total // STEP_PERCENT if self.total else 0
             if now - self.last_line < self.every_s and step == self.last_step:
                 return None
@@ -307,18 +318,18 @@ def interval_from_env(environ=os.environ) -> float:
 
 
 def recorded_durations(config) -> tuple[dict, float | None]:
-    """The durations the ordering plugin orders this run by, and the recorded mean of the tests
-    they do not list, where that plugin is loaded and names a readable file; else none (that
-    plugin reports a missing or malformed file)."""
+    """The durations the ordering plugin orders this run by, the recorded mean of the tests
+    they do not list and the bound each of those was under (min_s), where that plugin is loaded
+    and names a readable file; else none (that plugin reports a missing or malformed file)."""
     ordering = config.pluginmanager.get_plugin(ORDERING_PLUGIN)
     path = os.environ.get(ordering.DURATIONS_ENV) if ordering else None
     if not path:
-        return {}, None
+        return {}, None, None
     try:
         full = Path(config.rootpath) / path
-        return ordering.load_durations(full), ordering.load_others_mean(full)
+        return ordering.load_durations(full), ordering.load_others_mean(full), ordering.load_min_s(full)
     except (OSError, ValueError, TypeError, KeyError):
-        return {}, None
+        return {}, None, None
 
 
 def distributed(config) -> bool:
@@ -353,6 +364,12 @@ def worker_count(config) -> int:
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) reports
-        durations, others_mean = recorded_durations(config)
-        progress = Progress(interval_from_env(), durations=durations, workers=worker_count(config), others_mean=others_mean)
+        durations, others_mean, min_s = recorded_durations(config)
+        progress = Progress(
+            interval_from_env(),
+            durations=durations,
+            workers=worker_count(config),
+            others_mean=others_mean,
+            others_below=min_s,
+        )
         config.pluginmanager.register(ProgressPlugin(config, progress), "selgate-progress")

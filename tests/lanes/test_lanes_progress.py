@@ -112,14 +112,31 @@ def test_the_recorded_mean_of_the_other_tests_gives_the_time_left_from_the_start
     assert progress.time_left(clock.now) == pytest.approx(max((100 + 20 * 1.0) / 2, 100))  # its own mean now
 
 
+def test_an_unlisted_test_longer_than_the_files_bound_does_not_set_the_others_mean():
+    """CI said "about 30m32s left" 4 min into a 9 min run: the slow tests the CPU lane skips (so
+    its durations never list them) ran first, took ~60 s each, and became the mean of the
+    thousands of quick tests after them. The file lists every test of min_s or more, so an
+    unlisted one that takes longer here is a stranger: its time is spent, not a mean."""
+    clock = Clock()
+    progress = Progress(every_s=30, clock=clock, durations={"elsewhere": 9.0}, workers=2, others_mean=0.25, others_below=5.0)
+    progress.collected([f"t{i}" for i in range(100)])
+    for i in range(3):
+        progress.timed(f"t{i}", 60.0)  # slow-marked, unlisted
+        progress.finished(f"t{i}")
+    for i in range(3, 23):
+        progress.timed(f"t{i}", 0.5)
+        progress.finished(f"t{i}")
+    assert progress.time_left(clock.now) == pytest.approx(77 * 0.5 / 2)
+
+
 def test_durations_record_the_other_tests_mean(tmp_path):
-    from selgate.lanes.ordering import load_others_mean
+    from selgate.lanes.ordering import load_min_s, load_others_mean
 
     path = tmp_path / "d.json"
-    path.write_text('{"tests": {}, "others": {"count": 4, "seconds": 2.0}}')
-    assert load_others_mean(path) == 0.5
+    path.write_text('{"tests": {}, "min_s": 5.0, "others": {"count": 4, "seconds": 2.0}}')
+    assert load_others_mean(path) == 0.5 and load_min_s(path) == 5.0
     path.write_text('{"tests": {}}')
-    assert load_others_mean(path) is None
+    assert load_others_mean(path) is None and load_min_s(path) is None
 
 
 def test_clock_text_and_a_bad_interval_is_named():
