@@ -91,7 +91,7 @@ def _durations(args) -> int:
     if not junit.exists():
         raise ValueError(f"--junit: {junit} does not exist (run `python -m selgate.lanes run {args.lane}` first)")
     dest = DURATIONS_DIR / f"{base}.json"
-    data = write_durations(junit, base, dest, args.min_s)
+    data = write_durations(junit, base, dest, args.min_s, add=args.add)
     total = sum(data["tests"].values())
     print(f"{dest}: {len(data['tests'])} tests of >= {args.min_s} s ({total:.0f} s in all), slowest first")
     return 0
@@ -148,6 +148,11 @@ def main(argv=None) -> int:
     du.add_argument("--junit", type=Path, help="default reports/out/<lane>/junit.xml")
     du.add_argument(
         "--min-s", type=float, default=COSTLY_S, help=f"record tests of at least this many seconds (default {COSTLY_S})"
+    )
+    du.add_argument(
+        "--add",
+        action="store_true",
+        help="merge into the lane's file instead of replacing it (a run of tests the lane skips, e.g. `run cpu -- -m slow`)",
     )
     du.set_defaults(fn=_durations)
     sa = sub.add_parser(

@@ -102,9 +102,12 @@ def pytest_collection_modifyitems(config, items):
         items[:] = costly_first(items, with_slow_marked(items, load_durations(full)), workers=workers)
 
 
-def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S) -> dict:
+def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S, *, add: bool = False) -> dict:
     """Record the tests of `junit` that took at least `min_s` (pytest's per-test time: setup,
-    call and teardown) as `dest`; returns what was written."""
+    call and teardown) as `dest`; returns what was written. With `add`, into the file `dest`
+    already is: its tests and others stay, those `junit` measured are updated, and `added`
+    names the run they came from (tests the lane skips, as the CPU lane skips slow tests,
+    measured by a run of those tests alone, for bin/test, which runs them too)."""
     from junitparser import JUnitXml, Properties
 
     tests, others = {}, {"count": 0, "seconds": 0.0}
@@ -129,6 +132,14 @@ def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S)
         "tests": dict(sorted(tests.items(), key=lambda kv: (-kv[1], kv[0]))),
         "others": {"count": others["count"], "seconds": round(others["seconds"], 1)},  # the progress line's first estimate
     }
+    if add:
+        base = json.loads(dest.read_text())
+        merged = {**base["tests"], **data["tests"]}
+        data = {
+            **base,
+            "tests": dict(sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "added": {"commit": commit, "finished": data["finished"], "tests": len(tests)},
+        }
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(data, indent=1) + "\n")
     return data

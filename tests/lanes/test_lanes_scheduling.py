@@ -211,6 +211,20 @@ def test_durations_are_recorded_from_a_lanes_junit(tmp_path, monkeypatch, capsys
     assert data["gpu"] == "NVIDIA H100 80GB HBM3" and data["lane"] == "cpu" and data["commit"] == "a" * 40
     assert "2 tests of >= 5.0 s (290 s in all)" in capsys.readouterr().out
     assert lanes_main.main(["durations", "sm77"]) == 2
+    # a run of the tests the lane skips, added: the lane's own entries and others stay
+    body = (
+        '<testcase classname="x" name="y" time="61.5">'
+        '<properties><property name="nodeid" value="tests/test_b.py::test_s" /></properties></testcase>'
+    )
+    (out / "junit.xml").write_text(f'<testsuites><testsuite name="pytest" tests="1">{body}</testsuite></testsuites>')
+    assert lanes_main.main(["durations", "cpu", "--add"]) == 0
+    added = json.loads((tmp_path / "durations" / "cpu.json").read_text())
+    assert list(added["tests"]) == [
+        "tests/test_a.py::test_slow",
+        "tests/test_b.py::test_s",
+        "conformance/test_conformance.py::test_parity[triton-case1]",
+    ]
+    assert added["others"] == data["others"] and added["commit"] == "a" * 40 and added["added"]["tests"] == 1
 
 
 @pytest.mark.parametrize("lane, device", [("sm90", "cuda"), ("sm89-emulated", "cuda"), ("cpu", "cpu"), ("", None)])
