@@ -106,7 +106,7 @@ def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S,
     """Record the tests of `junit` that took at least `min_s` (pytest's per-test time: setup,
     call and teardown) as `dest`; returns what was written. With `add`, into the file `dest`
     already is: its tests and others stay, those `junit` measured are updated, and `added`
-    names the run they came from (tests the lane skips, as the CPU lane skips slow tests,
+    lists the runs they came from (tests the lane skips, as the CPU lane skips slow tests,
     measured by a run of those tests alone, for bin/test, which runs them too)."""
     from junitparser import JUnitXml, Properties
 
@@ -138,7 +138,7 @@ def write_durations(junit: Path, lane: str, dest: Path, min_s: float = COSTLY_S,
         data = {
             **base,
             "tests": dict(sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "added": {"commit": commit, "finished": data["finished"], "tests": len(tests)},
+            "added": [*base.get("added", []), {"commit": commit, "finished": data["finished"], "tests": len(tests)}],
         }
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(data, indent=1) + "\n")
