@@ -575,9 +575,14 @@ def triton_forward(
         meta = {"TMA": False, "TAIL_L": 0, **_constexprs(q, h, Dk, Dv, n, positions, key64)}  # the gather path
     else:
         cfg, meta = _plan(q, k, v, norm_ranges, scale, positions, config, kind, key64, clip)
-        # The KV-outer forward sizes its index on the host: under CUDA graph capture the row kernels serve.
-        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-        if S > 1 and h <= cfg.get("KV_OUTER_MAX_HEADS", 0) and not key64 and not capturing:
+        # The KV-outer forward sizes its index on the host: under CUDA graph capture the row kernels
+        # serve. The capture query comes last: a decode step never pays for it.
+        if (
+            S > 1
+            and h <= cfg.get("KV_OUTER_MAX_HEADS", 0)
+            and not key64
+            and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):
             from .kv_outer import kv_outer_forward
 
             norm_ranges = _normalised(norm_ranges, S_kv, positions, clip, counter, kv_bytes_per_key)

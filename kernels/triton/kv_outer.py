@@ -31,7 +31,6 @@ from .inverse_index import InverseIndex
 from .tiles import keys_used, pow2_at_least, work_item
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 BLOCK_N = 64  # keys a tile: NSA's selection block
 CHUNK = 1024  # pairs a work item: bounds the longest program (block 0 is selected by every row)
 ROWS_X_HEADS = 64  # MMA rows a step: ROWS pairs x BLOCK_H heads
@@ -136,28 +135,23 @@ def _merge_kernel(
     tl.store(lse_ptr + out, lse, mask=hm)
 
 
-def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=None):
-    """`(o, lse)` as `fwd.triton_forward` returns them, for ranges already normalised (sorted,
-    disjoint, clamped). Copies q, k, v that are not contiguous. Extra memory: the inverse index
-    and the partials, pairs x h x (pow2(Dv) + 2) fp32, at most inverse_index.PARTIALS_BUDGET a launch: a call
-    whose partials would take more runs in chunks of query rows (each chunk loads its tiles once)."""
+def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out):
+    """Writes `out` = `(o, lse)` as `fwd.triton_forward` would, for ranges already normalised
+    (sorted, disjoint, clamped), and returns it. Copies q, k, v that are not contiguous. Extra
+    memory: the inverse index and the partials, pairs x h x (pow2(Dv) + 2) fp32, about
+    inverse_index.PARTIALS_BUDGET a launch at most: a call whose partials would take more runs
+    in chunks of query rows (each chunk loads its tiles once)."""
     B, S, G, h, Dk = q.shape
     S_kv, Dv = k.shape[2], v.shape[3]
-    if out is None:
-        o = torch.empty(B, S, G, h, Dv, dtype=v.dtype, device=q.device)
-        lse = torch.empty(B, S, G, h, dtype=torch.float32, device=q.device)
-    else:
-        o, lse = out
+    o, lse = out
     if B * S * G == 0:
         return o, lse
     q, k, v = (t.contiguous() for t in (q, k, v))
     o_run, lse_run = (t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format) for t in (o, lse))
     t = query_positions(B, S, S_kv, q.device, positions)
     per_pair = h * (pow2_at_least(Dv, 16) + 2) * 4
-    for b in range(B):
-        for s0, s1 in _row_chunks(norm_ranges[b], t[b], S_kv, inverse_index.PARTIALS_BUDGET // per_pair):
-            rows = slice(b, b + 1), slice(s0, s1)
-            _launch(q[rows], k[b : b + 1], v[b : b + 1], norm_ranges[rows], t[rows], o_run[rows], lse_run[rows], scale=scale)
+    for b, s in _row_chunks(norm_ranges, t, S_kv, inverse_index.PARTIALS_BUDGET // per_pair):
+        _launch(q[b, s], k[b], v[b], norm_ranges[b, s], t[b, s], o_run[b, s], lse_run[b, s], scale=scale)
     if o_run is not o:
         o.copy_(o_run)
         lse.copy_(lse_run)
@@ -165,28 +159,31 @@ def kv_outer_forward(q, k, v, norm_ranges, *, scale: float, positions=None, out=
 
 
 def _row_chunks(ranges, t, S_kv: int, max_pairs: int) -> list:
-    """[(s0, s1)]: query rows of one batch cut so that no chunk has more than `max_pairs`
-    (row, tile) pairs, a row never cut (one host read of the rows' pair counts, only when
-    the whole call could exceed the budget)."""
-    S, G, n = ranges.shape[:3]
-    if S * G * (n + -(-S_kv // BLOCK_N)) <= max_pairs:  # no row can have more pairs than that
-        return [(0, S)]
+    """[(batch slice, query-row slice)]: the whole call when its (row, tile) pairs fit
+    `max_pairs` (one host read), else each batch's rows cut where the running pair count passes
+    a multiple of `max_pairs` (a chunk passes it by at most one row's pairs; a row is never cut).
+    Two more host reads then, and no Python loop over rows."""
+    B, S = t.shape
     r = ranges.to(torch.int64)
     start = r[..., 0]
-    end = torch.minimum(r[..., 1], (t + 1).clamp(0, S_kv)[:, None, None])
+    end = torch.minimum(r[..., 1], (t + 1).clamp(0, S_kv)[:, :, None, None])
     tiles = torch.where(end > start, torch.div(end - 1, BLOCK_N, rounding_mode="floor") - start // BLOCK_N + 1, 0)
-    cum = torch.cumsum(tiles.sum((1, 2)), 0).tolist()
-    chunks, s0, base = [], 0, 0
-    for s, c in enumerate(cum):
-        if c - base > max_pairs and s > s0:
-            chunks.append((s0, s))
-            s0, base = s, cum[s - 1]
-    return chunks + [(s0, S)]
+    cum = torch.cumsum(tiles.sum((2, 3)), 1)  # [B, S]: each batch's running pair count
+    if int(cum[:, -1].sum()) <= max_pairs:
+        return [(slice(None), slice(None))]
+    k = int(cum[:, -1].max() - 1) // max_pairs + 1  # chunks of the fullest batch
+    targets = (torch.arange(1, k, device=cum.device) * max_pairs).expand(B, k - 1).contiguous()
+    cuts = torch.searchsorted(cum, targets, right=True).tolist()
+    chunks = []
+    for b, row in enumerate(cuts):
+        bounds = sorted({0, S, *(c for c in row if 0 < c < S)})
+        chunks += [(slice(b, b + 1), slice(s0, s1)) for s0, s1 in zip(bounds, bounds[1:])]
+    return chunks
 
 
 def _launch(q, k, v, norm_ranges, t, o, lse, *, scale: float) -> None:
-    """Both kernels over one chunk of rows (B = 1, all contiguous)."""
-    _, S, G, h, Dk = q.shape
+    """Both kernels over one chunk of rows (all contiguous)."""
+    B, S, G, h, Dk = q.shape
     S_kv, Dv = k.shape[2], v.shape[3]
     lim = (t + 1).clamp(0, S_kv)
     idx = InverseIndex(norm_ranges, lim, G, S_kv, BLOCK_N, CHUNK)
@@ -228,6 +225,6 @@ def _launch(q, k, v, norm_ranges, t, o, lse, *, scale: float) -> None:
             num_stages=2,
         )
     warps = max(1, min(4, BLOCK_H * BLOCK_DV // 512))  # one warp a row at h = 1: 128 lanes of work, not 4 warps idle
-    _merge_kernel[(S * G,)](
+    _merge_kernel[(B * S * G,)](
         pm, pl, pacc, idx.row_end, idx.row_pairs, o, lse, h, Dv, BLOCK_H=BLOCK_H, BLOCK_DV=BLOCK_DV, num_warps=warps
     )

@@ -58,15 +58,19 @@ def test_split_tiles_and_two_ranges_in_one_tile_merge_to_the_reference(monkeypat
     _check(q, k, v, norm, dtype)
 
 
-def test_a_call_over_the_partials_budget_runs_in_row_chunks(monkeypatch):
-    """A budget of 7 pairs' partials: each batch's rows run in several chunks (a row never cut),
-    the rows after a chunk boundary see their own positions, and the result is the reference's."""
+def test_a_call_runs_whole_within_the_partials_budget_and_in_row_chunks_past_it(monkeypatch):
+    """Within the budget both batches run in one launch; with a budget of 7 pairs' partials each
+    batch's rows run in several chunks (a row never cut), the rows after a chunk boundary see
+    their own positions, and both results are the reference's."""
     q, k, v, r = random_inputs(B=2, S=12, G=2, h=2, Dk=16, Dv=16, S_kv=90, n=3, seed=3)
     norm = normalize_ranges(r, 90)
-    monkeypatch.setattr(inverse_index, "PARTIALS_BUDGET", 7 * 2 * (16 + 2) * 4)
     launches = []
     real = kv_outer._launch
-    monkeypatch.setattr(kv_outer, "_launch", lambda q, *a, **kw: launches.append(q.shape[:2]) or real(q, *a, **kw))
+    monkeypatch.setattr(kv_outer, "_launch", lambda q, *a, **kw: launches.append(tuple(q.shape[:2])) or real(q, *a, **kw))
+    _check(q, k, v, norm, torch.float32)
+    assert launches == [(2, 12)], "within the budget: the whole call, both batches, in one launch"
+    launches.clear()
+    monkeypatch.setattr(inverse_index, "PARTIALS_BUDGET", 7 * 2 * (16 + 2) * 4)
     _check(q, k, v, norm, torch.float32)
     assert len(launches) > 4 and sum(S for B, S in launches) == 2 * 12 and all(B == 1 for B, S in launches)
 
@@ -75,7 +79,8 @@ def test_nsa_ranges_at_one_head_a_group_and_a_rerun_is_bitwise_identical():
     q, k, v, _ = random_inputs(B=1, S=130, G=2, h=1, Dk=32, Dv=32, S_kv=130, n=1, seed=2)
     norm = build_ranges(torch.rand(1, 130, 2, 9, generator=torch.Generator().manual_seed(0)), G=2, l_sel=16, n=5, S_kv=130)
     o, lse = _check(q, k, v, norm, torch.float32)
-    again = kv_outer.kv_outer_forward(*(t.to(DEVICE, torch.float32) for t in (q, k, v)), norm.to(DEVICE), scale=0.3)
+    again = (torch.empty_like(o), torch.empty_like(lse))
+    kv_outer.kv_outer_forward(*(t.to(DEVICE, torch.float32) for t in (q, k, v)), norm.to(DEVICE), scale=0.3, out=again)
     assert torch.equal(o, again[0]) and torch.equal(lse, again[1])
 
 
