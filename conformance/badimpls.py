@@ -122,18 +122,43 @@ def _ignores_k_offset(q, k, v, ranges, *, scale=None, positions=None):
     return attend(q, k.as_strided(k.shape, k.stride(), 0), v, ranges, scale=scale, positions=positions)
 
 
-def _int32_batch_offsets(q, k, v, ranges, *, scale=None, positions=None):
-    """K/V batch offsets `b * stride(0)` computed in 32 bits: past 2^31 elements they wrap (here,
-    as a kernel masking the sign bit away would), and a later batch reads from near the storage's
-    start. Right while a tensor spans less than 2^31 elements."""
-
+def _int32_wrapped(t):
+    """`t` [B, ...] with each batch's offset `b * stride(0)` computed in 32 bits: past 2^31 elements
+    it wraps (here, as a kernel masking the sign bit away would), and a later batch reads from near
+    the storage's start. Right while a tensor spans less than 2^31 elements."""
     from .families.dtype import FAR  # 2^31: where the dtype family's far batches start
 
-    def wrapped(t):
-        starts = [(t.storage_offset() + b * t.stride(0)) % FAR for b in range(t.shape[0])]
-        return torch.stack([t.as_strided(t.shape[1:], t.stride()[1:], s) for s in starts])
+    starts = [(t.storage_offset() + b * t.stride(0)) % FAR for b in range(t.shape[0])]
+    return torch.stack([t.as_strided(t.shape[1:], t.stride()[1:], s) for s in starts])
 
-    return attend(q, wrapped(k), wrapped(v), ranges, scale=scale, positions=positions)
+
+def _int32_batch_offsets(q, k, v, ranges, *, scale=None, positions=None):
+    """K/V batch offsets in 32 bits (`_int32_wrapped`) in the forward."""
+    return attend(q, _int32_wrapped(k), _int32_wrapped(v), ranges, scale=scale, positions=positions)
+
+
+class _Int32OffsetsInBackward(torch.autograd.Function):
+    """The correct forward; a backward that reads K/V at 32-bit batch offsets (`_int32_wrapped`),
+    as a backward kernel written apart from its forward can."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ranges, scale, positions):
+        ctx.save_for_backward(q, k, v, ranges, positions)
+        ctx.scale = scale
+        return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, ranges, positions = ctx.saved_tensors
+        leaves = [t.detach().clone().requires_grad_() for t in (q, _int32_wrapped(k), _int32_wrapped(v))]
+        with torch.enable_grad():
+            o, lse = attend(*leaves, ranges, scale=ctx.scale, positions=positions)
+            grads = torch.autograd.grad((o, lse), leaves, (do, dlse))
+        return (*grads, None, None, None)
+
+
+def _int32_offsets_in_backward(q, k, v, ranges, *, scale=None, positions=None):
+    return _Int32OffsetsInBackward.apply(q, k, v, ranges, scale, positions)
 
 
 def _normalises_in_place(q, k, v, ranges, *, scale=None, positions=None):
@@ -583,6 +608,13 @@ BAD_IMPLS = (
         _int32_batch_offsets,
         "dtype",
         "K/V batch offsets in int32: batches 2^31 elements apart read another batch (a long context's T * heads * D)",
+        device="cuda",
+    ),
+    _bad(
+        "int32-batch-offsets-in-backward",
+        _int32_offsets_in_backward,
+        "dtype",
+        "the backward's K/V batch offsets in int32 (the forward's are 64-bit): batches 2^31 elements apart get wrong gradients",
         device="cuda",
     ),
     _bad("normalises-ranges-in-place", _normalises_in_place, "parity", "writes the normalised ranges into the caller's tensor"),

@@ -78,15 +78,18 @@ class Unmodified:
                 )
 
 
-def evaluate(fn, q, k, v, upstream=None) -> Result:
+def evaluate(fn, q, k, v, upstream=None, *, own=False) -> Result:
     """`fn(q, k, v) -> (o, lse)`, with `upstream = (do, dlse)` on fresh leaves (`_leaves`) and
     also the gradients of `o . do + lse . dlse` (dlse is zero on rows whose golden lse is -inf),
     all copied out of whatever buffers the implementation returned. On CUDA, the memory the
     outputs will take is poisoned first (`poison_cuda_cache`). The q, k, v the call saw, and
     what `guarding` names, must come back bit for bit unchanged, after the forward and after
-    the backward."""
+    the backward. `own`: q, k, v were made for this one call, so they are its leaves as they
+    are (a 4 GiB `far_apart` buffer is not copied)."""
     grad = upstream is not None
-    leaves = _leaves((q, k, v)) if grad else (q, k, v)
+    leaves = (q, k, v)
+    if grad:
+        leaves = [t.detach().requires_grad_() for t in leaves] if own else _leaves(leaves)
     inputs = Unmodified(q=leaves[0], k=leaves[1], v=leaves[2], **getattr(fn, "unmodified", {}))
     poison_cuda_cache(q, k, v)
     with torch.set_grad_enabled(grad):

@@ -30,9 +30,11 @@ def test_only_gpu_cases_of_two_batches_in_two_bytes_get_the_four_gib_buffer():
     assert not far_applies(dataclasses.replace(sdpa, layouts=("contiguous",)), case, "cuda")
 
 
-def test_the_far_case_judges_a_right_kernel_right_and_catches_wrapped_offsets(monkeypatch):
-    """The GPU-only case run on the CPU with batches 2^16 elements apart (the known-bad wraps its
-    offsets at the same FAR): selgate's SDPA passes, offsets computed modulo FAR fail."""
+@pytest.mark.parametrize(("bad_name", "caught"), [("int32-batch-offsets", "o"), ("int32-batch-offsets-in-backward", "d[qkv]")])
+def test_the_far_case_judges_a_right_kernel_right_and_catches_wrapped_offsets(monkeypatch, bad_name, caught):
+    """The GPU-only case run on the CPU with batches 2^16 elements apart (the known-bads wrap their
+    offsets at the same FAR): selgate's SDPA passes, forward and backward; offsets computed modulo
+    FAR fail, in the forward (o) or only in the backward (a gradient)."""
     from selgate.conformance.badimpls import BAD_IMPLS
     from selgate.conformance.compare import ConformanceFailure
     from selgate.conformance.families import FAMILIES, dtype
@@ -41,9 +43,9 @@ def test_the_far_case_judges_a_right_kernel_right_and_catches_wrapped_offsets(mo
     monkeypatch.setattr(dtype, "far_applies", lambda impl, case, device: True)
     case = next(c for c in select("tiny") if c.shape.B >= 2 and c.pattern == "mixed" and c.dtype == torch.float32)
     FAMILIES["dtype"].check(REGISTRY["sdpa"], case, "cpu")
-    bad = next(b for b in BAD_IMPLS if b.impl.name == "int32-batch-offsets")
+    bad = next(b for b in BAD_IMPLS if b.impl.name == bad_name)
     monkeypatch.setattr(dtype, "far_applies", lambda impl, case, device: False)
     FAMILIES["dtype"].check(bad.impl, case, "cpu")  # no tensor of the other layouts spans FAR elements
     monkeypatch.setattr(dtype, "far_applies", lambda impl, case, device: True)
-    with pytest.raises(ConformanceFailure, match=r"\[" + re.escape(case.id) + r"\] o: "):
+    with pytest.raises(ConformanceFailure, match=r"\[" + re.escape(case.id) + rf"\] {caught}: "):
         FAMILIES["dtype"].check(bad.impl, case, "cpu")
