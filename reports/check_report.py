@@ -161,6 +161,10 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
         v.blocking.append(
             f"{len(v.failures)} failing case(s) from {len(v.causes)} root cause(s); the first: {v.causes[0].signature}"
         )
+    elif cases and all(c.outcome == "skip" for c in cases):  # pytest's exit 1 is the plugin's: none of its cases ran
+        reason, n = Counter(c.message for c in cases).most_common(1)[0]
+        v.blocking.append(f"no case ran: all {len(cases)} were skipped ({n} of them: {reason})")
+        return v
     elif status == pytest.ExitCode.TESTS_FAILED and not cut:
         v.blocking.append(
             f"pytest exited 1 (tests failed) but {out / 'junit.xml'} records no failure: "

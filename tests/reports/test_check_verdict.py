@@ -56,3 +56,26 @@ def test_sizes_a_kernel_declares_out_and_a_tf32_fp32_are_on_the_first_line():
     v = CheckVerdict(claims=CLAIMS, size="small", uncovered=uncovered(impl, cases, "small"), tf32=True)
     assert v.headline.startswith("CHECK PASSED at size small with fp32 judged by the TF32 rule (declared): ")
     assert v.headline.endswith("never ran (every case skipped): size small (declared max_size tiny)")
+
+
+def test_a_run_whose_every_case_skipped_says_so_and_suspects_no_tampering(tmp_path):
+    """A kernel declared for CUDA, checked on a CPU machine: pytest exits 1 because no case of
+    the kernel ran, and the verdict says that, not that the results were changed."""
+    import pytest
+    from junitparser import JUnitXml, Skipped, TestCase, TestSuite
+
+    from selgate.reports.check_report import judge
+
+    suite = TestSuite("pytest")
+    for test, case in [("test_parity", CASE), ("test_backward", CASE), ("test_parity", CASE.replace("fp16", "bf16"))]:
+        tc = TestCase(f"{test}[k:fn-{case}]", "conformance.test_conformance")
+        tc.result = [Skipped("k:fn declares devices: cuda (this run's device is cpu)")]
+        suite.add_testcase(tc)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    xml.write(str(tmp_path / "junit.xml"))
+    impl = user_impl("k:fn", {"dtypes": (torch.float16,), "devices": ("cuda",)}, None)
+    v = judge(impl, tmp_path, pytest.ExitCode.TESTS_FAILED, size="tiny")
+    assert v.headline == (
+        "CHECK BLOCKED: no case ran: all 3 were skipped (3 of them: k:fn declares devices: cuda (this run's device is cpu))"
+    ), v.blocking

@@ -209,7 +209,7 @@ def test_check_blocks_a_broken_kernel_with_repro_lines(outside):
 def test_check_survives_a_case_that_aborts_and_one_that_hangs(outside):
     """Parity runs the cases in the executors, determinism in its second processes too."""
     rc, log, report = _check(
-        outside, "tokenkernels:dies_on_one_case", "dies", "--timeout", "20", "-k", "test_parity or test_determinism"
+        outside, "tokenkernels:dies_on_one_case", "dies", "--timeout", "10", "-k", "test_parity or test_determinism"
     )
     assert blocked_by_failures(rc, log), log
     from selgate.reports.results import load_lane
