@@ -15,8 +15,9 @@ capability silently ignored. The keys (defaults in brackets):
 - heads per group: `heads_multiple_of` [1], `heads_power_of_two` [false], `min_heads` [1],
   `max_heads` [none]. The matrix fits each case's heads per group to the smallest count
   the kernel takes, so a constrained kernel still meets every shape's other dimensions.
-- `block_size` [none]: the kernel selects whole blocks of this many keys (NSA's l_sel);
-  the matrix then generates block-aligned selections (the block holding `t` partial).
+- `block_size` [none]: the kernel selects whole blocks of this many keys (NSA's l_sel), at
+  most 128; the matrix then generates block-aligned selections (the block holding `t`
+  partial), and the verdict's first line names the block size.
 - `layouts` [contiguous, strided, kv_shared]: input layouts taken; without `strided` the
   matrix hands over contiguous copies and skips its strided and shared-buffer checks.
 - `max_size` [large]: the largest case size class.
@@ -34,7 +35,8 @@ import types
 from pathlib import Path
 
 import torch
-import yaml
+
+from selgate import strict_yaml
 
 DTYPES = {
     "fp16": torch.float16,
@@ -92,9 +94,10 @@ def _dtype(x, where):
     raise ValueError(f"{where}: {x!r} is not a torch dtype or one of {sorted(DTYPES)}")
 
 
-def _int(value, where, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+def _int(value, where, minimum=1, maximum=None):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ValueError(f"{where}: expected an integer {bound}, got {value!r}")
     return value
 
 
@@ -177,13 +180,17 @@ PARSERS = {
     "heads_power_of_two": _bool,
     "min_heads": _int,
     "max_heads": _int,
-    "block_size": _int,
+    "block_size": lambda v, w: _int(v, w, maximum=MAX_BLOCK_SIZE),
     "layouts": lambda v, w: _seq(v, w, LAYOUTS),
     "max_size": _sizes,
     "xfail": _xfails,
 }
 
 
+# The largest selection block a kernel may declare: NSA's l_sel is 64, and no kernel we know
+# selects blocks over 128 keys. A larger one widens every range of the small cases to the whole
+# causal prefix, so no case would test where a selection lies.
+MAX_BLOCK_SIZE = 128
 MAX_HEADS = 256  # the most heads per group a case is fitted to (the widest NSA configurations use 64)
 
 
@@ -246,13 +253,16 @@ def file_json(path) -> dict:
 
 
 def _read_yaml(path) -> dict:
+    """A `--declare` file read strictly (`strict_yaml`): a key given twice is an error, not the
+    last one silently winning (a file that declared fp16 and then fp32 alone passed a kernel whose
+    fp16 was NaN, its table saying fp32)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = strict_yaml.load(path).data
     except OSError as e:
         raise OSError(f"--declare {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"--declare {path}: not YAML ({e})") from None
+    except strict_yaml.PolicyError as e:
+        raise ValueError(f"--declare {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"--declare {path}: expected a mapping of declarations, got {type(data).__name__}")
     return data
@@ -282,7 +292,7 @@ def varlen_source(spec: str, declare=None) -> str:
     file's `package.module:callable` (which wins over an attribute), else `spec`'s own
     `varlen` attribute (`package.module:fn.varlen`)."""
     if declare:
-        data = yaml.safe_load(Path(declare).read_text())
+        data = _read_yaml(declare)
         if "varlen" in data and isinstance(data["varlen"], str):
             return data["varlen"]
     return f"{spec}.varlen"

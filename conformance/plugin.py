@@ -157,6 +157,7 @@ def case_facts(item) -> list:
         from .cases import DTYPE_NAMES
 
         facts += [("case", case.id), ("dtype", DTYPE_NAMES[case.dtype]), ("elements", str(case.shape.elements))]
+        facts += [("sets", ",".join(case.sets))] if case.sets else []
     return facts
 
 

@@ -3,7 +3,8 @@ executors that call it) that start confined before any of the kernel's code, or 
 
 - Landlock (Linux >= 5.13, any user, root included): the process and everything it starts
   may create, write, rename or delete files only beneath the folders it is given (its own
-  scratch folder, the Triton cache, /dev and /proc for CUDA); from landlock ABI 6 on
+  scratch folder, the Triton cache, /dev/shm and /proc for CUDA) and write only the character
+  devices of /dev (never a disk), and it holds no capability; from landlock ABI 6 on
   it cannot signal processes outside its domain, and from the first ABI it cannot ptrace them
   (nor write their memory through /proc). So the kernel cannot rewrite the check's results,
   the judge's files or the judge itself.
@@ -27,12 +28,15 @@ import os
 import sys
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every architecture
+_CAPSET = 126  # x86_64 (the lanes' machines)
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 # LANDLOCK_ACCESS_FS_*: every right that changes the file system (reading, executing and device
 # ioctls stay allowed everywhere), by the ABI that introduced it
 _WRITES = {1: sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)), 2: 1 << 13, 3: 1 << 14}
+_MAKE_DEVICES = (1 << 6) | (1 << 11)  # MAKE_CHAR, MAKE_BLOCK: handled, granted nowhere
+_FILE_WRITES = (1 << 1) | (1 << 14)  # WRITE_FILE, TRUNCATE: what a rule on one file may grant
 _NET_TCP = (1 << 0) | (1 << 1)  # LANDLOCK_ACCESS_NET_BIND_TCP, _CONNECT_TCP (ABI 4): handled, no rule grants them
 _SCOPE_SIGNAL = 1 << 1  # ABI 6
 
@@ -96,10 +100,11 @@ def confine(writable) -> None:
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
-        for path in writable:
+        rules = [(path, handled & ~_MAKE_DEVICES) for path in writable] + [(f, handled & _FILE_WRITES) for f in device_files()]
+        for path, access in rules:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
-                rule = _PathBeneath(handled, fd)
+                rule = _PathBeneath(access, fd)
                 if libc.syscall(_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
             finally:
@@ -110,6 +115,39 @@ def confine(writable) -> None:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
         os.close(ruleset)
+    drop_capabilities()
+
+
+def device_files() -> list:
+    """The device files a confined process may write: the character devices in /dev and
+    /dev/nvidia-caps (the GPU's, /dev/null and the like), one rule each. Never a block device:
+    a process that writes a disk beneath its file system rewrites any file (the check's own
+    code) whatever landlock says of paths."""
+    import stat
+
+    out = []
+    for folder in ("/dev", "/dev/nvidia-caps"):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        out += [e.path for e in entries if stat.S_ISCHR(e.stat(follow_symlinks=False).st_mode)]
+    return sorted(out)
+
+
+def drop_capabilities() -> None:
+    """Every capability dropped by this process and its future children (root stays uid 0 but can
+    no longer make device nodes, send raw SCSI writes, read physical memory or load modules).
+    Dropping is allowed to any process; the bounding set needs CAP_SETPCAP, which only root has."""
+    libc = _libc()
+    pr_capbset_drop, pr_cap_ambient, pr_cap_ambient_clear_all = 24, 47, 4
+    libc.prctl(pr_cap_ambient, pr_cap_ambient_clear_all, 0, 0, 0)
+    for cap in range(64):  # those the kernel does not know fail with EINVAL, harmlessly
+        libc.prctl(pr_capbset_drop, cap, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice 32 bits, all zero
+    if libc.syscall(_CAPSET, ctypes.byref(header), ctypes.byref(data)) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 def triton_cache() -> str:
@@ -119,11 +157,13 @@ def triton_cache() -> str:
 
 
 def writable_paths(folder: str) -> list:
-    """`folder`, Triton's cache, /dev (the GPU's device files) and /proc: CUDA's initialisation
-    fails (cudaGetDeviceCount, error 304) where /proc cannot be written, on an H100 with landlock
-    ABI 7. /proc of another process stays closed: landlock refuses ptrace access to processes
-    outside the domain, which /proc/<pid>/mem, fd and the like require."""
-    return [folder, triton_cache(), "/dev", "/proc"]
+    """The folders beneath which a confined process may write: `folder`, Triton's cache, /dev/shm
+    (POSIX semaphores and shared memory, as multiprocessing uses them) and /proc: CUDA's
+    initialisation fails (cudaGetDeviceCount, error 304) where /proc cannot be written, on an
+    H100 with landlock ABI 7. /proc of another process stays closed: landlock refuses ptrace
+    access to processes outside the domain, which /proc/<pid>/mem, fd and the like require.
+    Device files are granted one by one (`device_files`)."""
+    return [folder, triton_cache(), *[p for p in ("/dev/shm",) if os.path.isdir(p)], "/proc"]
 
 
 def environment(scratch: str, base=None) -> dict:
@@ -190,7 +230,8 @@ def confinement(writable) -> str:
     tcp = ", open no TCP connection" if version >= 4 else ""
     return (
         f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "
-        f"scratch folder, Triton's cache ({triton_cache()}), /dev and /proc{tcp}, and cannot {reach} the check's{proc}; {COMMON}"
+        f"scratch folder, Triton's cache ({triton_cache()}), /dev/shm and /proc, and character devices (no disk), hold no "
+        f"capability{tcp}, and cannot {reach} the check's{proc}; {COMMON}"
     )
 
 

@@ -49,6 +49,7 @@ class CheckVerdict(Verdict):
     uncovered: list = field(default_factory=list)  # what no case ran of: "families a, b", "dtype bf16", "mode decode"
     isolation: str = "not started"  # how the kernel's processes were confined, as the probe recorded it
     tf32: bool = False  # fp32 declared as computed with TF32 matmuls: judged by the looser rule, said on the first line
+    block_size: int | None = None  # selections of whole blocks (declared): said on the first line
 
     def scope(self) -> str:
         """The claimed families, then what never ran of the kernel (every case skipped)."""
@@ -65,6 +66,7 @@ class CheckVerdict(Verdict):
             return super().headline
         words = [f"{self.subject} PASSED"] + ([f"at size {self.size}"] if self.size else [])
         words += ["with fp32 judged by the TF32 rule (declared)"] if self.tf32 else []
+        words += [f"with selections of whole {self.block_size}-key blocks (declared)"] if self.block_size else []
         if self.xfails:
             total = sum(self.xfails.values())
             where = ", ".join(f"{d} {n}" for d, n in self.xfails.most_common())
@@ -156,6 +158,7 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
     v.xfails = Counter(_xfail_group(c) for c in cases if c.outcome == "xfail")
     v.uncovered = uncovered(impl, cases, size)
     v.tf32 = impl.fp32_matmul == "tf32" and "fp32" in (DTYPE_NAMES[t] for t in impl.dtypes)
+    v.block_size = impl.block_size
     v.causes = triage.group(v.failures)
     if v.failures:
         v.blocking.append(
@@ -187,7 +190,8 @@ def _xfail_group(result) -> str:
 
 def uncovered(impl, cases: list, size: str | None = None) -> list:
     """What no case ran of (each skipped): families, then the dtypes and modes `impl` declares,
-    then the size classes up to `size` (the run's) above the `max_size` it declares."""
+    then the size classes up to `size` (the run's) above the `max_size` it declares, then the
+    bug-class case sets."""
     ran = [c for c in cases if c.outcome != "skip"]
     ids = [triage.case_of(c)[:2] for c in ran if not _bad_input(c)]
     ids = [(case, dtype) for case, dtype in ids if case]
@@ -197,8 +201,20 @@ def uncovered(impl, cases: list, size: str | None = None) -> list:
         (("dtype", "dtypes"), [d for d in (DTYPE_NAMES[t] for t in impl.dtypes) if not any(dtype == d for _, dtype in ids)]),
         (("mode", "modes"), [m for m in impl.modes if not any(case.startswith(f"{m}-") for case, _ in ids)]),
         (("size", "sizes"), [f"{s} (declared max_size {impl.max_size})" for s in above]),
+        (("case set", "case sets"), _sets_never_ran(cases, ran)),
     )
     return [f"{what[len(names) > 1]} {', '.join(names)}" for what, names in groups if names]
+
+
+def _sets(results: list) -> set:
+    """The bug-class case sets (`Case.sets`, a JUnit fact) of `results`, bad input aside."""
+    return {s for c in results if not _bad_input(c) for s in c.facts.get("sets", "").split(",") if s}
+
+
+def _sets_never_ran(cases: list, ran: list) -> list:
+    """The case sets some case of the run belongs to and no case that ran did: what the
+    declarations removed (head dims of 8 alone leave 87 of 777 cases and none of four sets)."""
+    return sorted(_sets(cases) - _sets(ran))
 
 
 def _declared(impl: Impl) -> list:

@@ -31,7 +31,7 @@ class CaseResult:
     message: str = ""
     seed: str | None = None
     seconds: float = 0.0  # the test's time as JUnit records it (setup, call and teardown)
-    # what the matrix wrote where it knew it (conformance/plugin.py): impl, case, dtype, elements
+    # what the matrix wrote where it knew it (conformance/plugin.py): impl, case, dtype, elements, sets
     # and, for a broken contract, failure: {rule, tensor, kind, error, bound} (compare.py)
     facts: dict = field(default_factory=dict)
 
@@ -63,7 +63,7 @@ def _properties(case) -> dict:
     return {p.name: p.value for p in props} if props is not None else {}
 
 
-FACTS = ("impl", "case", "dtype", "elements")
+FACTS = ("impl", "case", "dtype", "elements", "sets")
 
 
 def _facts(props: dict) -> dict:

@@ -145,3 +145,37 @@ def test_the_kernel_opens_no_tcp_connection(executor, tmp_path):
         q, k, v, r = _inputs()
         with pytest.raises(KernelError, match="Permission denied"):
             remote_callable(executor, "dials:fn")(q, k, v, r)
+
+
+@pytest.mark.skipif(not sandbox.abi(), reason="this machine's kernel offers no landlock")
+def test_the_kernel_writes_no_disk_makes_no_device_and_holds_no_capability(executor, tmp_path):
+    """A root kernel that could write /dev rewrote the judge's installed files through the block
+    device beneath them: of /dev only character devices are writable, a device node cannot be
+    made (nor a new file in /dev), and no capability is left."""
+    (tmp_path / "devices.py").write_text(
+        "import os, stat\n"
+        "def attempt(f):\n"
+        "    try:\n"
+        "        f()\n"
+        "        return 'done'\n"
+        "    except OSError as e:\n"
+        "        return 'refused'\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    seen = {'null': attempt(lambda: open('/dev/null', 'w').write('x'))}\n"
+        "    seen['new file in /dev'] = attempt(lambda: open('/dev/selgate-planted', 'w'))\n"
+        "    seen['mknod'] = attempt(lambda: os.mknod('node', stat.S_IFBLK | 0o600, os.makedev(7, 0)))\n"
+        "    disks = [e.path for e in os.scandir('/dev') if stat.S_ISBLK(e.stat(follow_symlinks=False).st_mode)]\n"
+        "    seen['disks'] = sorted({attempt(lambda d=d: os.close(os.open(d, os.O_WRONLY))) for d in disks})\n"
+        "    caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
+        "    seen['capabilities'] = sorted(set(caps))\n"
+        "    raise RuntimeError(repr(seen))\n"
+    )
+    q, k, v, r = _inputs()
+    with pytest.raises(KernelError) as e:
+        remote_callable(executor, "devices:fn")(q, k, v, r)
+    seen = eval(str(e.value)[str(e.value).index("{") :])
+    assert seen["null"] == "done"
+    assert seen["new file in /dev"] == "refused" and seen["mknod"] == "refused"
+    assert seen["disks"] in ([], ["refused"]), seen
+    assert seen["capabilities"] == ["0000000000000000"], seen
+    assert not os.path.exists("/dev/selgate-planted")

@@ -116,6 +116,8 @@ def test_an_unknown_attribute_is_an_error_naming_it():
         ("xfail: [{family: parity, cases: '*'}]", r"xfail\[0\]: expected exactly the keys"),
         ("xfail: [{family: speed, cases: '*', reason: r}]", r"xfail\[0\].family: 'speed' is not one of"),
         ("[1, 2]", r"expected a mapping of declarations"),
+        ("dtypes: [fp16, fp32]\nbackward: true\ndtypes: [fp32]", r"declare.yaml:3: duplicate key 'dtypes' \(first on line 1\)"),
+        ("block_size: 1048576", r"block_size: expected an integer from 1 to 128, got 1048576"),
     ],
 )
 def test_a_bad_declare_file_is_an_error_naming_the_key(tmp_path, text, error):

@@ -15,8 +15,9 @@ CASE = "prefill-B2S9Skv33-G2h4-D16x8-n4-mixed-fp16-s0"
 CLAIMS = {"parity": None, "determinism": None, "backward": "does not declare backward (backward: false)"}
 
 
-def _case(test, outcome, case=CASE, family=None, impl="k:fn"):
-    return CaseResult("check", f"conformance/test_conformance.py::{test}[{impl}-{case}]", family or test[5:], outcome)
+def _case(test, outcome, case=CASE, family=None, impl="k:fn", sets=""):
+    nodeid = f"conformance/test_conformance.py::{test}[{impl}-{case}]"
+    return CaseResult("check", nodeid, family or test[5:], outcome, facts={"sets": sets} if sets else {})
 
 
 def test_a_pass_names_its_size_and_its_declared_expected_failures():
@@ -79,3 +80,41 @@ def test_a_run_whose_every_case_skipped_says_so_and_suspects_no_tampering(tmp_pa
     assert v.headline == (
         "CHECK BLOCKED: no case ran: all 3 were skipped (3 of them: k:fn declares devices: cuda (this run's device is cpu))"
     ), v.blocking
+
+
+def test_a_declaration_that_removes_bug_class_case_sets_is_named_on_the_first_line():
+    """Head dims of 8 alone left 87 of 777 cases, none with a head dim that is not a power of
+    two or a row of 256 keys, under a headline word for word a full pass's; a block size is
+    said there too (a block of 2^20 keys made every selection the whole causal prefix)."""
+    impl = user_impl("k:fn", {"dtypes": (torch.float16,), "modes": ("prefill",)}, None)
+    cases = [
+        _case("test_parity", "pass", sets="G >= 2"),
+        _case("test_parity", "skip", CASE.replace("D16x8", "D72x72"), sets="G >= 2,head dims not a power of two"),
+        _case("test_parity", "skip", CASE.replace("Skv33", "Skv290"), sets="G >= 2,Dv != Dk,rows of 256+ keys"),
+        _case("test_bad_input", "pass", "scale_nan", family="bad_input", sets="Dv != Dk"),
+    ]
+    assert uncovered(impl, cases) == ["case sets Dv != Dk, head dims not a power of two, rows of 256+ keys"]
+    v = CheckVerdict(claims=CLAIMS, size="tiny", uncovered=uncovered(impl, cases), block_size=64)
+    assert v.headline == (
+        "CHECK PASSED at size tiny with selections of whole 64-key blocks (declared): 2 claimed families (parity, "
+        "determinism); never ran (every case skipped): case sets Dv != Dk, head dims not a power of two, rows of 256+ keys"
+    )
+
+
+def test_every_case_set_has_cases_at_the_default_size():
+    """Each bug-class case set has tiny cases in fp32 and in a low precision (what the headline
+    can name as never run must be in the default matrix to begin with)."""
+    from selgate.conformance.cases import select
+
+    tiny = select("tiny")
+    sets = {s for c in tiny for s in c.sets}
+    assert sets == {
+        "G >= 2",
+        "heads or groups not a power of two",
+        "head dims not a power of two",
+        "Dv != Dk",
+        "rows of 256+ keys",
+        "large logits",
+    }
+    for s in sets:
+        assert {torch.float32, torch.float16} <= {c.dtype for c in tiny if s in c.sets}, s
