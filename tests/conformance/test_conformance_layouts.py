@@ -28,6 +28,8 @@ def test_only_gpu_cases_of_two_batches_in_two_bytes_get_the_four_gib_buffer():
     assert far_applies(sdpa, case, "cuda") and not far_applies(sdpa, case, "cpu")
     assert not far_applies(sdpa, dataclasses.replace(case, dtype=torch.float32), "cuda")  # 8 GiB
     assert not far_applies(dataclasses.replace(sdpa, layouts=("contiguous",)), case, "cuda")
+    four = next(c for c in select("small") if c.shape.B == 4 and c.pattern == "mixed" and c.dtype == torch.float16)
+    assert not far_applies(sdpa, four, "cuda")  # 12 GiB
 
 
 @pytest.mark.parametrize(("bad_name", "caught"), [("int32-batch-offsets", "o"), ("int32-batch-offsets-in-backward", "d[qkv]")])
