@@ -386,6 +386,69 @@ def _dense_mask(q, k, v, ranges, *, scale=None, positions=None):
     return o.to(v.dtype), lse.float()
 
 
+def _causal_unless_a_multiple_of_64(B, S, S_kv):
+    """Query positions, but t = S_kv - 1 for every row where S_kv is a multiple of 64 (a fast path
+    for whole tiles that drops the causal limit)."""
+    t = torch.arange(S) + S_kv - S
+    return (torch.full_like(t, S_kv - 1) if S_kv % 64 == 0 else t).expand(B, S)
+
+
+def _last_tile_by_remainder(idx, valid):
+    """The last 64-key tile of a row masked by `pos % 64 < L % 64`: a row of exactly 64k keys
+    loses its last tile."""
+    L = valid.sum(-1, keepdim=True)
+    pos = _pos_in_row(idx)
+    last = torch.div(L - 1, 64, rounding_mode="floor") * 64
+    return idx, valid & ((pos < last) | (pos % 64 < L % 64))
+
+
+def _heads_past_16_dropped(q, k, v, ranges, o, lse):
+    """One program of 16 heads a group: heads 16 and on are never written (zero, lse -inf)."""
+    o, lse = o.clone(), lse.clone()
+    o[..., 16:, :] = 0
+    lse[..., 16:] = float("-inf")
+    return o, lse
+
+
+def _max_from_zero(q, k, v, ranges, *, scale=None, positions=None):
+    """The running max initialised at 0 rather than -inf: rows whose scores all lie below about
+    -104 underflow exp() to 0 / 0."""
+    offset = lambda s: s.amax(-1, keepdim=True).clamp(min=0)  # noqa: E731
+    return attend(q, k, v, ranges, scale=scale, positions=positions, rows=_fp32_softmax(offset))
+
+
+def _dk_dv_from_first_64_rows(q, k, v, ranges, *, scale=None, positions=None):
+    """The dk/dv pass loops over one block of 64 query rows: later rows add nothing to dk, dv
+    (the forward and dq are right)."""
+    o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+    o_q, lse_q = attend(q, k.detach(), v.detach(), ranges, scale=scale, positions=positions)
+    first = (torch.arange(q.shape[1], device=q.device) < 64)[None, :, None, None]
+    return torch.where(first[..., None], o, o_q), torch.where(first, lse, lse_q)
+
+
+def _second_dim_chunk_reread(q, k, v, ranges, *, scale=None, positions=None):
+    """Head dims past 192 in chunks of 128 whose second chunk re-reads dims 0.. (right up to 192)."""
+    Dk = q.shape[-1]
+    if Dk > 192:
+        q, k = (torch.cat([t[..., :128], t[..., : Dk - 128]], -1) for t in (q, k))
+    return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
+def _split_k_empty_split(q, k, v, ranges, o, lse):
+    """Decode past 1024 keys in splits of 256 whose combine divides 0 by 0 for a split that
+    selects no key: such rows come back NaN."""
+    S_kv = k.shape[2]
+    if q.shape[1] != 1 or S_kv < 1024:
+        return o, lse
+    nr = normalize_ranges(ranges.to(torch.int64), S_kv)
+    idx, valid = expand_ranges(nr, max(int(selected_lengths(nr).max()), 1))
+    splits = -(-S_kv // 256)
+    hit = torch.zeros(*idx.shape[:-1], splits + 1, dtype=torch.bool, device=q.device)  # the last: unselected
+    hit.scatter_(-1, torch.where(valid, torch.div(idx, 256, rounding_mode="floor"), splits), True)
+    broken = ~hit[..., :splits].all(-1)[..., None]
+    return torch.where(broken[..., None], float("nan"), o), torch.where(broken, float("nan"), lse)
+
+
 @dataclass(frozen=True)
 class BadImpl:
     """A known-bad implementation and the family that must flag it."""
@@ -616,6 +679,48 @@ BAD_IMPLS = (
         "dtype",
         "the backward's K/V batch offsets in int32 (the forward's are 64-bit): batches 2^31 elements apart get wrong gradients",
         device="cuda",
+    ),
+    _bad(
+        "query-block-offset-dropped",
+        lambda q, k, v, r, *, scale=None, positions=None: attend(
+            q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: (torch.arange(S) % 64 + S_kv - S).expand(B, S))
+        ),
+        "parity",
+        "query position from s % 64 (a query block's offset dropped): right while S <= 64",
+    ),
+    _bad(
+        "causality-dropped-at-multiples-of-64",
+        lambda q, k, v, r, *, scale=None, positions=None: attend(
+            q, k, v, r, scale=scale, norm=_positions(_causal_unless_a_multiple_of_64)
+        ),
+        "parity",
+        "keys limited by S_kv, not t + 1, where S_kv is a multiple of 64 (no tiny S_kv was)",
+    ),
+    _bad(
+        "first-8-ranges-only",
+        lambda q, k, v, r, *, scale=None, positions=None: attend(
+            q, k, v, r, scale=scale, positions=positions, norm=lambda r, S_kv, p: normalize_ranges(r[..., :8, :], S_kv, p)
+        ),
+        "parity",
+        "a fixed buffer of 8 ranges a row (tiny rows had at most 6)",
+    ),
+    _bad("last-tile-by-remainder", _keys(_last_tile_by_remainder), "parity", "last tile masked by L % 64 (64k keys: lost)"),
+    _bad("heads-past-16-dropped", _with_output(_heads_past_16_dropped), "parity", "one 16-head block a group: h > 16 unwritten"),
+    _bad(
+        "max-from-zero",
+        _max_from_zero,
+        "parity",
+        "running max initialised at 0: rows of scores below -104 give 0 / 0; declares fp32",
+        dtypes=(torch.float32,),
+    ),
+    _bad("dk-dv-from-first-64-rows", _dk_dv_from_first_64_rows, "backward", "dk/dv loop over one 64-row block only"),
+    _bad("second-dim-chunk-reread", _second_dim_chunk_reread, "parity", "second 128-dim chunk re-reads dims 0.. (Dk > 192)"),
+    _bad("tile-loop-stops-after-512", _keys(lambda i, m: (i, m & (_pos_in_row(i) < 512))), "parity", "at most 512 keys a row"),
+    _bad(
+        "split-k-empty-split-nan",
+        _with_output(_split_k_empty_split),
+        "parity",
+        "decode past 1024 keys in 256-key splits: a split that selects nothing gives 0 / 0",
     ),
     _bad("normalises-ranges-in-place", _normalises_in_place, "parity", "writes the normalised ranges into the caller's tensor"),
     _bad("dq-scaled-by-dv", _dq_scaled_by_dv, "backward", "dq scaled with 1/sqrt(Dv): wrong only when Dv != Dk"),

@@ -289,6 +289,17 @@ TINY_LONG = (
     Shape(mode="decode", B=1, S=1, S_kv=300, G=2, h=2, Dk=16, Dv=16, n=2),
     Shape(mode="prefill", B=1, S=3, S_kv=290, G=2, h=3, Dk=16, Dv=8, n=2),
 )
+# Past the sizes a kernel's blocks and fast paths assume, each found passing in a hostile review:
+# 80 queries (a query block of 64 whose offset is dropped; a backward row loop that stops after
+# 64), S_kv = 128 (causality skipped where S_kv is a multiple of 64; rows of exactly 64 and 128
+# keys: a last tile masked by L % 64), 16 ranges a row (a fixed buffer of 4 or 8 ranges); a
+# decode row of 1030 keys (a tile loop capped at 512, a split-K path past 1024 whose empty split
+# divides 0 by 0) with 32 heads a group (one 16-head block); head dims of 256 (chunks of 128).
+TINY_BEYOND = (
+    Shape(mode="prefill", B=1, S=80, S_kv=128, G=2, h=3, Dk=16, Dv=16, n=16),
+    Shape(mode="decode", B=1, S=1, S_kv=1030, G=2, h=32, Dk=16, Dv=16, n=16),
+    Shape(mode="decode", B=1, S=1, S_kv=45, G=2, h=2, Dk=256, Dv=256, n=3),
+)
 TINY_VARLEN = varlen_shape(((3, 20), (1, 33), (5, 5), (4, 17)), 2, 2, 16, 16, 4)
 SMALL = (
     Shape(mode="prefill", B=2, S=64, S_kv=300, G=2, h=8, Dk=64, Dv=64, n=8),
@@ -340,6 +351,12 @@ def _declare():
         add(shape, ("full", "mixed"), _FP, "tiny")
         add(shape, ("full",), _LOW, "tiny")
     add(TINY_LONG[0], ("full",), _FP, "tiny", seeds=(7,), smoke=True)
+    add(TINY_BEYOND[0], ("full", "many_small", "mixed", "beyond_t"), _FP, "tiny")
+    add(TINY_BEYOND[0], ("builder",), _LOW, "tiny")
+    add(TINY_BEYOND[1], ("full", "many_small", "builder"), _FP, "tiny")  # many_small: splits of 256 keys with none
+    add(TINY_BEYOND[1], ("full",), _LOW, "tiny")
+    add(TINY_BEYOND[2], ("full", "builder"), _FP, "tiny")
+    add(TINY_BEYOND[2], ("builder",), _LOW, "tiny")
     for shape in (TINY_DECODE, TINY_PREFILL):
         big = dict(values="large_logits", scale=large_logit_scale(shape.Dk))
         add(shape, ("mixed", "full"), _FP, "tiny", **big)

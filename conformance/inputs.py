@@ -79,8 +79,9 @@ def large_logit_scale(Dk: int) -> float:
 
 def large_logit_qkv(B, S, G, h, Dk, Dv, S_kv, *, dtype, generator: torch.Generator, scale: float):
     """q [B,S,G,h,Dk], k [B,G,S_kv,Dk] whose scores `scale * q.k` sit around +86 on head 0 of
-    group 0 (-86 on every fourth query row): a softmax that does not subtract the row's max
-    overflows fp32's exp past 88.72. The other heads' q are scaled by -2^-4 to -2^-12 (scores
+    group 0 (-120 on every fourth query row): a softmax that does not subtract the row's max
+    overflows fp32's exp past 88.72, and one whose running max starts at 0 underflows it below
+    -104 (0 / 0). The other heads' q are scaled by -2^-4 to -2^-12 (scores
     from -5 to 0), so heads of one group differ by orders of magnitude and a max shared across
     them underflows the small ones (exp(-5 - 92) is a denormal of ~2 significant digits).
     q and k are small integers times powers of two (a common first component carries the
@@ -93,10 +94,11 @@ def large_logit_qkv(B, S, G, h, Dk, Dv, S_kv, *, dtype, generator: torch.Generat
     q = torch.randint(-3, 4, (B, S, G, h, Dk), generator=generator, dtype=torch.float64)
     c = 16.0
     k[..., 0] = c
-    q[..., 0] = round(86.0 / (scale * c))
+    negative = torch.arange(B * S).reshape(B, S, 1, 1) % 4 == 3
+    q[..., 0] = torch.where(negative, round(120.0 / (scale * c)), round(86.0 / (scale * c)))
     exponent = torch.tensor([4.0, 8.0, 12.0])[torch.randint(0, 3, (B, S, G, h, 1), generator=generator)]
     exponent[:, :, 0, 0] = 0.0
-    sign = torch.where(torch.arange(B * S).reshape(B, S, 1, 1, 1) % 4 == 3, -1.0, 1.0)
+    sign = torch.where(negative[..., None], -1.0, 1.0)
     q = q * torch.where(exponent == 0, sign, -1.0) * 2.0**-exponent
     v = torch.randn(B, G, S_kv, Dv, generator=generator, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
