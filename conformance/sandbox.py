@@ -5,7 +5,8 @@ executors that call it) that start confined before any of the kernel's code, or 
   may create, write, rename or delete files only beneath the folders it is given (its own
   scratch folder, the Triton cache, /dev/shm and /proc for CUDA) and write only the character
   devices of /dev (never a disk), and it holds no capability; from landlock ABI 6 on
-  it cannot signal processes outside its domain, and from the first ABI it cannot ptrace them
+  it cannot signal processes outside its domain nor connect to their abstract unix sockets (the
+  determinism family's two processes included), and from the first ABI it cannot ptrace them
   (nor write their memory through /proc). So the kernel cannot rewrite the check's results,
   the judge's files or the judge itself.
 - From landlock ABI 4 on it can neither connect to nor listen on a TCP port (a service on the
@@ -38,7 +39,7 @@ _WRITES = {1: sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)), 2: 1 << 13
 _MAKE_DEVICES = (1 << 6) | (1 << 11)  # MAKE_CHAR, MAKE_BLOCK: handled, granted nowhere
 _FILE_WRITES = (1 << 1) | (1 << 14)  # WRITE_FILE, TRUNCATE: what a rule on one file may grant
 _NET_TCP = (1 << 0) | (1 << 1)  # LANDLOCK_ACCESS_NET_BIND_TCP, _CONNECT_TCP (ABI 4): handled, no rule grants them
-_SCOPE_SIGNAL = 1 << 1  # ABI 6
+_SCOPES = (1 << 0) | (1 << 1)  # ABI 6: LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, _SIGNAL
 
 
 class _PathBeneath(ctypes.Structure):
@@ -94,7 +95,7 @@ def confine(writable) -> None:
     if not version:
         raise OSError("landlock is not available")
     handled = sum(bits for v, bits in _WRITES.items() if v <= version)
-    fields = [handled, _NET_TCP if version >= 4 else 0] + ([_SCOPE_SIGNAL] if version >= 6 else [])
+    fields = [handled, _NET_TCP if version >= 4 else 0] + ([_SCOPES] if version >= 6 else [])
     attr = (ctypes.c_uint64 * len(fields))(*fields)
     ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr) if version >= 4 else 8), 0)
     if ruleset < 0:
@@ -226,7 +227,7 @@ def confinement(writable) -> str:
     if not version:
         return f"no landlock on this machine's kernel: the kernel's processes could write the results folder; {COMMON}"
     confine(writable)
-    reach = "signal or ptrace" if version >= 6 else "ptrace"
+    reach = "signal, ptrace or reach by an abstract unix socket" if version >= 6 else "ptrace"
     tcp = ", open no TCP connection" if version >= 4 else ""
     return (
         f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "

@@ -179,3 +179,28 @@ def test_the_kernel_writes_no_disk_makes_no_device_and_holds_no_capability(execu
     assert seen["disks"] in ([], ["refused"]), seen
     assert seen["capabilities"] == ["0000000000000000"], seen
     assert not os.path.exists("/dev/selgate-planted")
+
+
+@pytest.mark.skipif(
+    sandbox.abi() < 6, reason="landlock scopes abstract unix sockets from ABI 6 on; this machine's kernel offers less"
+)
+def test_the_kernel_reaches_no_abstract_unix_socket_outside_its_process(executor, tmp_path):
+    """An abstract unix socket (no file: landlock's paths do not cover it) listening in another
+    process, such as the determinism family's other process, is out of reach."""
+    import socket
+
+    (tmp_path / "dials_unix.py").write_text(
+        "import socket\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    with socket.socket(socket.AF_UNIX) as s:\n"
+        "        s.connect(b'\\0selgate-test-' + open('name', 'rb').read())\n"
+        "        raise RuntimeError('connected')\n"
+    )
+    with socket.socket(socket.AF_UNIX) as server:
+        name = f"{os.getpid()}-{tmp_path.name}".encode()
+        server.bind(b"\0selgate-test-" + name)
+        server.listen()
+        (tmp_path / "name").write_bytes(name)
+        q, k, v, r = _inputs()
+        with pytest.raises(KernelError, match="Operation not permitted|Permission denied"):
+            remote_callable(executor, "dials_unix:fn")(q, k, v, r)
