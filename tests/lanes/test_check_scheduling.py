@@ -28,8 +28,9 @@ def test_costliest_variants_are_handed_out_first():
     pytest_collection_modifyitems(None, items)
     ordered = [i.nodeid for i in items]
     assert sorted(ordered) == sorted(ids)
-    assert variant_of(ordered[0]) == "h1-D192x128-fp32", ordered[0]
-    assert variant_of(next(i for i in ordered if "D192x128" not in i)) == "h12-D100x100-fp32"
+    assert variant_of(ordered[0]) == "h2-D256x256-fp32", ordered[0]
+    assert variant_of(next(i for i in ordered if "D256x256" not in i)) == "h1-D192x128-fp32"
+    assert variant_of(next(i for i in ordered if "D256x256" not in i and "D192x128" not in i)) == "h12-D100x100-fp32"
     assert ordered.index(next(i for i in ordered if i.endswith("-fp16-s0]") and "D192x128" in i)) < ordered.index(
         next(i for i in ordered if "D128x64" in i)
     )
