@@ -457,9 +457,10 @@ class BadImpl:
     caught_by: str
     bug: str
     device: str = "cpu"  # where the self-test runs it
+    aimed_at: str = ""  # a part of the ids of the cases made for this bug: the self-test tries them first
 
 
-def _bad(name, call, caught_by, bug, varlen=None, device="cpu", **declared):
+def _bad(name, call, caught_by, bug, varlen=None, device="cpu", aimed_at="", **declared):
     """`declared`: Impl fields that narrow what it claims, as the kernel that shipped the bug
     declared them (so the matrix of before missed it)."""
 
@@ -468,7 +469,7 @@ def _bad(name, call, caught_by, bug, varlen=None, device="cpu", **declared):
 
     fields = {"dtypes": ALL_DTYPES, "varlen": varlen or _varlen(call), "backward": True, "lse": True, **declared}
     impl = Impl(name, wrapped, **fields)
-    return BadImpl(impl, caught_by, bug, device)
+    return BadImpl(impl, caught_by, bug, device, aimed_at)
 
 
 def seeded_by_pid(q, k, v, ranges, *, scale=None, positions=None):
@@ -687,6 +688,7 @@ BAD_IMPLS = (
         ),
         "parity",
         "query position from s % 64 (a query block's offset dropped): right while S <= 64",
+        aimed_at="S80Skv128",
     ),
     _bad(
         "causality-dropped-at-multiples-of-64",
@@ -695,6 +697,7 @@ BAD_IMPLS = (
         ),
         "parity",
         "keys limited by S_kv, not t + 1, where S_kv is a multiple of 64 (no tiny S_kv was)",
+        aimed_at="S80Skv128",
     ),
     _bad(
         "first-8-ranges-only",
@@ -703,24 +706,57 @@ BAD_IMPLS = (
         ),
         "parity",
         "a fixed buffer of 8 ranges a row (tiny rows had at most 6)",
+        aimed_at="S80Skv128",
     ),
-    _bad("last-tile-by-remainder", _keys(_last_tile_by_remainder), "parity", "last tile masked by L % 64 (64k keys: lost)"),
-    _bad("heads-past-16-dropped", _with_output(_heads_past_16_dropped), "parity", "one 16-head block a group: h > 16 unwritten"),
+    _bad(
+        "last-tile-by-remainder",
+        _keys(_last_tile_by_remainder),
+        "parity",
+        "last tile masked by L % 64 (64k keys: lost)",
+        aimed_at="S80Skv128",
+    ),
+    _bad(
+        "heads-past-16-dropped",
+        _with_output(_heads_past_16_dropped),
+        "parity",
+        "one 16-head block a group: h > 16 unwritten",
+        aimed_at="Skv1030",
+    ),
     _bad(
         "max-from-zero",
         _max_from_zero,
         "parity",
         "running max initialised at 0: rows of scores below -104 give 0 / 0; declares fp32",
         dtypes=(torch.float32,),
+        aimed_at="vlarge_logits",
     ),
-    _bad("dk-dv-from-first-64-rows", _dk_dv_from_first_64_rows, "backward", "dk/dv loop over one 64-row block only"),
-    _bad("second-dim-chunk-reread", _second_dim_chunk_reread, "parity", "second 128-dim chunk re-reads dims 0.. (Dk > 192)"),
-    _bad("tile-loop-stops-after-512", _keys(lambda i, m: (i, m & (_pos_in_row(i) < 512))), "parity", "at most 512 keys a row"),
+    _bad(
+        "dk-dv-from-first-64-rows",
+        _dk_dv_from_first_64_rows,
+        "backward",
+        "dk/dv loop over one 64-row block only",
+        aimed_at="S80Skv128",
+    ),
+    _bad(
+        "second-dim-chunk-reread",
+        _second_dim_chunk_reread,
+        "parity",
+        "second 128-dim chunk re-reads dims 0.. (Dk > 192)",
+        aimed_at="D256x256",
+    ),
+    _bad(
+        "tile-loop-stops-after-512",
+        _keys(lambda i, m: (i, m & (_pos_in_row(i) < 512))),
+        "parity",
+        "at most 512 keys a row",
+        aimed_at="Skv1030",
+    ),
     _bad(
         "split-k-empty-split-nan",
         _with_output(_split_k_empty_split),
         "parity",
         "decode past 1024 keys in 256-key splits: a split that selects nothing gives 0 / 0",
+        aimed_at="Skv1030",
     ),
     _bad("normalises-ranges-in-place", _normalises_in_place, "parity", "writes the normalised ranges into the caller's tensor"),
     _bad("dq-scaled-by-dv", _dq_scaled_by_dv, "backward", "dq scaled with 1/sqrt(Dv): wrong only when Dv != Dk"),

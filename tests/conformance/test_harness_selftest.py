@@ -45,11 +45,12 @@ CPU_LANE_ONLY = (
 )
 
 
-def _cases(impl, family, seed, shapes=None):
-    """The tiny cases `family` runs `impl` on, fitted to its declarations as the matrix fits them."""
+def _cases(impl, family, seed, shapes=None, aimed_at=""):
+    """The tiny cases `family` runs `impl` on, fitted to its declarations as the matrix fits them;
+    those whose id holds `aimed_at` (the cases made for a bug) first."""
     fitted = [fit(c, impl) for c in select("tiny") if family.applies(c) and (shapes is None or c.shape in shapes)]
     cases = [c for c in fitted if not family.skip(impl, c, DEVICE)]
-    cases.sort(key=lambda c: (ORDER.index(c.pattern), c.dtype.itemsize == 2, c.seed))
+    cases.sort(key=lambda c: (not (aimed_at and aimed_at in c.id), ORDER.index(c.pattern), c.dtype.itemsize == 2, c.seed))
     return [dataclasses.replace(c, seed=seed) for c in cases]
 
 
@@ -74,7 +75,7 @@ def test_known_bad_implementation_is_flagged(bad, seed):
         assert _flagged_bad_input(bad.impl, seed), f"{bad.impl.name} ({bad.bug}) passed every bad input"
         return
     family = FAMILIES[bad.caught_by]
-    for case in _cases(bad.impl, family, seed):
+    for case in _cases(bad.impl, family, seed, aimed_at=bad.aimed_at):
         try:
             family.check(bad.impl, case, bad.device)
         except ConformanceFailure:
