@@ -193,6 +193,11 @@ def _positions(value_of):
     return lambda r, S_kv, positions: normalize_ranges(r, S_kv, value_of(r.shape[0], r.shape[1], S_kv).to(r.device))
 
 
+def _normalised_by(norm):
+    """The correct implementation with the ranges normalised by `norm(ranges, S_kv, positions)`."""
+    return lambda q, k, v, r, *, scale=None, positions=None: attend(q, k, v, r, scale=scale, positions=positions, norm=norm)
+
+
 def _with_output(fix):
     """Post-process `(o, lse)` of the correct implementation with `fix(q, k, v, ranges, o, lse)`."""
 
@@ -498,9 +503,7 @@ BAD_IMPLS = (
     ),
     _bad(
         "reads-beyond-t",
-        lambda q, k, v, r, *, scale=None, positions=None: attend(
-            q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: torch.full((B, S), S_kv - 1))
-        ),
+        _normalised_by(_positions(lambda B, S, S_kv: torch.full((B, S), S_kv - 1))),
         "parity",
         "ranges clamped to S_kv but not to t + 1",
     ),
@@ -683,27 +686,21 @@ BAD_IMPLS = (
     ),
     _bad(
         "query-block-offset-dropped",
-        lambda q, k, v, r, *, scale=None, positions=None: attend(
-            q, k, v, r, scale=scale, norm=_positions(lambda B, S, S_kv: (torch.arange(S) % 64 + S_kv - S).expand(B, S))
-        ),
+        _normalised_by(_positions(lambda B, S, S_kv: (torch.arange(S) % 64 + S_kv - S).expand(B, S))),
         "parity",
         "query position from s % 64 (a query block's offset dropped): right while S <= 64",
         aimed_at="S80Skv128",
     ),
     _bad(
         "causality-dropped-at-multiples-of-64",
-        lambda q, k, v, r, *, scale=None, positions=None: attend(
-            q, k, v, r, scale=scale, norm=_positions(_causal_unless_a_multiple_of_64)
-        ),
+        _normalised_by(_positions(_causal_unless_a_multiple_of_64)),
         "parity",
         "keys limited by S_kv, not t + 1, where S_kv is a multiple of 64 (no tiny S_kv was)",
         aimed_at="S80Skv128",
     ),
     _bad(
         "first-8-ranges-only",
-        lambda q, k, v, r, *, scale=None, positions=None: attend(
-            q, k, v, r, scale=scale, positions=positions, norm=lambda r, S_kv, p: normalize_ranges(r[..., :8, :], S_kv, p)
-        ),
+        _normalised_by(lambda r, S_kv, p: normalize_ranges(r[..., :8, :], S_kv, p)),
         "parity",
         "a fixed buffer of 8 ranges a row (tiny rows had at most 6)",
         aimed_at="S80Skv128",
