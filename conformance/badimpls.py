@@ -137,28 +137,30 @@ def _int32_batch_offsets(q, k, v, ranges, *, scale=None, positions=None):
     return attend(q, _int32_wrapped(k), _int32_wrapped(v), ranges, scale=scale, positions=positions)
 
 
-class _Int32OffsetsInBackward(torch.autograd.Function):
-    """The correct forward; a backward that reads K/V at 32-bit batch offsets (`_int32_wrapped`),
-    as a backward kernel written apart from its forward can."""
+class _WrongBackward(torch.autograd.Function):
+    """The correct forward; gradients recomputed from `reads(t)` of q, k, v with `rows` as the
+    softmax (`attend`'s hook), as a backward kernel written apart from its forward can."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ranges, scale, positions):
+    def forward(ctx, reads, rows, q, k, v, ranges, scale, positions):
         ctx.save_for_backward(q, k, v, ranges, positions)
-        ctx.scale = scale
+        ctx.reads, ctx.rows, ctx.scale = reads, rows, scale
         return attend(q, k, v, ranges, scale=scale, positions=positions)
 
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, ranges, positions = ctx.saved_tensors
-        leaves = [t.detach().clone().requires_grad_() for t in (q, _int32_wrapped(k), _int32_wrapped(v))]
+        leaves = [ctx.reads(t).detach().clone().requires_grad_() for t in (q, k, v)]
         with torch.enable_grad():
-            o, lse = attend(*leaves, ranges, scale=ctx.scale, positions=positions)
+            o, lse = attend(*leaves, ranges, scale=ctx.scale, positions=positions, rows=ctx.rows)
             grads = torch.autograd.grad((o, lse), leaves, (do, dlse))
-        return (*grads, None, None, None)
+        return (None, None, *grads, None, None, None)
 
 
-def _int32_offsets_in_backward(q, k, v, ranges, *, scale=None, positions=None):
-    return _Int32OffsetsInBackward.apply(q, k, v, ranges, scale, positions)
+def _backward_by(reads=lambda t: t, rows=None):
+    return lambda q, k, v, ranges, *, scale=None, positions=None: _WrongBackward.apply(
+        reads, rows, q, k, v, ranges, scale, positions
+    )
 
 
 def _normalises_in_place(q, k, v, ranges, *, scale=None, positions=None):
@@ -679,7 +681,7 @@ BAD_IMPLS = (
     ),
     _bad(
         "int32-batch-offsets-in-backward",
-        _int32_offsets_in_backward,
+        _backward_by(reads=_int32_wrapped),  # q's offsets never reach 2^31 elements: unchanged
         "dtype",
         "the backward's K/V batch offsets in int32 (the forward's are 64-bit): batches 2^31 elements apart get wrong gradients",
         device="cuda",
@@ -756,5 +758,13 @@ BAD_IMPLS = (
         aimed_at="Skv1030",
     ),
     _bad("normalises-ranges-in-place", _normalises_in_place, "parity", "writes the normalised ranges into the caller's tensor"),
+    _bad(
+        "backward-without-max",
+        _backward_by(rows=_fp32_softmax(lambda s: torch.zeros_like(s[..., :1]))),
+        "backward",
+        "the forward right, a backward that recomputes the softmax without the row max: NaN gradients at scores near 100",
+        dtypes=(torch.float32,),
+        aimed_at="vlarge_logits",
+    ),
     _bad("dq-scaled-by-dv", _dq_scaled_by_dv, "backward", "dq scaled with 1/sqrt(Dv): wrong only when Dv != Dk"),
 )

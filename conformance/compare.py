@@ -107,11 +107,13 @@ def assert_close(
     precision: Union[Precision, torch.dtype],
     case_id: str,
     plain: Optional[torch.Tensor] = None,
+    values: bool = True,
 ) -> None:
     """`actual` matches the fp64 `ref` within the SPEC.md bound for an implementation judged in
     `precision` (a dtype: its IEEE arithmetic). `plain` is the plain PyTorch result in that
     precision the fp16/bf16/tf32 bound scales with. Non-finite reference entries (lse = -inf
-    of empty rows) must be matched exactly; NaN or inf where the reference is finite always fails."""
+    of empty rows) must be matched exactly; NaN or inf where the reference is finite always fails.
+    `values` False: that alone is judged (the finite values are not)."""
     precision = as_precision(precision)
     _same_shape(name, actual, ref, case_id)
     a, r = actual.detach().to(torch.float64), ref.detach().to(torch.float64)
@@ -130,7 +132,7 @@ def assert_close(
             tensor=_tensor(name),
             kind=kind,
         )
-    if not finite.any():
+    if not finite.any() or not values:
         return
     err = torch.where(finite, (a - r).abs(), 0.0)
     mx, i = err.flatten().max(0)
@@ -164,14 +166,24 @@ def assert_close(
         )
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s elements as integers of the same width: NaN payloads and -0.0 compare as stored."""
+    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+    return t.view(ints[t.element_size()]) if t.is_floating_point() else t
+
+
 def assert_equal(
     name: str, actual: torch.Tensor, expected: torch.Tensor, *, case_id: str, why: str, rule: str, atol: float = 0.0
 ) -> None:
-    """Bitwise equality (NaN equal to NaN), or within `atol` where the same arithmetic may
-    legitimately reduce in another order, as SPEC.md's `rule` asks; the message names the
+    """Bitwise equality of what is stored (-0.0 is not 0.0, nor one NaN payload another; values
+    of two dtypes compare by value, NaN equal to NaN), or within `atol` where the same arithmetic
+    may legitimately reduce in another order, as SPEC.md's `rule` asks; the message names the
     first differing element."""
     _same_shape(name, actual, expected, case_id, f" ({why})")
-    same = (actual == expected) | (torch.isnan(actual) & torch.isnan(expected))
+    if actual.dtype == expected.dtype:
+        same = bits(actual) == bits(expected)
+    else:
+        same = (actual == expected) | (torch.isnan(actual) & torch.isnan(expected))
     if atol:
         same |= (actual - expected).abs() <= atol
     if not bool(same.all()):

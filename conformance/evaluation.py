@@ -19,7 +19,7 @@ from selgate.reference.golden import gather_attention
 from selgate.reference.validation import resolve_scale
 
 from .cases import Case
-from .compare import ConformanceFailure, assert_close
+from .compare import ConformanceFailure, assert_close, bits
 from .inputs import Inputs
 from .poison import poison_cuda_cache
 from .registry import Impl
@@ -52,23 +52,17 @@ def _leaves(tensors):
     return out
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """`t`'s elements as integers of the same width: NaN payloads and -0.0 compare as stored."""
-    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-    return t.view(ints[t.element_size()]) if t.is_floating_point() else t
-
-
 class Unmodified:
     """Copies of the tensors an implementation is handed; `check()` fails, naming the tensor,
     when a call wrote into one (a kernel that normalises the caller's ranges in place, or
     uses q as scratch, breaks every later call of the caller)."""
 
     def __init__(self, **tensors):
-        self.saved = {name: (t, _bits(t.detach()).clone()) for name, t in tensors.items() if t is not None}
+        self.saved = {name: (t, bits(t.detach()).clone()) for name, t in tensors.items() if t is not None}
 
     def check(self, when: str = "the call") -> None:
         for name, (t, before) in self.saved.items():
-            differ = int((_bits(t.detach()) != before).sum())
+            differ = int((bits(t.detach()) != before).sum())
             if differ:
                 raise ConformanceFailure(
                     f"{name}: modified by {when} ({differ} elements differ)",
@@ -149,6 +143,13 @@ def impl_fn(impl: Impl, ranges, scale, want_lse=True):
 
     def call(q, k, v):
         o, lse = impl.forward(q, k, v, ranges, scale=scale, want_lse=want_lse)
+        if lse is None and want_lse and impl.lse:  # else no family would ever judge the lse it declares
+            raise ConformanceFailure(
+                "lse: declared (lse: true) but the call returned none",
+                rule="shapes",
+                tensor="lse",
+                kind="declared but not returned",
+            )
         for name, t, dtype in (("o", o, impl.result_dtype or v.dtype), ("lse", lse, impl.result_dtype or torch.float32)):
             if t is not None and (t.dtype != dtype or t.device != q.device):
                 wrong = "wrong dtype" if t.dtype != dtype else "wrong device"
@@ -197,8 +198,9 @@ def batched(inp: Inputs, judged: Precision, ranges=None):
     return lambda kind: golden_fn(r, inp.scale) if kind == "golden" else plain_fn(r, inp.scale, judged)
 
 
-def compare(case: Case, judged: Precision, got: Result, gold: Result, plain: Optional[Result]) -> None:
-    """Every tensor `got` has (o, lse, grads) within its SPEC.md bound in `judged` of the golden one."""
+def compare(case: Case, judged: Precision, got: Result, gold: Result, plain: Optional[Result], grad_values: bool = True) -> None:
+    """Every tensor `got` has (o, lse, grads) within its SPEC.md bound in `judged` of the golden one
+    (`grad_values` False: the gradients' special values only, `assert_close`'s `values`)."""
     cid = case.id
     assert_close("o", got.o, gold.o, precision=judged, case_id=cid, plain=None if plain is None else plain.o)
     if got.lse is not None:
@@ -206,7 +208,13 @@ def compare(case: Case, judged: Precision, got: Result, gold: Result, plain: Opt
     if got.grads is not None:
         for i, name in enumerate(("dq", "dk", "dv")):
             assert_close(
-                name, got.grads[i], gold.grads[i], precision=judged, case_id=cid, plain=None if plain is None else plain.grads[i]
+                name,
+                got.grads[i],
+                gold.grads[i],
+                precision=judged,
+                case_id=cid,
+                plain=None if plain is None else plain.grads[i],
+                values=grad_values,
             )
 
 

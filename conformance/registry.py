@@ -95,8 +95,13 @@ class Impl:
         return _split(self.varlen(*self._laid_out(q, k, v), ranges, cu_q, cu_k, scale=scale), self.lse)
 
     def _laid_out(self, q, k, v):
-        """Contiguous copies for a kernel that does not declare strided inputs."""
-        return (q, k, v) if "strided" in self.layouts else tuple(t.contiguous() for t in (q, k, v))
+        """Contiguous copies for a kernel that does not declare strided inputs; K and V rows in one
+        buffer stay so where it declares `kv_shared` (copied, its shared-buffer case would hand it
+        two separate tensors and check nothing)."""
+        if "strided" in self.layouts:
+            return q, k, v
+        shared = "kv_shared" in self.layouts and k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+        return q.contiguous(), *((k, v) if shared else (k.contiguous(), v.contiguous()))
 
     def judged_as(self, dtype: torch.dtype) -> Precision:
         """The precision this implementation's results on `dtype` inputs are judged in."""

@@ -14,6 +14,7 @@ from ..cases import Case, make_inputs
 from ..compare import fail
 from ..family import Family, param_marks
 from ..registry import Impl, fit, known_bug, skip_reason
+from ..remote import ExecutorDied
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ BAD_INPUTS = (
     BadInput("k-headdim", "k", _with(k=lambda i: i.k[..., :-1])),
     BadInput("k-dtype", "k", _with(k=lambda i: i.k.to(torch.float64 if i.q.dtype != torch.float64 else torch.float32))),
     BadInput("v-length", "v", _with(v=lambda i: i.v[:, :, :-1])),
+    BadInput("v-dtype", "v", _with(v=lambda i: i.v.to(torch.float64 if i.q.dtype != torch.float64 else torch.float32))),
     BadInput("ranges-float", "ranges", _with(ranges=lambda i: i.ranges.to(torch.float32))),
     BadInput("ranges-pairs", "ranges", _with(ranges=lambda i: i.ranges[..., :1].contiguous())),
     BadInput("ranges-groups", "ranges", _with(ranges=lambda i: torch.cat([i.ranges, i.ranges[:, :, :1]], 2))),
@@ -81,6 +83,13 @@ def check(impl: Impl, bad: BadInput, case: Case, device) -> None:
                 impl.forward_varlen(kw["q"], kw["k"], kw["v"], kw["ranges"], kw["cu_q"], kw["cu_k"], scale=kw["scale"])
             else:
                 impl.forward(kw["q"], kw["k"], kw["v"], kw["ranges"], scale=kw["scale"])
+    except ExecutorDied as e:  # SPEC.md: refused before any kernel runs, never a crash inside one
+        fail(
+            case.id,
+            f"bad input {bad.name}: the kernel's process died instead of refusing ({e})",
+            rule="bad-input",
+            kind="crashed instead of refusing",
+        )
     except Exception as e:  # any error type, as long as it says what was wrong
         if not re.search(rf"(?<![\w.]){re.escape(bad.arg)}(?!\w)", str(e)):
             fail(

@@ -118,3 +118,28 @@ def test_every_case_set_has_cases_at_the_default_size():
     }
     for s in sets:
         assert {torch.float32, torch.float16} <= {c.dtype for c in tiny if s in c.sets}, s
+
+
+def test_declared_limits_are_on_the_first_line_and_only_judged_cases_reach_a_set():
+    """Head dims 16 to 64, heads a power of two up to 16 and contiguous inputs left 193 of 501
+    cases under a full pass's first line; a case set reached only by declared expected failures
+    or by determinism (which compares no value with the reference) was counted as run."""
+    from selgate.reports.check_report import declared_limits
+
+    declared = {"heads_power_of_two": True, "max_heads": 16, "min_head_dim": 16, "max_head_dim": 64, "layouts": ("contiguous",)}
+    impl = user_impl("k:fn", {"dtypes": (torch.float32,), **declared}, None)
+    limits = declared_limits(impl)
+    assert limits == ["heads a group a power of two, at most 16", "head dims from 16 up to 64", "layouts contiguous"]
+    assert declared_limits(user_impl("k:fn", {"modes": ("decode",)}, None)) == ["decode only"]
+    assert declared_limits(user_impl("k:fn", {}, None)) == []
+    v = CheckVerdict(claims=CLAIMS, size="tiny", limits=limits)
+    assert v.headline.startswith(
+        "CHECK PASSED at size tiny within declared limits (heads a group a power of two, at most 16; head dims from 16 "
+        "up to 64; layouts contiguous): "
+    )
+    cases = [
+        _case("test_parity", "pass", sets="G >= 2"),
+        _case("test_parity", "xfail", CASE.replace("-mixed-", "-mixed-vlarge_logits-"), sets="G >= 2,large logits"),
+        _case("test_determinism", "pass", CASE.replace("-mixed-", "-full-vlarge_logits-"), sets="G >= 2,large logits"),
+    ]
+    assert uncovered(impl, cases)[-1] == "case set large logits"

@@ -1,0 +1,60 @@
+"""How the matrix judges what comes back: bitwise means the stored bits, a declared lse must come
+back, a crash is no refusal of bad input, and a shared K/V buffer reaches a kernel that declares
+it (each passed a wrong kernel in a hostile review)."""
+
+import pytest
+import torch
+
+from selgate.conformance.cases import select
+from selgate.conformance.compare import ConformanceFailure, assert_equal
+from selgate.conformance.evaluation import impl_fn
+from selgate.conformance.families.bad_input import BAD_INPUTS
+from selgate.conformance.families.bad_input import check as check_bad_input
+from selgate.conformance.registry import Impl
+from selgate.conformance.remote import ExecutorDied
+from selgate.reference import selection_attention_ref
+
+
+def test_bitwise_identical_tells_negative_zero_and_nan_payloads_apart():
+    with pytest.raises(ConformanceFailure, match=r"1 elements differ \(run to run\); first at index \(0,\): -0.0 vs 0.0"):
+        assert_equal("o", torch.tensor([-0.0]), torch.tensor([0.0]), case_id="c", why="run to run", rule="determinism")
+    nan = torch.tensor([float("nan")])
+    other = nan.view(torch.int32).add(1).view(torch.float32)  # another NaN payload
+    with pytest.raises(ConformanceFailure):
+        assert_equal("o", other, nan, case_id="c", why="run to run", rule="determinism")
+    assert_equal("o", nan.clone(), nan, case_id="c", why="run to run", rule="determinism")
+
+
+def _impl(call, **declared):
+    return Impl("k:fn", call, dtypes=(torch.float32,), **declared)
+
+
+def test_a_declared_lse_must_come_back():
+    q, k, v = torch.zeros(1, 1, 1, 1, 4), torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4)
+    impl = _impl(lambda q, k, v, r, *, scale=None, want_lse=True: (torch.zeros(1, 1, 1, 1, 4), None), lse=True)
+    with pytest.raises(ConformanceFailure, match="lse: declared .lse: true. but the call returned none"):
+        impl_fn(impl, torch.zeros(1, 1, 1, 1, 2, dtype=torch.int64), None)(q, k, v)
+
+
+def test_a_kernel_whose_process_dies_on_bad_input_has_not_refused_it():
+    def dies(q, k, v, ranges, *, scale=None, want_lse=True):
+        raise ExecutorDied("the kernel's process was killed by SIGABRT during the call: Assertion `scale > 0' failed")
+
+    bad = next(b for b in BAD_INPUTS if b.name == "scale-negative")
+    case = next(c for c in select("tiny") if c.dtype == torch.float32 and c.mode == "prefill")
+    with pytest.raises(ConformanceFailure, match="died instead of refusing"):
+        check_bad_input(_impl(dies, lse=True), bad, case, "cpu")
+
+
+@pytest.mark.parametrize("layouts, shared", [(("contiguous", "kv_shared"), True), (("contiguous",), False)])
+def test_a_kernel_declaring_kv_shared_gets_the_shared_buffer(layouts, shared):
+    seen = {}
+
+    def call(q, k, v, ranges, *, scale=None, want_lse=True):
+        seen["shared"] = k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+        return selection_attention_ref(q, k, v, ranges, scale=scale, return_lse=True)
+
+    kv = torch.randn(1, 1, 5, 8)
+    q, k, v = torch.randn(1, 1, 1, 1, 4), kv[..., :4], kv[..., 4:]
+    _impl(call, layouts=layouts, lse=True).forward(q, k, v, torch.tensor([[[[[0, 5]]]]]))
+    assert seen["shared"] is shared
