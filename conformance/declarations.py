@@ -312,8 +312,16 @@ def from_json(data: dict, varlen) -> dict:
 def allowed_heads(
     h: int, *, multiple_of: int = 1, power_of_two: bool = False, minimum: int = 1, maximum: int | None = None
 ) -> int | None:
-    """The smallest heads-per-group count >= h the constraints allow; None if none does."""
+    """The smallest heads-per-group count >= h the constraints allow, one that is not a power of
+    two where h is not and the constraints allow one (a multiple of 16 fits h = 3 to 48, not 16:
+    a head index by shift is wrong at 48); None if none does."""
     start = max(h, minimum, 1)
+    if h & (h - 1) and not power_of_two:
+        odd = -(-start // multiple_of) * multiple_of
+        while odd & (odd - 1) == 0:
+            odd += multiple_of
+        if odd <= min(maximum or MAX_HEADS, MAX_HEADS):
+            return odd
     if power_of_two:
         if multiple_of & (multiple_of - 1):  # no power of two is a multiple of it
             return None

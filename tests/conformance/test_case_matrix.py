@@ -69,6 +69,9 @@ def test_heads_and_groups_that_are_not_powers_of_two_survive_fitting():
         assert want <= heads, (rule, sorted(heads))
     assert {c.shape.G for c in TINY} >= {3}
     assert {d for d in HEAD_DIMS if d & (d - 1)} >= {24, 40, 72, 100}
+    # a multiple of 16 fits the awkward counts to 48, not to 16 (a head index by shift passed there)
+    sixteen = dataclasses.replace(REGISTRY["sdpa"], heads_multiple_of=16)
+    assert 48 in {fit(c, sixteen).shape.h for c in TINY}
 
 
 def test_rows_past_256_keys_reach_the_interpreter():
