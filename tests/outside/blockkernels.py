@@ -19,9 +19,10 @@ def _attend(q, k, v, mask, scale):
     v_rows = torch.where(m, v.permute(0, 2, 1, 3)[:, None], 0).float()
     s = torch.einsum("bthgd,bthkd->bthgk", q.float(), k_rows) * scale
     sel = mask[:, :, :, None, :]
-    s = torch.where(sel, s, 0.0)
     top = torch.where(sel, s, float("-inf")).amax(-1, keepdim=True).clamp(min=-1e30)
-    p = torch.where(sel, torch.exp(s - top), 0.0)
+    # exp of -inf where unselected: exp(0 - top) there overflows at scores near -120, and
+    # torch.where's backward would then give 0 * inf = NaN
+    p = torch.exp(torch.where(sel, s - top, float("-inf")))
     total = p.sum(-1, keepdim=True)
     o = torch.einsum("bthgk,bthkd->bthgd", p, v_rows) / torch.where(total > 0, total, 1.0)
     return o.to(v.dtype)
