@@ -6,12 +6,10 @@ the dk/dv kernel's pairs, kernels/triton/bwd.py), each configuration in a child 
 python3 probes/prefill_by_heads.py"""
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from selgate.bench.probe_rows import run_children, time_prefill
+
 HEADS = (1, 2, 4, 8, 16)
 CONFIGS = (
     ("as served", {}),
@@ -21,32 +19,18 @@ CONFIGS = (
 
 def child(label: str) -> None:
     import torch
-    import triton.testing
 
     from selgate.bench.inputs import make_inputs, prefill_problem
-    from selgate.kernels import reset_stats, selection_attention, stats
+    from selgate.kernels import reset_stats, stats
 
     for h in HEADS:
         row = {"config": label, "h": h}
         try:
             x = make_inputs(prefill_problem(65536, 4 * h, 4, 128, 128, 64, 16, "bfloat16"), seed=0, device="cuda")
             reset_stats()
-            row["fwd_ms"] = triton.testing.do_bench(
-                lambda: selection_attention(x.q, x.k, x.v, x.ranges, scale=x.scale), warmup=20, rep=300
-            )
+            timed = time_prefill(x)
             row["forward"] = sorted(k for k in stats()["launches"] if k.startswith("triton_fwd_"))
-            q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
-            do = torch.randn_like(x.q)
-
-            def step():
-                o = selection_attention(q, k, v, x.ranges, scale=x.scale)
-                torch.autograd.grad(o, (q, k, v), do)
-
-            step()
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            row["fwd_bwd_ms"] = triton.testing.do_bench(step, warmup=10, rep=500)
-            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row.update(timed)
         except torch.OutOfMemoryError:
             row["error"] = "out of memory"
         torch.cuda.empty_cache()
@@ -54,13 +38,7 @@ def child(label: str) -> None:
 
 
 def main() -> None:
-    rows = []
-    for label, env in CONFIGS:
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", label], env={**os.environ, **env}, text=True, capture_output=True, cwd=ROOT
-        )
-        sys.stdout.write(out.stdout[-4000:] + out.stderr[-3000:])
-        rows += [json.loads(line[4:]) for line in out.stdout.splitlines() if line.startswith("ROW ")]
+    rows = run_children(__file__, CONFIGS)
     print("| configuration | h | forward kernel | fwd ms | fwd+bwd ms | peak GiB |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:

@@ -7,12 +7,12 @@ beside (h = 16 only: it needs 16 heads a group) in the same run. Prints one line
 table last. Run on a GPU: python3 probes/prefill_by_profile.py [--served]"""
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from selgate.bench.probe_rows import run_children, time_prefill
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,28 +23,15 @@ def child(label: str) -> None:
 
     from selgate.bench.baselines import get_method
     from selgate.bench.inputs import make_inputs, prefill_problem
-    from selgate.kernels import selection_attention, stats
+    from selgate.kernels import stats
 
     dev = torch.device("cuda")
     for h in (1, 16):
         p = prefill_problem(65536, 4 * h, 4, 128, 128, 64, 16, "bfloat16")
         x = make_inputs(p, seed=0, device=dev)
-        fwd = lambda: selection_attention(x.q, x.k, x.v, x.ranges, scale=x.scale)  # noqa: E731
-        fwd_ms = triton.testing.do_bench(fwd, warmup=50, rep=500)
-        q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
-        do = torch.randn_like(x.q[..., :128])
-
-        def step():
-            o = selection_attention(q, k, v, x.ranges, scale=x.scale)
-            torch.autograd.grad(o, (q, k, v), do)
-
-        step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        both_ms = triton.testing.do_bench(step, warmup=50, rep=1000)
-        peak = torch.cuda.max_memory_allocated() / 2**30
+        timed = time_prefill(x, fwd=(50, 500), step=(50, 1000))
         tuned = stats().get("tuned", {})
-        row = {"config": label, "h": h, "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms, "peak_gib": peak,
+        row = {"config": label, "h": h, **timed,
                "profile": stats()["profile"]["served_by"], "tuned": tuned.get("served_by"),
                "autotune": f"{tuned.get('autotune')} {tuned.get('autotune_s')} s"}  # fmt: skip
         if h == 16 and label == "as served":
@@ -71,7 +58,6 @@ def child(label: str) -> None:
 
 
 def main() -> None:
-    rows = []
     base_only = Path(tempfile.mkdtemp()) / "configs"
     shutil.copytree(ROOT / "configs", base_only, ignore=shutil.ignore_patterns("classes", "profiles", "tuned", "*.py"))
     configs = (
@@ -82,11 +68,7 @@ def main() -> None:
     )  # fmt: skip
     if "--served" in sys.argv:  # the served configuration alone (with fla-core): a short run
         configs = configs[:1]
-    for label, env in configs:
-        out = subprocess.run([sys.executable, __file__, "--child", label], env={**os.environ, **env}, text=True,
-                             capture_output=True, cwd=ROOT)  # fmt: skip
-        sys.stdout.write(out.stdout[-4000:] + out.stderr[-3000:])
-        rows += [json.loads(line[4:]) for line in out.stdout.splitlines() if line.startswith("ROW ")]
+    rows = run_children(__file__, configs)
     print("| configuration | h | profile | tuned | autotune | fwd ms | fwd+bwd ms | peak GiB | fla-core fwd / fwd+bwd ms |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
