@@ -117,16 +117,19 @@ class Case:
         """The bug-class case sets this case belongs to (docs/validate.md's table): a report names
         each set of which no case ran, so a declaration that narrows the matrix says what it removed."""
         s = self.shape
-        pow2 = lambda x: x & (x - 1) == 0  # noqa: E731
         named = {
             "G >= 2": s.G >= 2,
-            "heads or groups not a power of two": not (pow2(s.h) and pow2(s.G)),
-            "head dims not a power of two": not (pow2(s.Dk) and pow2(s.Dv)),
+            "heads or groups not a power of two": not (_pow2(s.h) and _pow2(s.G)),
+            "head dims not a power of two": not (_pow2(s.Dk) and _pow2(s.Dv)),
             "Dv != Dk": s.Dv != s.Dk,
             "rows of 256+ keys": self.pattern == "full" and s.S_kv >= 2 * 128,
             "large logits": self.values == "large_logits",
         }
         return tuple(name for name, has in named.items() if has)
+
+
+def _pow2(x: int) -> bool:
+    return x & (x - 1) == 0
 
 
 def _randint(gen, lo, hi, shape):

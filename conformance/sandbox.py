@@ -29,7 +29,6 @@ import os
 import sys
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every architecture
-_CAPSET = 126  # x86_64 (the lanes' machines)
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
@@ -147,7 +146,7 @@ def drop_capabilities() -> None:
         libc.prctl(pr_capbset_drop, cap, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice 32 bits, all zero
-    if libc.syscall(_CAPSET, ctypes.byref(header), ctypes.byref(data)) != 0:
+    if libc.capset(ctypes.byref(header), ctypes.byref(data)) != 0:  # glibc's wrapper: any architecture
         raise OSError(ctypes.get_errno(), "capset")
 
 
