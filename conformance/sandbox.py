@@ -118,21 +118,30 @@ def confine(writable) -> None:
     drop_capabilities()
 
 
+# The device files a kernel's process may open for writing: the standard ones programs write to,
+# and the GPUs' (NVIDIA's control, per-GPU, UVM and MIG capability files; ROCm's kfd and render
+# nodes). The rest of /dev (kmsg, kvm, fuse, loop-control, the disks) is read-only to it.
+STANDARD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/kfd", "/dev/dri/renderD*")
+
+
 def device_files() -> list:
-    """The device files a confined process may write: the character devices in /dev and
-    /dev/nvidia-caps (the GPU's, /dev/null and the like), one rule each. Never a block device:
-    a process that writes a disk beneath its file system rewrites any file (the check's own
-    code) whatever landlock says of paths."""
+    """The device files a confined process may write, one rule each: character devices of
+    `STANDARD_DEVICES` and `GPU_DEVICES` that exist here. Never a block device: a process that
+    writes a disk beneath its file system rewrites any file (the check's own code) whatever
+    landlock says of paths."""
+    import glob
     import stat
 
+    names = [f"/dev/{n}" for n in STANDARD_DEVICES] + [p for pattern in GPU_DEVICES for p in glob.glob(pattern)]
     out = []
-    for folder in ("/dev", "/dev/nvidia-caps"):
+    for path in names:
         try:
-            entries = list(os.scandir(folder))
+            if stat.S_ISCHR(os.stat(path, follow_symlinks=False).st_mode):
+                out.append(path)
         except OSError:
             continue
-        out += [e.path for e in entries if stat.S_ISCHR(e.stat(follow_symlinks=False).st_mode)]
-    return sorted(out)
+    return sorted(set(out))
 
 
 def drop_capabilities() -> None:
@@ -230,7 +239,8 @@ def confinement(writable) -> str:
     tcp = ", open no TCP connection" if version >= 4 else ""
     return (
         f"landlock ABI {version}: the kernel's processes (probe, executors) write files only beneath their own "
-        f"scratch folder, Triton's cache ({triton_cache()}), /dev/shm and /proc, and character devices (no disk), hold no "
+        f"scratch folder, Triton's cache ({triton_cache()}), /dev/shm and /proc, and of /dev the GPUs' and the standard "
+        "devices (null, zero, tty, ...), hold no "
         f"capability{tcp}, and cannot {reach} the check's{proc}; {COMMON}"
     )
 

@@ -147,11 +147,24 @@ def test_the_kernel_opens_no_tcp_connection(executor, tmp_path):
             remote_callable(executor, "dials:fn")(q, k, v, r)
 
 
+def test_the_writable_devices_are_the_standard_ones_and_the_gpus():
+    """An allow-list, not every character device: what CUDA opens (the GPU's files, where this
+    machine has them) is in it, and nothing outside the two lists."""
+    import fnmatch
+
+    files = sandbox.device_files()
+    assert "/dev/null" in files
+    gpu = [f for f in files if any(fnmatch.fnmatch(f, p) for p in sandbox.GPU_DEVICES)]
+    assert sorted(set(files) - set(gpu)) == sorted(f"/dev/{n}" for n in sandbox.STANDARD_DEVICES if os.path.exists(f"/dev/{n}"))
+    assert ("/dev/nvidiactl" in files) == os.path.exists("/dev/nvidiactl")
+
+
 @pytest.mark.skipif(not sandbox.abi(), reason="this machine's kernel offers no landlock")
 def test_the_kernel_writes_no_disk_makes_no_device_and_holds_no_capability(executor, tmp_path):
     """A root kernel that could write /dev rewrote the judge's installed files through the block
-    device beneath them: of /dev only character devices are writable, a device node cannot be
-    made (nor a new file in /dev), and no capability is left."""
+    device beneath them: of /dev only the standard devices and the GPUs' are writable (not
+    /dev/kmsg, /dev/kvm, /dev/fuse, /dev/loop-control, where they exist), a device node cannot
+    be made (nor a new file in /dev), and no capability is left."""
     (tmp_path / "devices.py").write_text(
         "import os, stat\n"
         "def attempt(f):\n"
@@ -166,6 +179,8 @@ def test_the_kernel_writes_no_disk_makes_no_device_and_holds_no_capability(execu
         "    seen['mknod'] = attempt(lambda: os.mknod('node', stat.S_IFBLK | 0o600, os.makedev(7, 0)))\n"
         "    disks = [e.path for e in os.scandir('/dev') if stat.S_ISBLK(e.stat(follow_symlinks=False).st_mode)]\n"
         "    seen['disks'] = sorted({attempt(lambda d=d: os.close(os.open(d, os.O_WRONLY))) for d in disks})\n"
+        "    others = [f'/dev/{n}' for n in ('kmsg', 'kvm', 'fuse', 'loop-control') if os.path.exists(f'/dev/{n}')]\n"
+        "    seen['others'] = sorted({attempt(lambda d=d: os.close(os.open(d, os.O_WRONLY))) for d in others})\n"
         "    caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
         "    seen['capabilities'] = sorted(set(caps))\n"
         "    raise RuntimeError(repr(seen))\n"
@@ -176,7 +191,7 @@ def test_the_kernel_writes_no_disk_makes_no_device_and_holds_no_capability(execu
     seen = eval(str(e.value)[str(e.value).index("{") :])
     assert seen["null"] == "done"
     assert seen["new file in /dev"] == "refused" and seen["mknod"] == "refused"
-    assert seen["disks"] in ([], ["refused"]), seen
+    assert seen["disks"] in ([], ["refused"]) and seen["others"] in ([], ["refused"]), seen
     assert seen["capabilities"] == ["0000000000000000"], seen
     assert not os.path.exists("/dev/selgate-planted")
 
