@@ -1,6 +1,7 @@
-# Reproduces root cause `o: NaN on rows that select nothing (where o is exactly 0)` (77 failure(s)) of `selgate check fla_nsa:selection`
+# Reproduces root cause `o: NaN on rows that select nothing (where o is exactly 0)` (117 failure(s)) of `selgate check fla_nsa:selection`
 # on its smallest case, `test_conformance.py::test_backward[fla_nsa:selection-decode-B2S1Skv37-G2h16-D16x16-n4-empty-bs64-fp32-s0]`.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
+# Exit status 1 while the case fails, 0 once it passes (`git bisect run python <this file>`).
 import os
 import sys
 
@@ -8,8 +9,8 @@ from selgate.conformance.cases import make_inputs
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.registry import resolve
-from selgate.conformance.triage import find_case
 from selgate.reference import selection_attention_ref
+from selgate.reports.triage import find_case
 
 sys.path.insert(0, os.getcwd())
 DEVICE = 'cuda'
@@ -28,3 +29,4 @@ try:
     print("backward: passed on this case")
 except ConformanceFailure as e:
     print(f"backward FAILED: {e}")
+    sys.exit(1)

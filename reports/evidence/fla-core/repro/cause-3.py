@@ -1,6 +1,7 @@
-# Reproduces root cause `dk: not bitwise identical across runs` (4 failure(s)) of `selgate check fla_nsa:selection`
-# on its smallest case, `test_conformance.py::test_determinism_backward[fla_nsa:selection-prefill-B1S256Skv512-G2h16-D64x64-n8-full-bs64-bf16-s0]`.
+# Reproduces root cause `dk: not bitwise identical across runs` (8 failure(s)) of `selgate check fla_nsa:selection`
+# on its smallest case, `test_conformance.py::test_determinism_backward[fla_nsa:selection-prefill-B1S4Skv33-G2h16-D100x100-n3-mixed-bs64-fp32-s0]`.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
+# Exit status 1 while the case fails, 0 once it passes (`git bisect run python <this file>`).
 import os
 import sys
 
@@ -8,13 +9,13 @@ from selgate.conformance.cases import make_inputs
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.registry import resolve
-from selgate.conformance.triage import find_case
 from selgate.reference import selection_attention_ref
+from selgate.reports.triage import find_case
 
 sys.path.insert(0, os.getcwd())
 DEVICE = 'cuda'
 impl = resolve('fla_nsa:selection', declare='/work/main/examples/fla_nsa.yaml')[0]
-case = find_case(impl, 'prefill-B1S256Skv512-G2h16-D64x64-n8-full-bs64-bf16-s0', 'tiny')
+case = find_case(impl, 'prefill-B1S4Skv33-G2h16-D100x100-n3-mixed-bs64-fp32-s0', 'tiny')
 inp = make_inputs(case, DEVICE)
 q, k, v, ranges = inp.q, inp.k, inp.v, inp.ranges
 o, lse = impl.forward(q, k, v, ranges, scale=inp.scale)
@@ -28,3 +29,4 @@ try:
     print("determinism_backward: passed on this case")
 except ConformanceFailure as e:
     print(f"determinism_backward FAILED: {e}")
+    sys.exit(1)

@@ -1,6 +1,7 @@
 # Reproduces root cause `o: NaN where the reference is finite` (3 failure(s)) of `selgate check fla_nsa:selection`
 # on its smallest case, `test_conformance.py::test_varlen[fla_nsa:selection-varlen-q3.1.5.4-k20.33.5.17-G2h16-D16x16-n4-mixed-bs64-bf16-s0]`.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
+# Exit status 1 while the case fails, 0 once it passes (`git bisect run python <this file>`).
 import os
 import sys
 
@@ -8,8 +9,8 @@ from selgate.conformance.cases import make_inputs
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.registry import resolve
-from selgate.conformance.triage import find_case
 from selgate.reference import selection_attention_ref, varlen_to_batched
+from selgate.reports.triage import find_case
 
 sys.path.insert(0, os.getcwd())
 DEVICE = 'cuda'
@@ -31,3 +32,4 @@ try:
     print("varlen: passed on this case")
 except ConformanceFailure as e:
     print(f"varlen FAILED: {e}")
+    sys.exit(1)
