@@ -178,12 +178,14 @@ def test_an_empty_run_blocks_as_empty_whatever_its_status(tmp_path, capsys):
 
 
 def pack(lane_dir: Path) -> Path:
-    """The lane's junit.xml as committed evidence keeps it (gzip), with its manifest."""
+    """The lane's junit.xml as committed evidence keeps it (gzip), with its manifest and its
+    inventory packed (the gate reads the packed one)."""
     plain = lane_dir / "junit.xml"
     packed = plain.with_name("junit.xml.gz")
     packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
     plain.unlink()
-    assert write_manifests([lane_dir.parent]) == [lane_dir / MANIFEST_FILE]
+    assert write_manifests([lane_dir.parent]) == [lane_dir / MANIFEST_FILE, lane_dir / "inventory.json.gz"]
+    assert not (lane_dir / "inventory.json").exists()
     return packed
 
 
@@ -223,7 +225,8 @@ def test_a_manifest_edited_to_match_an_edited_gz_still_names_the_change(tmp_path
     write_lane(tmp_path / "res", "cpu", passing_cases() + [FAILING])
     packed = pack(tmp_path / "res" / "cpu")
     manifest = packed.with_name(MANIFEST_FILE)
-    manifest.write_text(manifest.read_text().replace(f"fail {FAILING[0]}", f"pass {FAILING[0]}"))
+    name = FAILING[0].partition("::")[2]  # under its file's `## file` line
+    manifest.write_text(manifest.read_text().replace(f"fail {name}\n", f"pass {name}\n"))
     lane = load_lane("cpu", packed.parent)
     assert f"1 lines of the gz missing, 1 not in it (e.g. 'fail {FAILING[0]}')" in manifest_mismatch(packed, lane.cases)
 
