@@ -417,6 +417,19 @@ def _heads_past_16_dropped(q, k, v, ranges, o, lse):
     return o, lse
 
 
+def _dims_past_16_ignored(q, k, v, ranges, *, scale=None, positions=None):
+    """A kernel of one 16-wide head-dim tile: dims past 16 never enter q.k (no error)."""
+    return attend(q[..., :16], k[..., :16], v, ranges, scale=resolve_scale(scale, q.shape[-1]), positions=positions)
+
+
+def _one_query_at_position_0(q, k, v, ranges, *, scale=None, positions=None):
+    """SPEC.md's first listed mistake: a prefill kernel given one query puts it at position 0
+    (SDPA's `is_causal=True` with one query), so it attends to key 0 alone."""
+    if q.shape[1] == 1 and positions is None:
+        positions = torch.zeros(q.shape[:2], dtype=torch.int64, device=q.device)
+    return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
 def _max_from_zero(q, k, v, ranges, *, scale=None, positions=None):
     """The running max initialised at 0 rather than -inf: rows whose scores all lie below about
     -104 underflow exp() to 0 / 0."""
@@ -720,6 +733,20 @@ BAD_IMPLS = (
         "parity",
         "one 16-head block a group: h > 16 unwritten",
         aimed_at="Skv1030",
+    ),
+    _bad(
+        "head-dims-past-declared-ignored",
+        _dims_past_16_ignored,
+        "limits",
+        "declares head dims up to 16 and answers beyond them from the first 16 dims, without an error",
+        max_head_dim=16,
+    ),
+    _bad(
+        "decode-beyond-declared-prefill",
+        _one_query_at_position_0,
+        "limits",
+        "declares prefill only and answers a decode call from position 0, without an error",
+        modes=("prefill",),
     ),
     _bad(
         "max-from-zero",

@@ -13,6 +13,8 @@ from selgate.conformance.compare import ConformanceFailure, assert_close
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.families.bad_input import BAD_INPUTS
 from selgate.conformance.families.bad_input import check as check_bad_input
+from selgate.conformance.families.limits import beyond
+from selgate.conformance.families.limits import check as check_limits
 from selgate.conformance.registry import REGISTRY, Xfail, fit, known_bug, load_user_impl, skip_reason
 from selgate.conformance.tolerances import ENV, tolerance
 from tests.helpers import running_lane_device
@@ -54,6 +56,15 @@ def _cases(impl, family, seed, shapes=None, aimed_at=""):
     return [dataclasses.replace(c, seed=seed) for c in cases]
 
 
+def _flagged_beyond_limits(impl, seed) -> bool:
+    for limit, case in beyond(impl, select("tiny"), DEVICE).items():
+        try:
+            check_limits(impl, limit, dataclasses.replace(case, seed=seed), DEVICE)
+        except ConformanceFailure:
+            return True
+    return False
+
+
 def _flagged_bad_input(impl, seed) -> bool:
     case = next(c for c in _cases(impl, FAMILIES["parity"], seed) if c.dtype.itemsize == 4)
     for bad in (b for b in BAD_INPUTS if not b.varlen):
@@ -73,6 +84,9 @@ def test_known_bad_implementation_is_flagged(bad, seed):
         pytest.skip(f"{bad.impl.name} is caught by output poisoning, which needs the CUDA caching allocator")
     if bad.caught_by == "bad_input":
         assert _flagged_bad_input(bad.impl, seed), f"{bad.impl.name} ({bad.bug}) passed every bad input"
+        return
+    if bad.caught_by == "limits":
+        assert _flagged_beyond_limits(bad.impl, seed), f"{bad.impl.name} ({bad.bug}) passed every case beyond its limits"
         return
     family = FAMILIES[bad.caught_by]
     for case in _cases(bad.impl, family, seed, aimed_at=bad.aimed_at):

@@ -12,7 +12,7 @@ import torch
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import bad_input
 from selgate.conformance.registry import load_user_impl
-from selgate.reports.triage import find_bad_input
+from selgate.reports.triage import find_param
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -42,7 +42,7 @@ def documented_kernel(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", [b.name for b in bad_input.BAD_INPUTS if not b.varlen])
 def test_the_documented_example_passes_the_bad_input_family(documented_kernel, name):
-    bad, case = find_bad_input(documented_kernel, name)
+    bad, case = find_param(documented_kernel, "bad_input", f"{documented_kernel.name}-{name}")
     bad_input.check(documented_kernel, bad, case, "cpu")
 
 
@@ -50,7 +50,7 @@ def test_a_kernel_without_the_example_fails_it(tmp_path, monkeypatch):
     (tmp_path / "unchecked.py").write_text("def selection(q, k, v, ranges, *, scale=None):\n    return q[..., :1] * 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     impl = load_user_impl("unchecked:selection")
-    bad, case = find_bad_input(impl, "ranges-float")
+    bad, case = find_param(impl, "bad_input", f"{impl.name}-ranges-float")
     with pytest.raises(ConformanceFailure, match="accepted silently"):
         bad_input.check(impl, bad, case, "cpu")
     assert torch.float32 in impl.dtypes

@@ -17,6 +17,8 @@ from selgate.conformance.cases import DTYPE_NAMES, select
 from selgate.conformance.compare import ConformanceFailure, assert_close, assert_equal
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.families.bad_input import check as check_bad_input
+from selgate.conformance.families.limits import beyond, param_id
+from selgate.conformance.families.limits import check as check_limits
 from selgate.conformance.registry import REGISTRY, fit, load_user_impl
 from selgate.reports import triage
 from selgate.reports.results import CaseResult
@@ -353,9 +355,23 @@ def test_a_reproducer_reruns_a_real_failure(kernels):
     assert f"parity FAILED: [{case_id}] o: max abs err" in stdout, stdout
 
 
+def test_a_reproducer_reruns_a_limits_failure(kernels):
+    """Beyond its one declared limit (fp32 alone) the kernel answers zeros: the script reruns the
+    limits family's case, the fp16 one the matrix made."""
+    impl = load_user_impl("mykern:lax")
+    ((limit, case),) = beyond(impl, select("tiny"), "cpu").items()
+    with pytest.raises(ConformanceFailure) as e:
+        check_limits(impl, limit, case, "cpu")
+    (cause,) = triage.group(
+        [result("limits", case, e.value, impl=impl.name, param=param_id(impl, limit, case)[len(impl.name) + 1 :])]
+    )
+    stdout = run_reproducer(cause, kernels, impl.name)
+    assert f"limits FAILED: [{case.id}] beyond its declared dtypes: answered wrong instead of refusing" in stdout, stdout
+
+
 def test_a_reproducer_reruns_a_bad_input_failure(kernels):
     impl = load_user_impl("mykern:lax")
-    bad, case = triage.find_bad_input(impl, "q-rank")
+    bad, case = triage.find_param(impl, "bad_input", f"{impl.name}-q-rank")
     with pytest.raises(ConformanceFailure) as e:
         check_bad_input(impl, bad, case, "cpu")
     (cause,) = triage.group([result("bad_input", case, e.value, impl=impl.name, param="q-rank")])
