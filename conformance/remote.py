@@ -29,7 +29,10 @@ LOG_TAIL = 3  # lines of the executor's output quoted when it dies
 
 
 class KernelError(Exception):
-    """What the kernel raised in its process; the subclass bears the kernel's type name."""
+    """What the kernel raised in its process; the subclass bears the kernel's type name.
+    `broke_cuda`: the call left the process's CUDA context unusable (a sticky CUDA error)."""
+
+    broke_cuda = False
 
 
 class ExecutorDied(RuntimeError):
@@ -102,7 +105,9 @@ class Executor:
         if reply.get("leaving"):  # it found its CUDA context broken and ends after this answer
             self.stop()
         if "error" in reply:
-            raise _raised(reply["error"]["type"], reply["error"]["message"])
+            error = _raised(reply["error"]["type"], reply["error"]["message"])
+            error.broke_cuda = bool(reply.get("leaving"))  # a crash that raised, not a refusal
+            raise error
         return reply, dec
 
     def _died(self, error) -> str:

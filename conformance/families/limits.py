@@ -67,6 +67,21 @@ def declares_limits(impl: Impl) -> bool:
     return any(_relaxed(impl, limit) != impl for limit in LIMITS)
 
 
+def _broke_cuda(error: Exception, q: torch.Tensor) -> bool:
+    """Whether an error left the CUDA context unusable (an illegal memory access raises too):
+    the executor says so of its own (`KernelError.broke_cuda`); in this process, the context is
+    asked."""
+    if getattr(error, "broke_cuda", False):
+        return True
+    if not q.is_cuda:
+        return False
+    try:
+        torch.cuda.synchronize(q.device)
+        return False
+    except Exception:  # noqa: BLE001 - any error here leaves the context unusable
+        return True
+
+
 def param_id(impl: Impl, limit: str, case: Case) -> str:
     return f"{impl.name}-{limit.replace(' ', '')}-{case.id}"
 
@@ -86,7 +101,14 @@ def check(impl: Impl, limit: str, case: Case, device) -> None:
         )
     except ConformanceFailure:
         raise  # it answered, and what it did is wrong on its own (inputs written, wrong dtype)
-    except Exception:  # noqa: BLE001 - any error is a refusal
+    except Exception as e:  # noqa: BLE001 - any error is a refusal, but one that broke CUDA
+        if _broke_cuda(e, inp.q):
+            fail(
+                case.id,
+                f"beyond its declared {limit}: the call broke the CUDA context instead of refusing ({type(e).__name__}: {e})",
+                rule="bad-input",
+                kind="crashed instead of refusing",
+            )
         return
     gold, plain, _ = reference_run(batched(inp, judged), inp, case, judged, grads=False)
     try:

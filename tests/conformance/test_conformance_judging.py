@@ -1,6 +1,6 @@
 """How the matrix judges what comes back: bitwise means the stored bits, a declared lse must come
-back, a crash is no refusal of bad input, and a shared K/V buffer reaches a kernel that declares
-it (each passed a wrong kernel in a hostile review)."""
+back, a crash is no refusal of bad input (nor of a call beyond the declared limits), and a shared
+K/V buffer reaches a kernel that declares it (each passed a wrong kernel in a hostile review)."""
 
 import pytest
 import torch
@@ -10,6 +10,8 @@ from selgate.conformance.compare import ConformanceFailure, assert_equal
 from selgate.conformance.evaluation import impl_fn
 from selgate.conformance.families.bad_input import BAD_INPUTS
 from selgate.conformance.families.bad_input import check as check_bad_input
+from selgate.conformance.families.limits import beyond
+from selgate.conformance.families.limits import check as check_limits
 from selgate.conformance.registry import Impl
 from selgate.conformance.remote import ExecutorDied
 from selgate.reference import selection_attention_ref
@@ -58,3 +60,47 @@ def test_a_kernel_declaring_kv_shared_gets_the_shared_buffer(layouts, shared):
     q, k, v = torch.randn(1, 1, 1, 1, 4), kv[..., :4], kv[..., 4:]
     _impl(call, layouts=layouts, lse=True).forward(q, k, v, torch.tensor([[[[[0, 5]]]]]))
     assert seen["shared"] is shared
+
+
+def _correct(q, k, v, ranges, *, scale=None, want_lse=True):
+    o, lse = selection_attention_ref(q.double(), k.double(), v.double(), ranges, scale=scale, return_lse=True)
+    return o.to(v.dtype), lse.float()
+
+
+def test_beyond_its_limits_a_kernel_may_answer_right_or_refuse():
+    """Declared fp32, decode alone, head dims up to 8: past each limit a right answer passes, and so
+    does any error; the family finds one case per limit."""
+    right = _impl(_correct, lse=True, modes=("decode",), max_head_dim=8)
+    found = beyond(right, select("tiny"), "cpu")
+    assert set(found) == {"dtypes", "modes", "head dims"}, found
+    for limit, case in found.items():
+        check_limits(right, limit, case, "cpu")
+
+    def refuses(q, k, v, ranges, *, scale=None, want_lse=True):
+        if q.shape[-1] > 8 or q.shape[1] > 1 or q.dtype != torch.float32:
+            raise NotImplementedError("beyond what I declared")
+        return _correct(q, k, v, ranges, scale=scale)
+
+    refusing = _impl(refuses, lse=True, modes=("decode",), max_head_dim=8)
+    for limit, case in found.items():
+        check_limits(refusing, limit, case, "cpu")
+
+
+def test_beyond_its_limits_an_error_that_broke_cuda_or_a_dead_process_is_no_refusal():
+    """An illegal memory access raises too (the executor marks it `broke_cuda`); so does a kernel
+    whose process died. Neither refused."""
+
+    def broke(q, k, v, ranges, *, scale=None, want_lse=True):
+        error = RuntimeError("CUDA error: an illegal memory access was encountered")
+        error.broke_cuda = True
+        raise error
+
+    def dies(q, k, v, ranges, *, scale=None, want_lse=True):
+        raise ExecutorDied("the kernel's process was killed by SIGSEGV during the call")
+
+    for call in (broke, dies):
+        impl = _impl(call, lse=True, max_head_dim=8)
+        case = beyond(impl, select("tiny"), "cpu")["head dims"]
+        with pytest.raises(ConformanceFailure, match="instead of refusing") as e:
+            check_limits(impl, "head dims", case, "cpu")
+        assert e.value.facts["kind"] == "crashed instead of refusing"
