@@ -367,12 +367,15 @@ def unsupported(q, k, v, positions) -> str | None:
 
 
 def layout_problem(q, k, v, positions) -> str | None:
-    """fp16/bf16, Dk == Dv in HEAD_DIMS, h <= 16, no explicit positions, and K and V each
+    """A prefill call (S > 1: what it was written and measured for, and what the matrix declares
+    of it), fp16/bf16, Dk == Dv in HEAD_DIMS, h <= 16, no explicit positions, and K and V each
     addressable as one [B*G*S_kv, D] row table (the (b, g) strides collapse onto the key
     stride) on 16-byte boundaries; None when all hold."""
+    B, S, G, h, Dk = q.shape
+    if S == 1:
+        return "decode (S=1): the pair kernel serves prefill"
     if q.dtype not in PAIRS_DTYPES or not q.dtype == k.dtype == v.dtype:
         return f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
-    B, S, G, h, Dk = q.shape
     if h > HEADS or Dk not in HEAD_DIMS or v.shape[3] != Dk:
         return f"h={h}, Dk={Dk}, Dv={v.shape[3]}"
     if positions is not None:

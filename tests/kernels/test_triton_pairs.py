@@ -40,6 +40,7 @@ def test_accepts_separate_and_per_key_k_v():
 @pytest.mark.parametrize(
     "change, needle",
     [
+        (lambda q, k, v: (q[:, :1], k, v, None), "decode (S=1)"),
         (lambda q, k, v: (q.float(), k.float(), v.float(), None), "dtype"),
         (lambda q, k, v: (q[..., :48], k[..., :48], v[..., :48], None), "Dk=48"),
         (lambda q, k, v: (q, k, v[..., :32], None), "Dv=32"),
