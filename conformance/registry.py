@@ -39,8 +39,9 @@ ALL_DTYPES = LOW_AND_FP32 + (torch.float64,)
 
 @dataclass(frozen=True)
 class Xfail:
-    """A known bug: `family` fails on the cases whose id (a bad input's name) matches the
-    fnmatch pattern `cases`; strict, so a fix shows."""
+    """A known bug: `family` fails on the cases whose id (a bad input's name; for limits, the
+    limit in words and the case id: `head-dims-above-the-maximum-*`) matches the fnmatch pattern
+    `cases`; strict, so a fix shows."""
 
     family: str
     cases: str

@@ -1,75 +1,84 @@
 """Family limits (reported with bad_input): a call just beyond what the implementation declares
-(a dtype, a mode, heads per group, head dims, Dk != Dv) is refused or answered right, never
-answered wrong. Declarations narrow the matrix, so without this family a kernel declaring head
-dims up to 64 could return garbage at 128 and still pass: a caller who never read the
-declarations gets a silent wrong answer, which SPEC.md's bad-input rule rules out. One case per
-declared limit: the smallest tiny case that only that limit excludes."""
+(an undeclared dtype or mode, heads per group or head dims past a declared bound, Dk != Dv) is
+refused or answered right, never answered wrong. Declarations narrow the matrix, so without this
+family a kernel declaring head dims up to 64 could return garbage at 128 and still pass: a
+caller who never read the declarations gets a silent wrong answer, which SPEC.md's bad-input
+rule rules out. Per declared limit, the smallest tiny case that only that limit keeps out, once
+with rows that select all their causal keys and once with mixed ranges (a fallback that ignores
+the ranges is right on the first alone). Not covered: layouts (the matrix hands a
+contiguous-only kernel contiguous copies), block sizes and fp64."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import pytest
 import torch
 
-from ..cases import Case, make_inputs
+from ..cases import DTYPE_NAMES, Case, make_inputs
 from ..compare import ConformanceFailure, fail
-from ..evaluation import batched, compare, evaluate, impl_fn, reference_run
+from ..evaluation import Unmodified, batched, compare, evaluate, impl_fn, reference_run
 from ..family import Family, Requirement, batched_lowp, param_marks
 from ..registry import LOW_AND_FP32, Impl, fit, known_bug, skip_reason
 from ..remote import ExecutorDied
 
-# limit -> the declarations that make it, as they are when the implementation declares none
+
+def _add(field: str, value) -> Callable:
+    return lambda i: {field: tuple(dict.fromkeys(getattr(i, field) + (value,)))}
+
+
+# limit -> the declarations an implementation would make without it (each a bound of its own:
+# a kernel right at h = 3 may still drop the heads past 16)
 LIMITS = {
-    "dtypes": lambda i: dict(dtypes=tuple(dict.fromkeys(i.dtypes + LOW_AND_FP32))),
-    "modes": lambda i: dict(modes=tuple(dict.fromkeys(i.modes + ("decode", "prefill")))),
-    "heads": lambda i: dict(heads_multiple_of=1, heads_power_of_two=False, min_heads=1, max_heads=None),
-    "head dims": lambda i: dict(head_dim_multiple=1, min_head_dim=1, max_head_dim=None),
-    "Dk == Dv": lambda i: dict(same_head_dims=False),
+    **{f"dtype {DTYPE_NAMES[d]}": _add("dtypes", d) for d in LOW_AND_FP32},
+    **{f"mode {m}": _add("modes", m) for m in ("decode", "prefill")},
+    "heads above the maximum": lambda i: dict(max_heads=None),
+    "heads below the minimum": lambda i: dict(min_heads=1),
+    "heads not a multiple": lambda i: dict(heads_multiple_of=1),
+    "heads not a power of two": lambda i: dict(heads_power_of_two=False),
+    "head dims above the maximum": lambda i: dict(max_head_dim=None),
+    "head dims below the minimum": lambda i: dict(min_head_dim=1),
+    "head dims not a multiple": lambda i: dict(head_dim_multiple=1),
+    "Dk != Dv": lambda i: dict(same_head_dims=False),
 }
-
-
-PREFERRED = ("full", "mixed")  # range patterns, most telling first
+PATTERNS = ("full", "mixed")  # every causal key selected, then mixed ranges
 
 
 def _relaxed(impl: Impl, limit: str) -> Impl:
     return dataclasses.replace(impl, **LIMITS[limit](impl))
 
 
+def declared(impl: Impl) -> list:
+    """The limits `impl` declares (those whose relaxing changes it)."""
+    return [limit for limit in LIMITS if _relaxed(impl, limit) != impl]
+
+
 def beyond(impl: Impl, cases, device) -> dict:
-    """{limit: the case beyond it}: per declared limit, the smallest tiny batched case that
+    """{(limit, pattern): the case}: per declared limit and pattern of PATTERNS (or, where the
+    limit has neither, of any pattern), the smallest tiny batched case with normal values that
     `impl` does not run and would run but for that one limit (fp32 first, bf16 last: the Triton
-    interpreter computes bf16 wrongly; rows that select all their keys, then mixed ones, first:
-    a tiny random row may select nothing, where most wrong answers agree with the right one)."""
+    interpreter computes bf16 wrongly)."""
     out = {}
-    for limit in LIMITS:
+    for limit in declared(impl):
         relaxed = _relaxed(impl, limit)
         found = [
             c
             for c in (fit(c, relaxed) for c in cases if c.size == "tiny" and batched_lowp(c) and c.values == "normal")
             if skip_reason(impl, c, device) and not skip_reason(relaxed, c, device)
         ]
-        if found:
-            out[limit] = min(
-                found,
-                key=lambda c: (
-                    c.dtype != torch.float32,
-                    c.dtype == torch.bfloat16,
-                    PREFERRED.index(c.pattern) if c.pattern in PREFERRED else 2,
-                    c.shape.elements,
-                    c.id,
-                ),
-            )
+        picks = [c for c in (_smallest([c for c in found if c.pattern == p]) for p in PATTERNS) if c is not None]
+        out.update({(limit, c.pattern): c for c in picks or ([_smallest(found)] if found else [])})
     return out
 
 
-def declares_limits(impl: Impl) -> bool:
-    return any(_relaxed(impl, limit) != impl for limit in LIMITS)
+def _smallest(cases: list) -> Case | None:
+    return min(cases, key=lambda c: (c.dtype != torch.float32, c.dtype == torch.bfloat16, c.shape.elements, c.id), default=None)
 
 
 def _broke_cuda(error: Exception, q: torch.Tensor) -> bool:
     """Whether an error left the CUDA context unusable (an illegal memory access raises too):
-    the executor says so of its own (`KernelError.broke_cuda`); in this process, the context is
+    the executor marks such an error (`KernelError.broke_cuda`); in this process the context is
     asked."""
     if getattr(error, "broke_cuda", False):
         return True
@@ -82,16 +91,32 @@ def _broke_cuda(error: Exception, q: torch.Tensor) -> bool:
         return True
 
 
+def _words(limit: str) -> str:
+    """`limit` as an id part: `pytest -k` takes words, digits and dashes."""
+    return limit.replace("!=", "ne").replace(" ", "-")
+
+
 def param_id(impl: Impl, limit: str, case: Case) -> str:
-    return f"{impl.name}-{limit.replace(' ', '')}-{case.id}"
+    return f"{impl.name}-{_words(limit)}-{case.id}"
 
 
 def check(impl: Impl, limit: str, case: Case, device) -> None:
-    """Refused (any error) or right: a result beyond a declared limit is judged as parity judges."""
+    """Refused (an error the kernel raised, leaving its inputs as they were) or right: a result
+    beyond a declared limit is judged as parity judges."""
     inp = make_inputs(case, device)
     judged = impl.judged_as(case.dtype)
+    raised = []
+
+    def kernel(*args, **kw):  # the kernel's own errors told apart from the judge's
+        try:
+            return impl.call(*args, **kw)
+        except Exception as e:
+            raised.append(e)
+            raise
+
+    inputs = Unmodified(q=inp.q, k=inp.k, v=inp.v, ranges=inp.ranges)
     try:
-        got = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, inp.k, inp.v)
+        got = evaluate(impl_fn(dataclasses.replace(impl, call=kernel), inp.ranges, inp.scale), inp.q, inp.k, inp.v)
     except ExecutorDied as e:
         fail(
             case.id,
@@ -99,9 +124,11 @@ def check(impl: Impl, limit: str, case: Case, device) -> None:
             rule="bad-input",
             kind="crashed instead of refusing",
         )
-    except ConformanceFailure:
-        raise  # it answered, and what it did is wrong on its own (inputs written, wrong dtype)
-    except Exception as e:  # noqa: BLE001 - any error is a refusal, but one that broke CUDA
+    except ConformanceFailure as e:  # it answered, and the answer is wrong on its own (inputs written, dtype)
+        fail(case.id, f"beyond its declared {limit}: {e}", **e.facts)
+    except Exception as e:
+        if not raised or raised[-1] is not e:
+            raise  # the judge's error on what the kernel returned (a bare o where lse is declared): no refusal
         if _broke_cuda(e, inp.q):
             fail(
                 case.id,
@@ -109,6 +136,10 @@ def check(impl: Impl, limit: str, case: Case, device) -> None:
                 rule="bad-input",
                 kind="crashed instead of refusing",
             )
+        try:
+            inputs.check("a call that then refused")
+        except ConformanceFailure as written:
+            fail(case.id, f"beyond its declared {limit}: {written}", **written.facts)
         return
     gold, plain, _ = reference_run(batched(inp, judged), inp, case, judged, grads=False)
     try:
@@ -124,16 +155,23 @@ def check(impl: Impl, limit: str, case: Case, device) -> None:
 
 
 def _params(family, impls, cases, device) -> tuple:
+    """Per implementation, each declared limit's cases; a limit no tiny case lies beyond alone is
+    a skip saying so (as is an implementation that declares none)."""
     params = []
     for impl in impls:
         why = family.skip(impl, None, device)
         found = {} if why else beyond(impl, cases, device)
-        for limit, case in found.items():
-            bug = known_bug(impl, "limits", case)
+        for (limit, _), case in found.items():
+            bug = known_bug(impl, "limits", case, param_id(impl, limit, case)[len(impl.name) + 1 :])
             params.append(pytest.param(impl, limit, case, id=param_id(impl, limit, case), marks=param_marks(None, bug)))
-        if not found:
-            reason = why or f"{impl.name}: no tiny case lies beyond exactly one of its declared limits"
-            params.append(pytest.param(impl, None, None, id=f"{impl.name}-none", marks=param_marks(reason, None)))
+        missing = [] if why else [limit for limit in declared(impl) if not any(lim == limit for lim, _ in found)]
+        for limit in missing:
+            reason = f"{impl.name}: no tiny case lies beyond its declared {limit} alone"
+            params.append(
+                pytest.param(impl, limit, None, id=f"{impl.name}-{_words(limit)}-none", marks=param_marks(reason, None))
+            )
+        if why:
+            params.append(pytest.param(impl, None, None, id=f"{impl.name}-none", marks=param_marks(why, None)))
     return ("impl", "limit", "case"), params
 
 
@@ -146,7 +184,7 @@ FAMILY = Family(
     "beyond a declared limit: refused or right",
     rank=12,
     check=check,
-    requires=(Requirement(declares_limits, "declares no limit (dtypes, modes, heads, head dims, Dk == Dv)"),),
+    requires=(Requirement(lambda i: bool(declared(i)), "declares no limit (dtypes, modes, heads, head dims, Dk == Dv)"),),
     marker="bad_input",
     tests=(test_limits,),
     parametrize=_params,

@@ -72,17 +72,18 @@ def test_beyond_its_limits_a_kernel_may_answer_right_or_refuse():
     does any error; the family finds one case per limit."""
     right = _impl(_correct, lse=True, modes=("decode",), max_head_dim=8)
     found = beyond(right, select("tiny"), "cpu")
-    assert set(found) == {"dtypes", "modes", "head dims"}, found
-    for limit, case in found.items():
+    assert {limit for limit, _ in found} == {"dtype fp16", "dtype bf16", "mode prefill", "head dims above the maximum"}, found
+    assert ("mode prefill", "full") in found and ("mode prefill", "mixed") in found, found
+    for (limit, _), case in found.items():
         check_limits(right, limit, case, "cpu")
 
     def refuses(q, k, v, ranges, *, scale=None, want_lse=True):
         if q.shape[-1] > 8 or q.shape[1] > 1 or q.dtype != torch.float32:
-            raise NotImplementedError("beyond what I declared")
+            raise NotImplementedError("beyond what I declared")  # before touching anything
         return _correct(q, k, v, ranges, scale=scale)
 
     refusing = _impl(refuses, lse=True, modes=("decode",), max_head_dim=8)
-    for limit, case in found.items():
+    for (limit, _), case in found.items():
         check_limits(refusing, limit, case, "cpu")
 
 
@@ -100,7 +101,29 @@ def test_beyond_its_limits_an_error_that_broke_cuda_or_a_dead_process_is_no_refu
 
     for call in (broke, dies):
         impl = _impl(call, lse=True, max_head_dim=8)
-        case = beyond(impl, select("tiny"), "cpu")["head dims"]
+        limit = "head dims above the maximum"
+        case = beyond(impl, select("tiny"), "cpu")[limit, "full"]
         with pytest.raises(ConformanceFailure, match="instead of refusing") as e:
-            check_limits(impl, "head dims", case, "cpu")
+            check_limits(impl, limit, case, "cpu")
         assert e.value.facts["kind"] == "crashed instead of refusing"
+
+
+def test_beyond_its_limits_the_judges_error_or_a_refusal_that_wrote_its_inputs_is_no_refusal():
+    """An error the judge raises on what came back (a bare o where lse is declared) is not the
+    kernel refusing; nor is a refusal after the call wrote into its inputs."""
+    limit = "head dims above the maximum"
+
+    def bare_o(q, k, v, ranges, *, scale=None, want_lse=True):
+        return _correct(q, k, v, ranges, scale=scale)[0]
+
+    impl = _impl(bare_o, lse=True, max_head_dim=8)
+    with pytest.raises(TypeError, match="must return"):
+        check_limits(impl, limit, beyond(impl, select("tiny"), "cpu")[limit, "full"], "cpu")
+
+    def writes_then_refuses(q, k, v, ranges, *, scale=None, want_lse=True):
+        ranges.zero_()
+        raise NotImplementedError("beyond what I declared")
+
+    impl = _impl(writes_then_refuses, lse=True, max_head_dim=8)
+    with pytest.raises(ConformanceFailure, match="ranges: modified by a call that then refused"):
+        check_limits(impl, limit, beyond(impl, select("tiny"), "cpu")[limit, "full"], "cpu")

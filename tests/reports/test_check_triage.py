@@ -356,17 +356,18 @@ def test_a_reproducer_reruns_a_real_failure(kernels):
 
 
 def test_a_reproducer_reruns_a_limits_failure(kernels):
-    """Beyond its one declared limit (fp32 alone) the kernel answers zeros: the script reruns the
-    limits family's case, the fp16 one the matrix made."""
+    """Beyond its declared dtypes (fp32 alone) the kernel answers zeros: the script reruns the
+    limits family's fp16 case the matrix made."""
     impl = load_user_impl("mykern:lax")
-    ((limit, case),) = beyond(impl, select("tiny"), "cpu").items()
+    limit = "dtype fp16"
+    case = beyond(impl, select("tiny"), "cpu")[limit, "full"]
     with pytest.raises(ConformanceFailure) as e:
         check_limits(impl, limit, case, "cpu")
     (cause,) = triage.group(
         [result("limits", case, e.value, impl=impl.name, param=param_id(impl, limit, case)[len(impl.name) + 1 :])]
     )
     stdout = run_reproducer(cause, kernels, impl.name)
-    assert f"limits FAILED: [{case.id}] beyond its declared dtypes: answered wrong instead of refusing" in stdout, stdout
+    assert f"limits FAILED: [{case.id}] beyond its declared dtype fp16: answered wrong instead of refusing" in stdout, stdout
 
 
 def test_a_reproducer_reruns_a_bad_input_failure(kernels):
