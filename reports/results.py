@@ -115,14 +115,14 @@ def _combine(old: CaseResult, new: CaseResult) -> CaseResult:
     return replace(worst, message=message, seed=worst.seed or other.seed, family=old.family, seconds=seconds, facts=facts)
 
 
-def _json(path: Path) -> dict | None:
-    """The JSON object in `path`, or in `path`.gz where committed evidence keeps it packed (None
-    when there is neither); ValueError names a file that is not JSON or holds another value than
-    an object (`[]`, a number, null)."""
-    packed = path.with_name(path.name + ".gz")
-    if not path.exists() and not packed.exists():
+def _json(path: Path, packed: bool = False) -> dict | None:
+    """The JSON object in `path`, or with `packed` in `path`.gz where committed evidence keeps it
+    (None when there is none); ValueError names a file that is not JSON or holds another value
+    than an object (`[]`, a number, null). Only the inventory is read packed: a stale
+    environment.json.gz must not stand in for the stamp a run did not write."""
+    source = path if path.exists() or not packed else path.with_name(path.name + ".gz")
+    if not source.exists():
         return None
-    source = path if path.exists() else packed
     try:
         data = json.loads(source.read_text() if source is path else gzip.decompress(source.read_bytes()))
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
@@ -214,7 +214,7 @@ def load_lane(name: str, lane_dir: Path) -> LaneResult | None:
         return LaneResult(name, junit, None, refused=str(refused.get("error", "no reason recorded")))
     if not junit.exists():
         return None
-    result = LaneResult(name, junit, _json(junit.parent / ENV_FILE), inventory=_json(junit.parent / INVENTORY_FILE))
+    result = LaneResult(name, junit, _json(junit.parent / ENV_FILE), inventory=_json(junit.parent / INVENTORY_FILE, packed=True))
     by_id: dict = {}
     try:
         suites = list(read_junit(junit))

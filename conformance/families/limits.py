@@ -96,8 +96,9 @@ def _words(limit: str) -> str:
     return limit.replace("!=", "ne").replace(" ", "-")
 
 
-def param_id(impl: Impl, limit: str, case: Case) -> str:
-    return f"{impl.name}-{_words(limit)}-{case.id}"
+def label(limit: str, case: Case) -> str:
+    """The test's id after the implementation's name; what a `limits` xfail's `cases` matches."""
+    return f"{_words(limit)}-{case.id}"
 
 
 def check(impl: Impl, limit: str, case: Case, device) -> None:
@@ -162,10 +163,10 @@ def _params(family, impls, cases, device) -> tuple:
         why = family.skip(impl, None, device)
         found = {} if why else beyond(impl, cases, device)
         for (limit, _), case in found.items():
-            bug = known_bug(impl, "limits", case, param_id(impl, limit, case)[len(impl.name) + 1 :])
-            params.append(pytest.param(impl, limit, case, id=param_id(impl, limit, case), marks=param_marks(None, bug)))
-        missing = [] if why else [limit for limit in declared(impl) if not any(lim == limit for lim, _ in found)]
-        for limit in missing:
+            bug = known_bug(impl, "limits", case, label(limit, case))
+            params.append(pytest.param(impl, limit, case, id=f"{impl.name}-{label(limit, case)}", marks=param_marks(None, bug)))
+        reached = {limit for limit, _ in found}
+        for limit in [] if why else [limit for limit in declared(impl) if limit not in reached]:
             reason = f"{impl.name}: no tiny case lies beyond its declared {limit} alone"
             params.append(
                 pytest.param(impl, limit, None, id=f"{impl.name}-{_words(limit)}-none", marks=param_marks(reason, None))

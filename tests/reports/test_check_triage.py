@@ -17,7 +17,7 @@ from selgate.conformance.cases import DTYPE_NAMES, select
 from selgate.conformance.compare import ConformanceFailure, assert_close, assert_equal
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.families.bad_input import check as check_bad_input
-from selgate.conformance.families.limits import beyond, param_id
+from selgate.conformance.families.limits import beyond, label
 from selgate.conformance.families.limits import check as check_limits
 from selgate.conformance.registry import REGISTRY, fit, load_user_impl
 from selgate.reports import triage
@@ -363,9 +363,7 @@ def test_a_reproducer_reruns_a_limits_failure(kernels):
     case = beyond(impl, select("tiny"), "cpu")[limit, "full"]
     with pytest.raises(ConformanceFailure) as e:
         check_limits(impl, limit, case, "cpu")
-    (cause,) = triage.group(
-        [result("limits", case, e.value, impl=impl.name, param=param_id(impl, limit, case)[len(impl.name) + 1 :])]
-    )
+    (cause,) = triage.group([result("limits", case, e.value, impl=impl.name, param=label(limit, case))])
     stdout = run_reproducer(cause, kernels, impl.name)
     assert f"limits FAILED: [{case.id}] beyond its declared dtype fp16: answered wrong instead of refusing" in stdout, stdout
 

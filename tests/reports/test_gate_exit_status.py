@@ -231,6 +231,20 @@ def test_a_manifest_edited_to_match_an_edited_gz_still_names_the_change(tmp_path
     assert f"1 lines of the gz missing, 1 not in it (e.g. 'fail {FAILING[0]}')" in manifest_mismatch(packed, lane.cases)
 
 
+def test_only_the_inventory_is_read_packed(tmp_path, capsys):
+    """Committed evidence packs its inventory, and the gate reads it packed; an environment stamp
+    left packed beside a run that wrote none is not read: the run blocks as unstamped."""
+    write_lane(tmp_path / "res", "cpu", passing_cases())
+    env = tmp_path / "res" / "cpu" / "environment.json"
+    pack(tmp_path / "res" / "cpu")
+    assert load_lane("cpu", tmp_path / "res" / "cpu").inventory, "read from inventory.json.gz"
+    env.with_name("environment.json.gz").write_bytes(gzip.compress(env.read_bytes(), mtime=0))
+    env.unlink()
+    assert load_lane("cpu", tmp_path / "res" / "cpu").environment is None
+    rc, line, _ = gate(tmp_path, capsys)
+    assert rc == 1 and line.startswith("GATE BLOCKED"), line
+
+
 def test_a_gz_without_its_manifest_blocks(tmp_path, capsys):
     write_lane(tmp_path / "res", "cpu", passing_cases())
     pack(tmp_path / "res" / "cpu").with_name(MANIFEST_FILE).unlink()
