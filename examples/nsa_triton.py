@@ -6,7 +6,7 @@ upstream package beside this file (its op imports torch and triton only; the pac
 
     selgate check nsa_triton:selection --declare nsa_triton.yaml
 
-Its verdict on an H100: reports/evidence/native-sparse-attention-triton/report.md.
+Its verdict on an H100: evidence/native-sparse-attention-triton/report.md.
 
 Upstream's signature is `topk_sparse_attention(q, k, v, topk_idx, block_size, cu_seqlens,
 softmax_scale=None)`: q [total, HQ, D], k/v [total, H, D], topk_idx [H, total, S] int32 with

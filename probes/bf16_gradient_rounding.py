@@ -8,7 +8,7 @@ the judge's own pieces (the fp64 golden run, the plain bf16 run the bound scales
   - `per head`: each head's dk/dv rounded to bf16, then summed over the group in fp32,
   - `bf16 sum`: each head's rounded to bf16 and added up head by head in bf16 (a bf16 accumulator),
 against the bound the check applies, on N(0, 1) inputs, causal full ranges, at shapes of the
-matrix's (G = 2, h up to 32). CPU, a few seconds: python probes/bf16_gradient_rounding.py
+matrix's (G = 2, h up to 32). CPU, a few seconds: python3 probes/bf16_gradient_rounding.py
 """
 
 from __future__ import annotations

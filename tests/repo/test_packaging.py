@@ -85,9 +85,9 @@ def test_each_probe_runs_as_a_script_importing_selgate_absolutely(probe):
 
 
 def test_the_evidence_stays_out_of_the_wheel():
-    """reports/evidence/ (committed lane runs, tens of thousands of lines) is the repository's,
+    """evidence/ (committed lane runs, tens of thousands of lines) is the repository's,
     not the package's: no package maps onto it and no package-data pattern reaches into it."""
-    evidence = (ROOT / "reports" / "evidence").resolve()
+    evidence = (ROOT / "evidence").resolve()
     data = PYPROJECT["tool"]["setuptools"]["package-data"]
     for package, folder in package_folders().items():
         assert not folder.is_relative_to(evidence), package

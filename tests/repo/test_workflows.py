@@ -391,4 +391,4 @@ def test_the_build_context_leaves_results_evidence_and_environments_out():
         for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
-    assert {"reports/evidence", "reports/out", "bench/results", ".venv", ".git", "build"} <= ignored
+    assert {"evidence", "reports/out", "bench/results", ".venv", ".git", "build"} <= ignored
