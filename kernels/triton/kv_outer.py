@@ -15,7 +15,8 @@ reproducible, with no atomics.
 Cost: the partials, pairs x h x (Dv + 2) fp32 (2.2 GB at that shape for h = 1), written once and
 read once; so the kernel pays off where few heads share a tile, and the profile routes by h.
 Keys of a tile that no pair of the work item selects are never loaded (read as zeros: a NaN
-there would spread through 0 * NaN in the P.V product).
+there would spread through 0 * NaN in the P.V product); a NaN or inf in V at a key some pairs
+select reaches those pairs' rows alone (`_special_values`), as in the row kernels.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def _partials_kernel(
     kv_rows = bg * S_kv + keys
     kt = tl.load(k_ptr + kv_rows[:, None] * Dk + dks[None, :], mask=km[:, None] & (dks[None, :] < Dk), other=0.0)
     vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
+    # A row's zero weight times a NaN or inf in V at a key another row of the step selects would
+    # spread it to that row through the MMA: the MMA takes V's finite part, and a tile holding a
+    # non-finite value sets each row's special values from the keys that row selects alone.
+    v_nan = vt != vt
+    v_pos = vt == float("inf")
+    v_neg = vt == float("-inf")
+    special = tl.max(tl.max((v_nan | v_pos | v_neg).to(tl.int32), 1), 0) > 0
+    vt = tl.where(v_nan | v_pos | v_neg, tl.zeros_like(vt), vt)
     cols = tl.arange(0, ROWS * BLOCK_H)  # MMA row = (pair r, head i)
     head = cols % BLOCK_H
     for i in tl.range(p0, p1, ROWS):
@@ -88,10 +97,24 @@ def _partials_kernel(
         m = tl.where(cm, m, 0.0)  # every pair holds a key; padded MMA rows hold none
         p = tl.where(sel, tl.exp2(s - m[:, None]), 0.0)
         acc = tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+        if special:
+            acc = _special_values(acc, sel, v_nan, v_pos, v_neg)
         out = slot * h + head
         tl.store(pm_ptr + out, m, mask=cm)
         tl.store(pl_ptr + out, tl.sum(p, 1), mask=cm)
         tl.store(pacc_ptr + out[:, None] * BLOCK_DV + dvs[None, :], acc, mask=cm[:, None])
+
+
+@triton.jit
+def _special_values(acc, sel, v_nan, v_pos, v_neg):
+    """`acc` [rows, Dv] with the NaN and infinities of the V values each row selects (flags
+    counted by MMA on 0/1 operands, exact), as a row kernel's p * v would give them."""
+    w = sel.to(tl.float16)
+    nan = tl.dot(w, v_nan.to(tl.float16)) > 0
+    pos = tl.dot(w, v_pos.to(tl.float16)) > 0
+    neg = tl.dot(w, v_neg.to(tl.float16)) > 0
+    inf = tl.where(pos, float("inf"), float("-inf"))
+    return tl.where(nan | (pos & neg), float("nan"), tl.where(pos | neg, inf, acc))
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """The KV-outer prefill forward (kernels/triton/kv_outer.py) against the fp64 reference, on what
 its design could get wrong: a tile split over several work items, two ranges of one row in one
-tile (two partials to merge), NaN in the unselected keys of a tile other rows selected, empty
-rows, a bitwise-identical rerun, and the profile's routing by heads per KV head.
+tile (two partials to merge), NaN in the unselected keys of a tile other rows selected, NaN and
+infinities in V at keys only some rows of a step select, empty rows, a bitwise-identical rerun,
+and the profile's routing by heads per KV head.
 
 On CPU under TRITON_INTERPRET=1 (fp32 and fp16; bf16 is wrong in the interpreter, triton-lang/triton#11584)."""
 
@@ -56,6 +57,35 @@ def test_split_tiles_and_two_ranges_in_one_tile_merge_to_the_reference(monkeypat
     norm = normalize_ranges(r, 150)
     k, v = _nan_outside(k, v, norm)
     _check(q, k, v, norm, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_nan_and_inf_in_v_reach_only_the_rows_that_select_them(dtype):
+    """Rows of one MMA step selecting different keys of one tile: NaN, +inf and -inf in V at
+    keys only some rows select, and +inf beside -inf under one row, give the reference's special
+    values in those rows' columns and leave every other row and column finite."""
+    q, k, v, _ = random_inputs(B=1, S=8, G=1, h=2, Dk=16, Dv=8, S_kv=64, n=1, seed=4)
+    r = torch.zeros(1, 8, 1, 1, 2, dtype=torch.int64)
+    for s in range(8):
+        r[0, s, 0, 0] = torch.tensor([8 * s, 8 * s + 8])  # row s selects keys [8s, 8s + 8) alone
+    r[0, 7, 0, 0] = torch.tensor([48, 64])  # row 7 selects row 6's keys too
+    norm = normalize_ranges(r, 64)
+    v = v.clone()
+    v[0, 0, 3, 0] = float("nan")  # row 0, column 0
+    v[0, 0, 9, 1] = float("inf")  # row 1, column 1
+    v[0, 0, 17, 2] = float("-inf")  # row 2, column 2
+    v[0, 0, 50, 3] = float("inf")  # rows 6 and 7, column 3 (+inf)
+    v[0, 0, 60, 3] = float("-inf")  # row 7 alone: +inf beside -inf, NaN
+    q, k, v = (t.to(DEVICE, dtype) for t in (q, k, v))
+    o = torch.full((*q.shape[:4], v.shape[3]), float("nan"), dtype=dtype, device=DEVICE)
+    lse = torch.full(q.shape[:4], float("nan"), device=DEVICE)
+    kv_outer.kv_outer_forward(q, k, v, norm.to(DEVICE), scale=0.3, out=(o, lse))
+    ro = selection_attention_ref(q.double(), k.double(), v.double(), norm.to(DEVICE), scale=0.3)
+    special = ~torch.isfinite(ro)
+    assert special.sum() == 5 * 2 and torch.isfinite(o[~special]).all()
+    assert torch.equal(o.isnan(), ro.isnan()) and torch.equal(o.isinf(), ro.isinf())
+    assert torch.equal(o[ro.isinf()].double(), ro[ro.isinf()])
+    torch.testing.assert_close(o[~special].double(), ro[~special], atol=1e-5 if dtype == torch.float32 else 2e-3, rtol=0)
 
 
 def test_a_call_runs_whole_within_the_partials_budget_and_in_row_chunks_past_it(monkeypatch):
