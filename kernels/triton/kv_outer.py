@@ -74,12 +74,11 @@ def _partials_kernel(
     vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
     # A row's zero weight times a NaN or inf in V at a key another row of the step selects would
     # spread it to that row through the MMA: the MMA takes V's finite part, and a tile holding a
-    # non-finite value sets each row's special values from the keys that row selects alone.
-    v_nan = vt != vt
-    v_pos = vt == float("inf")
-    v_neg = vt == float("-inf")
-    special = tl.max(tl.max((v_nan | v_pos | v_neg).to(tl.int32), 1), 0) > 0
-    vt = tl.where(v_nan | v_pos | v_neg, tl.zeros_like(vt), vt)
+    # non-finite value sets each row's special values from the keys that row selects alone (V
+    # read again there, so that no flag tile stays live across the loop).
+    bad = (vt != vt) | (tl.abs(vt) == float("inf"))
+    special = tl.max(tl.max(bad.to(tl.int32), 1), 0) > 0
+    vt = tl.where(bad, tl.zeros_like(vt), vt)
     cols = tl.arange(0, ROWS * BLOCK_H)  # MMA row = (pair r, head i)
     head = cols % BLOCK_H
     for i in tl.range(p0, p1, ROWS):
@@ -98,7 +97,8 @@ def _partials_kernel(
         p = tl.where(sel, tl.exp2(s - m[:, None]), 0.0)
         acc = tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
         if special:
-            acc = _special_values(acc, sel, v_nan, v_pos, v_neg)
+            raw = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
+            acc = _special_values(acc, sel, raw)
         out = slot * h + head
         tl.store(pm_ptr + out, m, mask=cm)
         tl.store(pl_ptr + out, tl.sum(p, 1), mask=cm)
@@ -106,13 +106,13 @@ def _partials_kernel(
 
 
 @triton.jit
-def _special_values(acc, sel, v_nan, v_pos, v_neg):
-    """`acc` [rows, Dv] with the NaN and infinities of the V values each row selects (flags
+def _special_values(acc, sel, vt):
+    """`acc` [rows, Dv] with the NaN and infinities of the V values `vt` each row selects (flags
     counted by MMA on 0/1 operands, exact), as a row kernel's p * v would give them."""
     w = sel.to(tl.float16)
-    nan = tl.dot(w, v_nan.to(tl.float16)) > 0
-    pos = tl.dot(w, v_pos.to(tl.float16)) > 0
-    neg = tl.dot(w, v_neg.to(tl.float16)) > 0
+    nan = tl.dot(w, (vt != vt).to(tl.float16)) > 0
+    pos = tl.dot(w, (vt == float("inf")).to(tl.float16)) > 0
+    neg = tl.dot(w, (vt == float("-inf")).to(tl.float16)) > 0
     inf = tl.where(pos, float("inf"), float("-inf"))
     return tl.where(nan | (pos & neg), float("nan"), tl.where(pos | neg, inf, acc))
 
