@@ -74,8 +74,8 @@ def _partials_kernel(
     vt = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
     # A row's zero weight times a NaN or inf in V at a key another row of the step selects would
     # spread it to that row through the MMA: the MMA takes V's finite part, and a tile holding a
-    # non-finite value sets each row's special values from the keys that row selects alone (V
-    # read again there, so that no flag tile stays live across the loop).
+    # non-finite value then sets each row's stored partial to the special values of the keys
+    # that row selects alone.
     bad = (vt != vt) | (tl.abs(vt) == float("inf"))
     special = tl.max(tl.max(bad.to(tl.int32), 1), 0) > 0
     vt = tl.where(bad, tl.zeros_like(vt), vt)
@@ -96,13 +96,23 @@ def _partials_kernel(
         m = tl.where(cm, m, 0.0)  # every pair holds a key; padded MMA rows hold none
         p = tl.where(sel, tl.exp2(s - m[:, None]), 0.0)
         acc = tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
-        if special:
-            raw = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
-            acc = _special_values(acc, sel, raw)
         out = slot * h + head
         tl.store(pm_ptr + out, m, mask=cm)
         tl.store(pl_ptr + out, tl.sum(p, 1), mask=cm)
         tl.store(pacc_ptr + out[:, None] * BLOCK_DV + dvs[None, :], acc, mask=cm[:, None])
+    if special:  # rare: outside the pipelined loop, which a branch in it slowed 1.3-1.6x
+        tl.debug_barrier()  # the partials this program stored, seen by all its threads
+        raw = tl.load(v_ptr + kv_rows[:, None] * Dv + dvs[None, :], mask=km[:, None] & (dvs[None, :] < Dv), other=0.0)
+        for i in tl.range(p0, p1, ROWS):
+            pidx = i + cols // BLOCK_H
+            pm = pidx < p1
+            cm = pm & (head < h)
+            lo = tl.load(pair_lo_ptr + pidx, mask=pm, other=0)
+            hi = tl.load(pair_hi_ptr + pidx, mask=pm, other=0)
+            slot = tl.load(pair_slot_ptr + pidx, mask=pm, other=0).to(tl.int64)
+            sel = (keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]) & cm[:, None]
+            at = pacc_ptr + (slot * h + head)[:, None] * BLOCK_DV + dvs[None, :]
+            tl.store(at, _special_values(tl.load(at, mask=cm[:, None], other=0.0), sel, raw), mask=cm[:, None])
 
 
 @triton.jit
