@@ -19,6 +19,7 @@ from selgate.reference import (
     expand_ranges,
     normalize_ranges,
     resolve_scale,
+    selected_keys,
     selected_lengths,
     selection_attention_ref,
     varlen_to_batched,
@@ -169,6 +170,16 @@ def _normalises_in_place(q, k, v, ranges, *, scale=None, positions=None):
     with torch.no_grad():
         ranges.copy_(normalize_ranges(ranges, k.shape[2], positions))
     return attend(q, k, v, ranges, scale=scale, positions=positions)
+
+
+def _pv_over_shared_keys(q, k, v, ranges, *, scale=None, positions=None):
+    """P.V of each (b, g) as one product over the keys any of its rows selects (a KV-outer or
+    shared-tile kernel, keys no row selects never loaded): a row's zero weight times a NaN in
+    V at another row's key is NaN in that row too."""
+    o, lse = attend(q, k, v, ranges, scale=scale, positions=positions)
+    used = selected_keys(ranges, k.shape[2], positions)[..., None]
+    zero = (v.masked_fill(~used, 0) * 0).sum(2)  # [B, G, Dv]: the zero products, NaN where a used key's v is
+    return o + zero[:, None, :, None, :].to(o.dtype), lse
 
 
 def _dq_scaled_by_dv(q, k, v, ranges, *, scale=None, positions=None):
@@ -523,6 +534,12 @@ BAD_IMPLS = (
         "ranges clamped to S_kv but not to t + 1",
     ),
     _bad("overlap-counted-twice", _overlap_twice, "parity", "overlapping ranges concatenated, not merged"),
+    _bad(
+        "pv-over-shared-keys",
+        _pv_over_shared_keys,
+        "bounds",
+        "P.V over the keys any row of the group selects: NaN in V at one row's key reaches the others",
+    ),
     _bad(
         "scale-1-over-Dk",
         lambda q, k, v, r, *, scale=None, positions=None: attend(

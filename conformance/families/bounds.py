@@ -1,10 +1,11 @@
-"""Family bounds: keys outside every selection and beyond t hold NaN; no read of them may show."""
+"""Family bounds: keys outside every selection and beyond t hold NaN; no read of them may show.
+Then a key some rows select and others do not holds NaN: only the rows that select it may show it."""
 
 from __future__ import annotations
 
 import torch
 
-from selgate.reference import query_positions, selected_keys
+from selgate.reference import normalize_ranges, query_positions, selected_keys
 
 from ..cases import Case, make_inputs
 from ..compare import assert_equal
@@ -39,6 +40,31 @@ def _poisoned(inp: Inputs, tail: int):
     return q, k, v, r.to(inp.ranges.dtype)
 
 
+def _shared_key_poisoned(inp: Inputs):
+    """k and v NaN at one key of each (b, g), the last key any of its rows selects, and the rows
+    [B, S, G] that select it. A row that does not (its t lies before the key, or its ranges skip
+    it) must not show it: a tile loaded whole, an MMA step shared with the rows that select it or
+    a mask added to the scores spreads it through 0 * NaN or NaN - inf."""
+    S_kv = inp.k.shape[2]
+    keys = torch.arange(S_kv, device=inp.k.device)
+    last = torch.where(selected_keys(inp.ranges, S_kv), keys, -1).amax(-1)  # [B, G]; -1: none selected
+    hit = (keys == last[..., None])[..., None]
+    norm = normalize_ranges(inp.ranges, S_kv).to(torch.int64)
+    j = last[:, None, :, None]
+    rows = ((norm[..., 0] <= j) & (j < norm[..., 1])).any(-1)
+    return inp.k.masked_fill(hit, float("nan")), inp.v.masked_fill(hit, float("nan")), rows
+
+
+def _shared_key_check(impl: Impl, case: Case, inp: Inputs, judged, gold: Result, plain) -> None:
+    """The forward on `_shared_key_poisoned` inputs: NaN in o and lse of the rows that select the
+    key, every other row as the golden run has it (its values do not depend on that key)."""
+    k, v, rows = _shared_key_poisoned(inp)
+    got = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, k, v)
+    nan = float("nan")
+    want = Result(gold.o.masked_fill(rows[..., None, None], nan), gold.lse.masked_fill(rows[..., None], nan), None)
+    compare(case, judged, Result(got.o, got.lse, None), want, plain)
+
+
 def check(impl: Impl, case: Case, device) -> None:
     """Keys outside every selection and beyond `t` hold NaN: any read of them shows up, in
     the output or the gradients. Outputs are poisoned before the call (CUDA caching
@@ -68,11 +94,12 @@ def check(impl: Impl, case: Case, device) -> None:
         o_t = got.o[:, S:]
         assert_equal("o[tail queries]", o_t, torch.zeros_like(o_t), case_id=case.id, why="they select nothing", rule="empty-rows")
     compare(case, judged, main, gold, plain)
+    _shared_key_check(impl, case, inp, judged, gold, plain)
 
 
 FAMILY = Family(
     "bounds",
-    "NaN-poisoned keys outside the selection and beyond t",
+    "NaN-poisoned keys outside the selection and beyond t, and in a key other rows select",
     rank=6,
     check=check,
     # not the large-logit inputs, whose gradients (~10) an absolute fp32 bound does not fit
