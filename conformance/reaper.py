@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -22,17 +23,39 @@ def become_subreaper() -> bool:
         return False
 
 
-def children(pid: int) -> list:
-    """Live (not zombie) processes whose parent is `pid`, read from /proc."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, ppid = stat.read_text().rpartition(")")[2].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if int(ppid) == pid and state != "Z":
-            out.append(int(stat.parent.name))
-    return out
+def _children(pid: int) -> list:
+    """`pid`'s live children, from its threads' /proc children lists: a few short reads, where a
+    pass over all of /proc took longer than a link of a fork chain lives and saw none of them.
+    A kernel without those lists (no CONFIG_PROC_CHILDREN) gets the pass over /proc."""
+    lists = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    if lists:
+        found = []
+        for listed in lists:
+            try:
+                found += [int(c) for c in listed.read_text().split()]
+            except OSError:
+                continue
+    else:
+        found = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _stat(stat)[1] == pid]
+    return [c for c in found if _stat(Path(f"/proc/{c}/stat"))[0] not in ("Z", None)]
+
+
+def _stat(stat: Path) -> tuple:
+    """(state, parent pid) of a process's /proc stat file; (None, None) once it is gone."""
+    try:
+        state, ppid = stat.read_text().rpartition(")")[2].split()[:2]
+        return state, int(ppid)
+    except (OSError, ValueError):
+        return None, None
+
+
+def descendants(pid: int) -> list:
+    """Live (not zombie) processes below `pid` at any depth."""
+    below, level = [], [pid]
+    while level:
+        level = [c for p in level for c in _children(p)]
+        below += level
+    return below
 
 
 def _reap() -> None:
@@ -45,16 +68,19 @@ def _reap() -> None:
             return
 
 
-def kill_descendants(rounds: int = 100) -> int:
-    """SIGKILL every process below this one, round after round (killing a parent hands its own
-    children to this subreaper), and reap them; how many were killed. Call it only once every
-    child this process waits on itself has been waited for."""
+def kill_descendants(quiet_s: float = 0.2, limit_s: float = 30.0) -> int:
+    """SIGKILL every process below this one, pass after pass (killing a parent hands its own
+    children to this subreaper), and reap them, until passes over `quiet_s` find none; how many
+    were killed. One empty pass is not enough: a chain of processes that each start the next
+    and exit at once was between two links while a single pass read /proc, and lived on. Call
+    it only once every child this process waits on itself has been waited for."""
     killed = 0
-    for _ in range(rounds):
+    start = calm = time.monotonic()
+    while time.monotonic() - calm < quiet_s and time.monotonic() - start < limit_s:
         _reap()
-        live = children(os.getpid())
-        if not live:
-            return killed
+        live = descendants(os.getpid())
+        if live:
+            calm = time.monotonic()
         for pid in live:
             try:
                 os.kill(pid, signal.SIGKILL)

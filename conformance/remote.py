@@ -118,7 +118,7 @@ class Executor:
             return f"the kernel's process broke the protocol ({error}) and was killed"
         self.stop()
         how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
-        tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-LOG_TAIL:])
+        tail = " | ".join(sandbox.tail(self.log).strip().splitlines()[-LOG_TAIL:])
         return f"the kernel's process {how} during the call" + (f" (last output: {tail})" if tail else "")
 
     def release(self, proc, handle) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import stat
 import sys
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every architecture
@@ -39,6 +40,10 @@ _MAKE_DEVICES = (1 << 6) | (1 << 11)  # MAKE_CHAR, MAKE_BLOCK: handled, granted 
 _FILE_WRITES = (1 << 1) | (1 << 14)  # WRITE_FILE, TRUNCATE: what a rule on one file may grant
 _NET_TCP = (1 << 0) | (1 << 1)  # LANDLOCK_ACCESS_NET_BIND_TCP, _CONNECT_TCP (ABI 4): handled, no rule grants them
 _SCOPES = (1 << 0) | (1 << 1)  # ABI 6: LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, _SIGNAL
+# the largest file a confined process may write (its output log, which lies outside its scratch
+# folder, included): past it its writes fail (EFBIG; Python ignores SIGXFSZ). Triton's cache
+# files, compiled kernels, are a few MB.
+FILE_LIMIT = 256 << 20
 
 
 class _PathBeneath(ctypes.Structure):
@@ -131,7 +136,6 @@ def device_files() -> list:
     writes a disk beneath its file system rewrites any file (the check's own code) whatever
     landlock says of paths."""
     import glob
-    import stat
 
     names = [f"/dev/{n}" for n in STANDARD_DEVICES] + [p for pattern in GPU_DEVICES for p in glob.glob(pattern)]
     out = []
@@ -203,6 +207,27 @@ def command(folder: str, module: str, *args: str, record: int = -1) -> list:
     return [sys.executable, "-S", "-c", _BOOT, os.path.abspath(__file__), head, module, *args]
 
 
+def tail(path, size: int = 1 << 16) -> str:
+    """The last `size` bytes of a log a confined process wrote, as text."""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+        return f.read().decode(errors="replace")
+
+
+def read_regular(path, limit: int):
+    """The first `limit` bytes of `path` as text, or None unless it is a regular file: the
+    kernel's processes write their scratch folders, where a FIFO in place of a result would
+    block its reader forever and a symlink would point it elsewhere."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit).decode(errors="replace")
+
+
 def prepare(scratch: str) -> None:
     """Makes the folders the confined process may write, which must exist before it confines itself."""
     for path in (scratch, triton_cache()):
@@ -252,6 +277,9 @@ def boot(argv) -> None:
 
     head, module, *args = json.loads(argv[0]), argv[1], *argv[2:]
     _libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the judge that started it dies
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))  # its logs are the judge's disk
     line = confinement(head["writable"])
     if head["record"] >= 0:
         with os.fdopen(head["record"], "w") as f:  # closed here: nothing loaded later can write on it

@@ -35,9 +35,12 @@ PLUGINS = (
     "selgate.reports.stamp",
 )
 MANIFEST = ".selgate-check.json"  # what an earlier check wrote into --out, and may remove
+WRITABLE_PROBE = ".selgate-check-writable"
+REPRO_DIR = "repro"  # the reproducers of the root causes (reports.triage writes them)
 RESULT_FILES = ("junit.xml", ENV_FILE, "report.md", COLLECTED_FILE)
 DECLARED_FILE = "declared.json"  # the probe's declarations, handed to the workers
 CUT_GRACE_S = 120  # after the first signal, how long pytest may take to write its results
+PROBE_RESULT_LIMIT = 1 << 20  # bytes of the probe's result read at most
 
 
 class UsageError(Exception):
@@ -62,7 +65,9 @@ def check_command(args, junit: Path, tmp: Path) -> list:
     -p), on the declarations this process read (the probe's, in `tmp`)."""
     inifile = tmp / "pytest.ini"
     inifile.write_text("[pytest]\n")
-    select = ["--pyargs", "selgate.conformance", "-m", MARKERS, "--impl", args.impl, "--size", args.size]
+    # --noconftest: without a test path in the caller's folder pytest loads conftest.py from there
+    # and its parents, where a kernel's pull request may put one that rewrites every report
+    select = ["--noconftest", "--pyargs", "selgate.conformance", "-m", MARKERS, "--impl", args.impl, "--size", args.size]
     select += ["--check-declared", str(tmp / DECLARED_FILE)]
     return pytest_command(
         pytest_args(
@@ -104,6 +109,12 @@ def prepare_out(out: Path) -> None:
         for folder in sorted({p.parent for p in out.rglob("*")} - {out}, reverse=True):
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
+    linked = [n for n in (*RESULT_FILES, MANIFEST, WRITABLE_PROBE, REPRO_DIR) if (out / n).is_symlink()]
+    if linked:
+        raise UsageError(
+            f"--out {out}: {', '.join(linked)} {'is a symlink' if len(linked) == 1 else 'are symlinks'}, "
+            "which the check's writes would follow out of the folder; remove them or choose another folder"
+        )
     foreign = [n for n in RESULT_FILES if (out / n).exists()]
     if foreign:
         raise UsageError(
@@ -201,13 +212,20 @@ def _probe(args, run: Run, tmp: Path, env: dict, record: int):
             rc = run.wait(timeout=args.import_timeout)
         except subprocess.TimeoutExpired:
             return None, f"importing {module} did not finish within {args.import_timeout} s (--import-timeout)"
-    tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-    if not result.exists():
+    tail = " | ".join(sandbox.tail(log).strip().splitlines()[-3:])
+    text = sandbox.read_regular(result, PROBE_RESULT_LIMIT)
+    if text is None:
         how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"ended the process with exit status {rc}"
         return None, f"importing {module} {how} before it returned" + (f" (last output: {tail})" if tail else "")
-    data = json.loads(result.read_text())
-    if data["ok"]:
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return None, f"the probe's result is not JSON: {e}"
+    if data.get("ok") is True:
         declared = data["declared"]
+        # expected failures come from a --declare file alone, which this process reads: the
+        # kernel's process writes the probe's result, and could hide its failures there
+        declared.pop("xfail", None)
         if args.declare:  # the user's file wins key by key (load_user_impl): read here, not as the kernel's process copied it
             declared.update(declarations.file_json(args.declare))
         if "varlen" in declared:  # where the executors import it from: this process says, not the kernel's
@@ -218,17 +236,19 @@ def _probe(args, run: Run, tmp: Path, env: dict, record: int):
             return None, f"the probe's result does not validate: {e}"
         (tmp / DECLARED_FILE).write_text(json.dumps(declared))
         return impl, None
-    if data["usage"]:
-        raise UsageError(data["error"])
-    return None, data["error"]
+    if data.get("usage") is True:
+        raise UsageError(str(data.get("error")))
+    return None, str(data.get("error"))
 
 
 def writable(out: Path) -> None:
     """UsageError unless `out` takes a file of a report's size: a read-only or full folder is the
     caller's to fix, said before the run rather than as a traceback after it."""
-    probe = out / ".selgate-check-writable"
+    probe = out / WRITABLE_PROBE
     try:
-        probe.write_bytes(bytes(1 << 20))
+        probe.unlink(missing_ok=True)  # a symlink left there would lead the write to its target
+        with os.fdopen(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
+            f.write(bytes(1 << 20))
     except OSError as e:
         raise UsageError(f"--out {out}: cannot write a report there ({e.strerror or e})") from None
     finally:
@@ -256,15 +276,25 @@ def run_matrix(args, out: Path) -> Ran:
     runner = Run()
     env = child_env(args.workers)
     status = None
-    with Cut(runner.cut) as cut, tempfile.TemporaryDirectory(prefix="selgate-check-") as tmp:
-        tmp = Path(tmp)
-        impl, load_error = load(args, runner, tmp, env)
-        isolation = (tmp / ISOLATION_FILE).read_text().strip()
-        if impl is not None and cut.signal is None:
-            print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
-            runner.start(check_command(args, out / "junit.xml", tmp), env, graceful=True)
-            status = _wait_for_results(runner, cut)
+    tmp = Path(tempfile.mkdtemp(prefix="selgate-check-"))
+    try:
+        with Cut(runner.cut) as cut:
+            impl, load_error = load(args, runner, tmp, env)
+            isolation = (tmp / ISOLATION_FILE).read_text().strip()
+            if impl is not None and cut.signal is None:
+                print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
+                runner.start(check_command(args, out / "junit.xml", tmp), env, graceful=True)
+                status = _wait_for_results(runner, cut)
+    finally:
+        _remove(tmp)
     return Ran(impl, load_error, status, cut.signal, runner.left_behind, isolation)
+
+
+def _remove(folder: Path) -> None:
+    """The run's temporary folder, whatever the kernel's processes built in their scratch folders
+    beneath it: a tree 5000 folders deep took shutil.rmtree past Python's recursion limit before
+    the report was written. `rm -rf` walks it without recursion; what it cannot remove stays."""
+    subprocess.run(["rm", "-rf", "--", str(folder)], stdin=subprocess.DEVNULL, capture_output=True, check=False)
 
 
 def _wait_for_results(runner: Run, cut: Cut) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from selgate.conformance.cases import Case, select
 from selgate.conformance.compare import RULES
 from selgate.conformance.registry import Impl, fit
+from selgate.lanes.check_run import REPRO_DIR
 from selgate.reports.results import CaseResult
 
 # `Case.id`: `Shape.tag`, pattern, block size, scale, values, dtype, seed. Read where a result
@@ -289,7 +290,7 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
 def write_reproducers(causes: list, out_dir, **kw) -> dict:
     """`<out_dir>/repro/cause-<n>.py` for the n-th cause that is a case of the matrix (earlier
     runs' files removed); {signature: path}. `kw` as `reproducer`."""
-    folder = Path(out_dir) / "repro"
+    folder = Path(out_dir) / REPRO_DIR
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("cause-*.py"):
         stale.unlink()

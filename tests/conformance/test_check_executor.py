@@ -97,6 +97,19 @@ def test_a_crash_fails_its_call_and_a_fresh_executor_serves_the_next(executor, t
     assert remote(q, k, v, r).shape == (*q.shape[:4], v.shape[-1])
 
 
+def test_a_kernel_that_floods_its_output_dies_at_the_file_limit(executor, tmp_path):
+    """The executor's output file lies outside its scratch folder, on the judge's disk: a kernel
+    printing without end wrote 101 MB there in seconds. Past `sandbox.FILE_LIMIT` its writes fail
+    (Python ignores SIGXFSZ: EFBIG, "File too large"), and that is the call's error."""
+    (tmp_path / "flood.py").write_text(
+        "import sys\ndef fn(q, k, v, ranges, *, scale=None):\n    while True:\n        sys.stdout.write('x' * 65536)\n"
+    )
+    q, k, v, r = _inputs()
+    with pytest.raises(KernelError, match="File too large"):
+        remote_callable(executor, "flood:fn")(q, k, v, r)
+    assert executor.log.stat().st_size <= sandbox.FILE_LIMIT
+
+
 def test_the_executor_holds_no_judge(executor, tmp_path):
     """No pytest, no comparison or reference module, no PYTEST_* or SELGATE_* variable."""
     (tmp_path / "looks.py").write_text(

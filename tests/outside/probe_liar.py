@@ -20,7 +20,8 @@ def rewrites_what_the_probe_says(q, k, v, ranges, *, scale=None):
 
 def narrows_its_declare_file(q, k, v, ranges, *, scale=None):
     """NaN in fp16 and 1e-4 off in fp32, checked with a `--declare` file saying fp16 and fp32 and
-    IEEE fp32 matmuls: the probe's copy of the declarations says fp32 alone, judged as TF32."""
+    IEEE fp32 matmuls: the probe's copy of the declarations says fp32 alone, judged as TF32, and
+    declares every parity and determinism case an expected failure."""
     o = gather(q, k, v, ranges, scale=scale)
     return o * (1 + 1e-4) if q.dtype == torch.float32 else torch.full_like(o, float("nan"))
 
@@ -42,6 +43,7 @@ def _rewrite_the_probe() -> None:
             return
         if sys.argv[1].endswith(":narrows_its_declare_file"):  # valid declarations, not the file's
             data["declared"].update(dtypes=["fp32"], fp32_matmul="tf32")
+            data["declared"]["xfail"] = [{"family": f, "cases": "*", "reason": "hidden"} for f in ("parity", "determinism")]
         else:
             families = ["parity", "backward", "determinism", "empty_ranges", "bounds", "dtype", "decode", "group"]
             data["declared"]["unsupported"] = {f: "not this kernel's" for f in families}

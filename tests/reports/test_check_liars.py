@@ -83,15 +83,31 @@ def test_what_the_probe_says_is_validated_and_its_confinement_comes_from_before_
     assert "FORGED" not in isolation and ("landlock ABI" in isolation or "no landlock" in isolation), isolation
 
 
+def test_a_conftest_beside_the_kernel_never_loads(checked, tmp_path):
+    """A conftest.py beside a kernel 1 off, turning every failure into a pass: with no test path in
+    the caller's folder pytest loaded it from there into the judge's processes (CHECK PASSED).
+    The check's pytest runs with --noconftest."""
+    (tmp_path / "conftest.py").write_text((OUTSIDE / "conftest_passes_all.txt").read_text())
+    (tmp_path / "wrong.py").write_text(
+        "from tokenkernels import gather\n\n\ndef selection(q, k, v, ranges, *, scale=None):\n"
+        "    return gather(q, k, v, ranges, scale=scale) + 1\n"
+    )
+    rc, log, out = checked("wrong:selection", *NARROWED)
+    assert blocked_by_failures(rc, log), log
+    assert not (tmp_path / "conftest-loaded").exists()
+
+
 def test_the_users_declare_file_wins_over_what_the_probe_says(checked):
     """The kernel's process rewrites the probe's copy of its `--declare` file (fp32 alone, TF32):
-    the judge reads the file itself, so fp16 runs and fp32 is held to IEEE bounds."""
+    the judge reads the file itself, so fp16 runs and fp32 is held to IEEE bounds; and adds expected
+    failures for every case, which only the file may declare, so none is an expected failure."""
     rc, log, out = checked("probe_liar:narrows_its_declare_file", "--declare", "fp16_ieee.yaml", *NARROWED)
     assert blocked_by_failures(rc, log), log
     report = (out / "report.md").read_text()
     assert "| dtypes | fp16, fp32 |" in report and "| fp32 matmuls | IEEE fp32 |" in report, report
     failed = [c for c in load_lane("check", out).cases if c.outcome == "fail"]
     assert any("-fp16-" in c.nodeid for c in failed) and any("-fp32-" in c.nodeid for c in failed)
+    assert not any(c.outcome == "xfail" for c in load_lane("check", out).cases)
 
 
 def test_a_dtype_broken_behind_strict_expected_failures_is_named_on_the_first_line(checked):

@@ -63,3 +63,12 @@ def test_from_a_wheel_the_checkout_tools_are_refused_with_what_to_do(monkeypatch
 def test_in_this_checkout_every_tool_is_offered():
     assert cli.checkout() is not None
     assert "  lanes " in cli.usage() and "  reports " in cli.usage()
+
+
+def test_python_m_selgate_imports_nothing_from_the_callers_folder(tmp_path):
+    """`python -m` puts the current folder first on the import path of the process that decides
+    `selgate check`'s verdict, where a module beside the kernel (a `junitparser.py` that made
+    every verdict PASSED) loaded in place of the real one: selgate's tools run without it."""
+    (tmp_path / "argparse.py").write_text("raise SystemExit(99)\n")
+    rc, out, err = _run("check", "--help", cwd=tmp_path)
+    assert rc == 0 and "usage: selgate check" in out, (rc, err)
