@@ -4,6 +4,8 @@ Files (fixed names, so docs can embed them):
   decode_ms_vs_L.png            decode time per call against L (selected keys per query)
   decode_hbm_fraction_vs_L.png  the same rows as the achieved fraction of the HBM floor (`frac_copy`)
   prefill_ms_vs_T.png           prefill time per call against the sequence length T
+  prefill_ms_vs_h.png           prefill time per call against h, the query heads per KV head, one
+                                panel per T, with the floor of each problem (`prefill_floor_ms`)
 
 Decode: one configuration family (N, G, h, D, Dv, dtype; one panel per range layout `dist`),
 the family with the most (dist, L) points, ties to bf16 and then the largest shape (on the
@@ -14,7 +16,9 @@ dashed lines are back-to-back eager calls (the host's issue time counts where it
 device's); dotted lines are the same calls replayed from a CUDA graph (`graph_ms`, the device
 time), where the CSV has them. Prefill: the family (B, G, h, D, Dv, blocks, dtype) with the
 most T values, K and V as separate tensors; with fewer than two T values the plot is skipped
-(`--sweep prefill_scaling` measures five).
+(`--sweep prefill_scaling` measures five). Prefill against h: the family (B, G, D, Dv, blocks,
+dtype) with the most (T, h) points, as `--sweep prefill_heads` measures it; skipped with fewer
+than two h at any T.
 
 Rows of several CSVs are merged (a later CSV's row replaces an earlier one of the same
 configuration and method); they must come from one device. Every title names the device
@@ -38,6 +42,8 @@ from .inputs import DISTS
 DECODE_MS = "decode_ms_vs_L.png"
 DECODE_FRAC = "decode_hbm_fraction_vs_L.png"
 PREFILL_MS = "prefill_ms_vs_T.png"
+PREFILL_HEADS_MS = "prefill_ms_vs_h.png"
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DPI = 110
 
 # Columns the plots read; `graph_ms` and `kv_layout` are optional (older CSVs lack them).
@@ -363,6 +369,68 @@ def prefill_figure(rows: list[dict]):
     return fig, _describe_prefill(fam) + ", T " + "/".join(map(str, Ts))
 
 
+def prefill_floor_ms(r: dict):
+    """The least time the prefill problem of row `r` can take on the device of its run: its math
+    (2 x selected keys x h x (D + Dv) flops, from the row's rate) at the matmul rate measured in
+    the same run, or its unique bytes (each K and V row once, q in, o out) at the copy rate
+    measured in the same run, whichever is more (None where the row lacks a rate). A forward that
+    re-reads each row's selected keys costs the same at every h; this floor grows with h."""
+    if None in (r.get("tflops"), r.get("matmul_tflops"), r.get("copy_gbps")) or r["dtype"] not in ITEM_BYTES:
+        return None
+    item = ITEM_BYTES[r["dtype"]]
+    flops = r["tflops"] * r["ms"] * 1e9
+    unique = (r["B"] * r["S_kv"] * r["G"] + r["B"] * r["S"] * r["G"] * r["h"]) * (r["D"] + r["Dv"]) * item
+    return max(flops / (r["matmul_tflops"] * 1e9), unique / (r["copy_gbps"] * 1e6))
+
+
+def heads_family(rows: list[dict]) -> list[dict]:
+    """Prefill rows differing in T and h alone: the family with the most (T, h) points."""
+    families = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "prefill" and _plotted(r):
+            families[(r["B"], r["G"], r["D"], r["Dv"], _blocks(r), r["dtype"])].append(r)
+    if not families:
+        return []
+    return max(families.values(), key=lambda fam: (len({(r["S"], r["h"]) for r in fam}), len(fam)))
+
+
+def prefill_heads_figure(rows: list[dict]):
+    """(Figure, what it shows), or (None, why there is none): ms against h, one panel per T."""
+    fam = heads_family(rows)
+    Ts = sorted({r["S"] for r in fam if len({x["h"] for x in fam if x["S"] == r["S"]}) >= 2})
+    if not Ts:
+        return None, (
+            "no prefill rows with two or more h at one T (`python -m selgate.bench sel --sweep prefill_heads` "
+            "on the GPU, then pass its CSV)"
+        )
+    r = fam[0]
+    n, l_sel = _blocks(r).split("x") if "x" in _blocks(r) else ("?", "?")
+    what = f"prefill B={r['B']} G={r['G']} D={r['D']} Dv={r['Dv']}, {n} blocks of {l_sel} keys per query, {r['dtype']}"
+    fig, axes = _figure(
+        len(Ts),
+        f"Prefill selection attention (forward): time per call against h, query heads per KV head\n{what}\n{_stamp(fam)}",
+        3.6 * len(Ts) + 1.2,
+    )
+    hs = sorted({x["h"] for x in fam if x["S"] in Ts})
+    for ax, T in zip(axes, Ts):
+        points, floor = defaultdict(list), {}
+        for x in (x for x in fam if x["S"] == T):
+            points[x["method"]].append((x["h"], x["ms"], None))
+            if prefill_floor_ms(x) is not None:
+                floor.setdefault(x["h"], prefill_floor_ms(x))
+        _lines(ax, points, graph=False)
+        if floor:
+            ax.plot(sorted(floor), [floor[h] for h in sorted(floor)], color="k", ls=":", lw=1.4, label=FLOOR_LABEL)
+        _log_axes(ax, hs, "h (query heads per KV head)", _ms)
+        ax.set_title(f"T = {T // 1024}k" if T % 1024 == 0 else f"T = {T}")
+    axes[0].set_ylabel("ms per call")
+    _legend(fig, axes)
+    return fig, f"{what}, T {'/'.join(map(str, Ts))}, h {'/'.join(map(str, hs))}"
+
+
+FLOOR_LABEL = "floor: math at the run's matmul rate or unique bytes at its copy rate"
+
+
 def _save(fig, path: Path) -> None:
     """Agg-rendered PNG, without matplotlib's `Software` stamp, cut to a 256-colour palette (no
     dithering: the plots hold a few flat colours, so this is lossless to the eye and ~3x smaller)."""
@@ -391,6 +459,11 @@ def write_plots(csvs, out: Path) -> list[str]:
             lines.append(f"skipped {PREFILL_MS}: {text}")
         else:
             figs[PREFILL_MS] = fig, text
+        fig, text = prefill_heads_figure(rows)
+        if fig is None:
+            lines.append(f"skipped {PREFILL_HEADS_MS}: {text}")
+        else:
+            figs[PREFILL_HEADS_MS] = fig, text
         for name, (fig, what) in figs.items():
             path = out / name
             _save(fig, path)

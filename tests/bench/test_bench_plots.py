@@ -186,6 +186,58 @@ def test_a_users_kernel_is_drawn_titles_wrap_and_a_narrow_axis_has_labels(mpl, t
     assert labels, "no y tick label within the drawn range"
 
 
+def heads_rows() -> list[dict]:
+    """The prefill_heads preset's problems: the row-outer forward flat in h, the KV-outer one
+    growing with it, fla-core at h = 16 only; rates as the sweep derives them."""
+    (m,) = PRESETS["prefill_heads"]()
+    rows = []
+    for p in m.problems:
+        flops = 2 * p.S * p.G * 1024 * p.h * (p.D + p.Dv)  # 16 blocks of 64 keys a row
+        for method, ms in (("triton", 15.0 * p.S / 65536), ("triton_kv_outer", 0.45 * p.h * p.S / 65536 + 6.8 * p.S / 65536)):
+            rows.append(row(p, method, ms, tflops=flops / ms / 1e9))
+        if p.h == 16:
+            rows.append(row(p, "fla_nsa", 20.6 * p.S / 65536, tflops=flops / (20.6 * p.S / 65536) / 1e9))
+        else:
+            rows.append(row(p, "fla_nsa", 0.0, status="skip", note="needs h >= 16"))
+    return rows
+
+
+def test_the_prefill_floor_is_the_math_or_the_unique_bytes_whichever_is_more():
+    """64k, 4 KV heads, D = Dv = 128, bf16, 1024 keys a row, at 800 TFLOP/s and 3000 GB/s: the
+    math is 2 x 65536 x 4 x 1024 x h x 256 flops (0.17 ms at h = 1, 2.75 ms at h = 16); the unique
+    bytes are K and V once (134 MB) and q and o (134 MB x h): 0.09 ms at h = 1, 0.76 ms at h = 16."""
+    from selgate.bench.plots import prefill_floor_ms
+
+    by_h = {r["h"]: r for r in heads_rows() if r["S"] == 65536 and r["method"] == "triton"}
+    assert prefill_floor_ms(by_h[1]) == pytest.approx(2 * 65536 * 4 * 1024 * 256 / 800e12 * 1e3)
+    assert prefill_floor_ms(by_h[16]) == pytest.approx(16 * prefill_floor_ms(by_h[1]))
+    bytes_only = {**by_h[1], "matmul_tflops": 1e9}
+    assert prefill_floor_ms(bytes_only) == pytest.approx((65536 * 4 * 256 * 2 * 2) / 3000e9 * 1e3)
+    assert prefill_floor_ms({**by_h[1], "tflops": None}) is None
+
+
+def test_the_heads_plot_has_a_panel_per_T_with_every_method_and_the_floor(tmp_path, mpl):
+    from selgate.bench.plots import FLOOR_LABEL, PREFILL_HEADS_MS, prefill_heads_figure
+
+    rows = heads_rows()
+    fig, what = prefill_heads_figure(rows)
+    assert [ax.get_title() for ax in fig.axes] == ["T = 8k", "T = 16k", "T = 64k"]
+    labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    assert {"triton", "triton_kv_outer", "fla_nsa (fla-core parallel_nsa)", FLOOR_LABEL} <= labels, labels
+    assert "h 1/2/4/8/16" in what
+    csv_path = tmp_path / "heads.csv"
+    tables.write_csv(rows, csv_path)
+    assert main(["plot", "--csv", str(csv_path), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / PREFILL_HEADS_MS).read_bytes().startswith(PNG)
+
+
+def test_the_heads_plot_is_skipped_without_two_h_at_one_T(mpl):
+    from selgate.bench.plots import prefill_heads_figure
+
+    fig, why = prefill_heads_figure(prefill_rows((4096, 8192)))
+    assert fig is None and "--sweep prefill_heads" in why
+
+
 def test_prefill_heads_preset_is_the_acceptance_prefill_over_h_and_T():
     """Only the query heads per KV head and T vary; fla-core runs where it applies (h = 16)."""
     (m,) = PRESETS["prefill_heads"]()
