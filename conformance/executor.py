@@ -7,8 +7,8 @@ no variable of pytest's or selgate's is set): whether a result is right is decid
 
 Requests (wire.py): {"op": "call", "fn": SPEC, "args", "kwargs"} answers {"out", "grad",
 "handle", "inputs"}; {"op": "grad", "handle", "grads"} answers {"grads", "inputs"}; a raising
-kernel answers {"error": {"type", "message"}}. SPEC is `package.module:callable`, or
-`registry:NAME` / `registry:NAME.varlen` for a registered implementation's calls.
+kernel answers {"error": {"type", "message"}}. SPEC is `package.module:callable`; a registered
+implementation's calls come as {"registered": NAME or NAME.varlen} in place of "fn".
 """
 
 from __future__ import annotations
@@ -29,25 +29,26 @@ class Server:
         self.graphs: dict = {}  # handle -> (outputs, inputs, their Decoder, q k v): until the judge releases it
         self.next_handle = 0
 
-    def fn(self, spec: str):
-        if spec not in self.fns:
-            if spec.startswith("registry:"):
+    def fn(self, header: dict):
+        key = ("registered", header["registered"]) if "registered" in header else ("fn", header["fn"])
+        if key not in self.fns:
+            if key[0] == "registered":
                 from .registry import REGISTRY
 
-                name, _, part = spec.removeprefix("registry:").partition(".")
-                self.fns[spec] = getattr(REGISTRY[name], part or "call")
+                name, _, part = key[1].partition(".")
+                self.fns[key] = getattr(REGISTRY[name], part or "call")
             else:
                 from .declarations import load_callable
 
-                self.fns[spec] = load_callable(spec)
-        return self.fns[spec]
+                self.fns[key] = load_callable(key[1])
+        return self.fns[key]
 
     def call(self, header: dict, dec: wire.Decoder) -> tuple[dict, wire.Encoder]:
         args, kwargs = dec.value(header["args"]), dict(zip(header["kwargs"], dec.value(header["kwargs_values"])))
         inputs = list(wire.tensors((args, kwargs)))
         qkv = args[:3] if len(args) >= 3 and all(isinstance(t, torch.Tensor) for t in args[:3]) else None
         before = _snapshot(dec)
-        fn = self.fn(header["fn"])
+        fn = self.fn(header)
         if qkv:
             poison_cuda_cache(*qkv)
         with torch.set_grad_enabled(any(t.requires_grad for t in inputs)):

@@ -85,7 +85,7 @@ class Impl:
     block_size: Optional[int] = None
     layouts: tuple = declarations.LAYOUTS
     declared: dict = field(default_factory=dict)  # an outside kernel's declarations, as given
-    spec: Optional[str] = None  # where another process loads it (an executor SPEC); registered ones: registry:NAME
+    spec: Optional[str] = None  # where another process loads it (`package.module:callable`); None for registered ones
 
     def forward(self, q, k, v, ranges, *, scale=None, want_lse=True):
         """`(o, lse)`, lse None when the implementation declares none."""

@@ -14,7 +14,6 @@ fresh one serves the next call.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -117,7 +116,7 @@ class Executor:
             self.stop()
             return f"the kernel's process broke the protocol ({error}) and was killed"
         self.stop()
-        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+        how = f"was killed by {sandbox.signal_name(-rc)}" if rc < 0 else f"exited with status {rc}"
         tail = " | ".join(sandbox.tail(self.log).strip().splitlines()[-LOG_TAIL:])
         return f"the kernel's process {how} during the call" + (f" (last output: {tail})" if tail else "")
 
@@ -163,10 +162,11 @@ class _Call(torch.autograd.Function):
 class _Job:
     """One call: its request, and what came back."""
 
-    def __init__(self, executor: Executor, fn: str, args, kwargs):
+    def __init__(self, executor: Executor, fn: str, args, kwargs, registered: bool = False):
         self.executor = executor
         self.enc = wire.Encoder()
-        self.header = {"op": "call", "fn": fn, "args": self.enc.value(tuple(args)), "kwargs": list(kwargs)}
+        self.header = {"op": "call", "registered" if registered else "fn": fn, "args": self.enc.value(tuple(args))}
+        self.header["kwargs"] = list(kwargs)
         self.header["kwargs_values"] = self.enc.value(list(kwargs.values()))
 
     def run(self) -> None:
@@ -189,12 +189,14 @@ def _rebuild(x, flat):
     return x
 
 
-def remote_callable(executor: Executor, fn: str):
-    """A callable that runs `fn` (an executor SPEC: `package.module:callable`, `registry:NAME`
-    or `registry:NAME.varlen`) in `executor` on its arguments."""
+def remote_callable(executor: Executor, fn: str, registered: bool = False):
+    """A callable that runs `fn` in `executor` on its arguments: a kernel's `package.module:callable`,
+    or with `registered` a registered implementation's `NAME` / `NAME.varlen` (a field of its own
+    in the request: a user's module named `registry` was served selgate's own kernel when a spec
+    prefix said which)."""
 
     def call(*args, **kwargs):
-        job = _Job(executor, fn, args, kwargs)
+        job = _Job(executor, fn, args, kwargs, registered)
         job.run()
         tensors = list(wire.tensors((args, tuple(kwargs.values()))))
         if job.handle is not None:  # the executor keeps the graph until the node holding this job is gone
@@ -210,5 +212,5 @@ def in_executor(impl, executor: Executor):
     """`impl` (a registered implementation) with its calls run in `executor`."""
     import dataclasses
 
-    varlen = remote_callable(executor, f"registry:{impl.name}.varlen") if impl.varlen else None
-    return dataclasses.replace(impl, call=remote_callable(executor, f"registry:{impl.name}"), varlen=varlen)
+    varlen = remote_callable(executor, f"{impl.name}.varlen", registered=True) if impl.varlen else None
+    return dataclasses.replace(impl, call=remote_callable(executor, impl.name, registered=True), varlen=varlen)

@@ -207,6 +207,17 @@ def command(folder: str, module: str, *args: str, record: int = -1) -> list:
     return [sys.executable, "-S", "-c", _BOOT, os.path.abspath(__file__), head, module, *args]
 
 
+def signal_name(number: int) -> str:
+    """`SIGABRT` for 6; `signal 40` for a real-time signal, which has no name in `signal.Signals`
+    (a probe that killed itself with one crashed the check's message about it)."""
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def tail(path, size: int = 1 << 16) -> str:
     """The last `size` bytes of a log a confined process wrote, as text."""
     with open(path, "rb") as f:

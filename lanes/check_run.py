@@ -147,6 +147,7 @@ class Run:
         self.proc: subprocess.Popen | None = None
         self.graceful = False  # pytest: SIGINT, and it writes its results; the probe: killed
         self.left_behind = 0  # processes still alive below the check after a child exited
+        self.isolation = ""  # how the probe was confined, as it recorded it
 
     def start(self, cmd, env, graceful, **kw) -> subprocess.Popen:
         self.graceful = graceful
@@ -175,19 +176,16 @@ class Run:
 STARTUP_LIMIT_S = 300
 
 
-ISOLATION_FILE = "isolation.txt"  # the probe's confinement line, as its record pipe said it
-
-
 def load(args, run: Run, tmp: Path, env: dict):
     """(Impl, None) of the implementation, described by the probe process, or (None, reason)
     when importing it failed; UsageError when the spec or the declarations are the mistake.
-    Writes how the probe was confined to `tmp/ISOLATION_FILE` (a folder it cannot write)."""
+    Sets `run.isolation`, how the probe was confined, as its record pipe said it."""
     read_end, write_end = sandbox.record_pipe()
     try:
         return _probe(args, run, tmp, env, write_end)
     finally:
         os.close(write_end)
-        (tmp / ISOLATION_FILE).write_text(sandbox.recorded(read_end) + "\n")
+        run.isolation = sandbox.recorded(read_end)
 
 
 def _probe(args, run: Run, tmp: Path, env: dict, record: int):
@@ -215,26 +213,34 @@ def _probe(args, run: Run, tmp: Path, env: dict, record: int):
     tail = " | ".join(sandbox.tail(log).strip().splitlines()[-3:])
     text = sandbox.read_regular(result, PROBE_RESULT_LIMIT)
     if text is None:
-        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"ended the process with exit status {rc}"
+        how = f"was killed by {sandbox.signal_name(-rc)}" if rc < 0 else f"ended the process with exit status {rc}"
         return None, f"importing {module} {how} before it returned" + (f" (last output: {tail})" if tail else "")
     try:
         data = json.loads(text)
     except ValueError as e:
         return None, f"the probe's result is not JSON: {e}"
+    if not isinstance(data, dict) or (data.get("ok") is True and not isinstance(data.get("declared"), dict)):
+        return None, "the probe's result is not what the probe writes (an object, its declarations an object)"
     if data.get("ok") is True:
         declared = data["declared"]
         # expected failures come from a --declare file alone, which this process reads: the
         # kernel's process writes the probe's result, and could hide its failures there
         declared.pop("xfail", None)
         if args.declare:  # the user's file wins key by key (load_user_impl): read here, not as the kernel's process copied it
-            declared.update(declarations.file_json(args.declare))
+            try:
+                declared.update(declarations.file_json(args.declare))
+            except (ValueError, OSError) as e:  # the kernel's process read it with limits of its own choosing
+                raise UsageError(str(e)) from None
         if "varlen" in declared:  # where the executors import it from: this process says, not the kernel's
             declared["varlen"] = declarations.varlen_source(args.impl, args.declare)
         try:
             impl = described_impl(args.impl, declared)
         except ValueError as e:
             return None, f"the probe's result does not validate: {e}"
-        (tmp / DECLARED_FILE).write_text(json.dumps(declared))
+        try:
+            (tmp / DECLARED_FILE).write_text(json.dumps(declared))
+        except OSError as e:  # the kernel's processes may fill the disk their scratch folders lie on
+            return None, f"the check could not write its own files in {tmp} ({e.strerror or e})"
         return impl, None
     if data.get("usage") is True:
         raise UsageError(str(data.get("error")))
@@ -280,14 +286,13 @@ def run_matrix(args, out: Path) -> Ran:
     try:
         with Cut(runner.cut) as cut:
             impl, load_error = load(args, runner, tmp, env)
-            isolation = (tmp / ISOLATION_FILE).read_text().strip()
             if impl is not None and cut.signal is None:
                 print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
                 runner.start(check_command(args, out / "junit.xml", tmp), env, graceful=True)
                 status = _wait_for_results(runner, cut)
     finally:
         _remove(tmp)
-    return Ran(impl, load_error, status, cut.signal, runner.left_behind, isolation)
+    return Ran(impl, load_error, status, cut.signal, runner.left_behind, runner.isolation.strip())
 
 
 def _remove(folder: Path) -> None:

@@ -37,6 +37,7 @@ from .check_report import CheckVerdict, judge, render, write_stub_junit
 
 
 def run(args) -> CheckVerdict:
+    _no_symlink_to(args.out)
     out = Path(args.out).resolve()
     created = not out.exists()
     try:
@@ -50,6 +51,17 @@ def run(args) -> CheckVerdict:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a usage error leaves nothing behind
         raise
+
+
+def _no_symlink_to(out: str) -> None:
+    """UsageError where --out, or a folder on the way to it from the current one, is a symlink: a
+    pull request can commit `selgate-check -> /elsewhere` beside its kernel, and the check's
+    writes, and its removal of an earlier run's reproducers, followed it out of the folder."""
+    path, here = Path(out), Path.cwd()
+    for part in path.parts if not path.is_absolute() else (str(path),):
+        here = here / part
+        if here.is_symlink():
+            raise UsageError(f"--out {out}: {here} is a symlink; name the folder the check may write itself")
 
 
 def _run(args, out: Path) -> CheckVerdict:

@@ -82,6 +82,8 @@ def load(path) -> Document:
         raise PolicyError(f"{path}{line}: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise PolicyError(f"{path}: {e}") from None
+    except RecursionError:  # a pull request's file nested thousands deep
+        raise PolicyError(f"{path}: nested too deeply to read") from None
     finally:
         loader.dispose()
     return Document(path, data, lines)

@@ -54,23 +54,23 @@ def _same(again: Result, first: Result, case: Case, why: str) -> None:
 def second_process(impl: Impl) -> Impl | None:
     """`impl` called in this worker's second process (SECOND: set by `selgate check`'s workers to
     a confined executor; otherwise a plain executor with this process's environment, started on
-    first use). `impl.spec` names the callable there: `registry:NAME` (an Impl's call) or
-    `package.module:callable` (a kernel called as `fn(q, k, v, ranges, scale=...)`). None for an
+    first use): a kernel's `impl.spec` (`package.module:callable`, called as `fn(q, k, v, ranges,
+    scale=...)`), else a registered implementation's own call by its name. None for an
     implementation no other process can load."""
     import dataclasses
 
     from ..registry import REGISTRY
     from ..remote import Executor, remote_callable
 
-    spec = impl.spec or (f"registry:{impl.name}" if impl.name in REGISTRY else None)
-    if spec is None:
+    registered = impl.spec is None and impl.name in REGISTRY
+    if impl.spec is None and not registered:
         return None
     if SECOND["executor"] is None:
         import tempfile
 
         SECOND["executor"] = Executor(Path(tempfile.mkdtemp(prefix="selgate-second-process-")), confined=False)
-    remote = remote_callable(SECOND["executor"], spec)
-    if spec.startswith("registry:"):  # a registered implementation's own call
+    remote = remote_callable(SECOND["executor"], impl.name if registered else impl.spec, registered=registered)
+    if registered:
         return dataclasses.replace(impl, call=remote)
 
     def call(q, k, v, ranges, *, scale=None, want_lse=True):

@@ -110,6 +110,20 @@ def test_a_kernel_that_floods_its_output_dies_at_the_file_limit(executor, tmp_pa
     assert executor.log.stat().st_size <= sandbox.FILE_LIMIT
 
 
+def test_a_kernels_module_named_registry_is_the_kernel_not_selgates(executor, tmp_path):
+    """`registry:sdpa` is a kernel's spec like any other: a spec prefix once told the executor to
+    serve selgate's registered sdpa instead (a module named `registry` beside a kernel 1 off got
+    CHECK PASSED). Registered implementations travel in a field of their own."""
+    (tmp_path / "registry.py").write_text(
+        "from tokenkernels import gather\ndef sdpa(q, k, v, ranges, *, scale=None):\n"
+        "    return gather(q, k, v, ranges, scale=scale) + 1\n"
+    )
+    q, k, v, r = _inputs()
+    theirs = remote_callable(executor, "registry:sdpa")(q, k, v, r, scale=0.3)
+    ours = remote_callable(executor, "tokenkernels:gather")(q, k, v, r, scale=0.3)
+    assert torch.equal(theirs, ours + 1)
+
+
 def test_the_executor_holds_no_judge(executor, tmp_path):
     """No pytest, no comparison or reference module, no PYTEST_* or SELGATE_* variable."""
     (tmp_path / "looks.py").write_text(

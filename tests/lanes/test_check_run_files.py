@@ -1,4 +1,4 @@
-"""What `selgate check`'s runner (lanes/check_run.py) reads and writes around the kernel's
+"""What `selgate check`'s runner (lanes/check_run.py, reports/check.py) reads and writes around the kernel's
 processes, which write their own scratch folders and may have planted files in the caller's
 --out: the probe's result is read only as a regular file (a FIFO there hung the check past
 every signal), --out's result names may not be symlinks (the check's writes followed them out
@@ -13,6 +13,7 @@ import pytest
 
 from selgate.conformance import sandbox
 from selgate.lanes.check_run import UsageError, _remove, prepare_out, writable
+from selgate.reports.check import _no_symlink_to
 
 
 def test_the_probes_result_is_read_only_as_a_regular_file(tmp_path):
@@ -55,3 +56,19 @@ def test_a_temporary_folder_thousands_deep_is_removed(tmp_path):
     os.close(fd)
     _remove(top)  # shutil.rmtree of Python 3.11 raises RecursionError here
     assert not top.exists()
+
+
+def test_an_out_folder_reached_through_a_symlink_is_a_usage_error(tmp_path, monkeypatch):
+    """A pull request commits `selgate-check -> /elsewhere` beside its kernel: the default --out."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "kernel").mkdir()
+    (tmp_path / "kernel" / "selgate-check").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path / "kernel")
+    for out in ("selgate-check", "selgate-check/deeper", str(tmp_path / "kernel" / "selgate-check")):
+        with pytest.raises(UsageError, match="is a symlink"):
+            _no_symlink_to(out)
+    _no_symlink_to("reports/check")  # an ordinary folder, existing or not
+
+
+def test_a_real_time_signal_has_a_name_in_the_checks_messages():
+    assert sandbox.signal_name(6) == "SIGABRT" and sandbox.signal_name(40) == "signal 40"

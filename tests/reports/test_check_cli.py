@@ -44,6 +44,12 @@ def _module(work: Path, name: str, body: str) -> str:
     return f"{name}:fn"
 
 
+# a module that writes the probe's result itself, then ends the probe (`probe.py SPEC RESULT`)
+FORGES_THE_PROBE = (
+    "import os, sys\nif sys.argv[0].endswith('probe.py'):\n    open(sys.argv[2], 'w').write('{}')\n    os._exit(0)\n"
+)
+
+
 @pytest.mark.parametrize(
     "body, reason",
     [
@@ -52,8 +58,11 @@ def _module(work: Path, name: str, body: str) -> str:
         ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "was killed by SIGKILL"),
         ("raise RuntimeError('no GPU here')\n", "ended in RuntimeError: no GPU here"),
         ("import missing_dependency_of_the_kernel\n", "ModuleNotFoundError"),
+        ("import os\nos.kill(os.getpid(), 40)\n", "was killed by signal 40"),  # real-time: no name in signal.Signals
+        (FORGES_THE_PROBE.format("[]"), "the probe's result is not what the probe writes"),
+        (FORGES_THE_PROBE.format('{"ok": true}'), "the probe's result is not what the probe writes"),
     ],
-    ids=["sys-exit-0", "os-exit-0", "sigkill", "raises", "missing-dependency"],
+    ids=["sys-exit-0", "os-exit-0", "sigkill", "raises", "missing-dependency", "real-time-signal", "forged-list", "forged-ok"],
 )
 def test_an_import_that_exits_or_dies_blocks_naming_why(work, body, reason):
     spec = _module(work, "kern", body + "def fn(q, k, v, ranges, *, scale=None):\n    return q\n")
@@ -64,6 +73,16 @@ def test_an_import_that_exits_or_dies_blocks_naming_why(work, body, reason):
     assert reason in report and "CHECK BLOCKED" in report
     junit = (work / "out" / "junit.xml").read_text()
     assert "<error" in junit and reason.split(" ")[0] in junit
+
+
+def test_a_declare_file_nested_too_deeply_is_a_usage_error(work):
+    """The kernel's process reads the --declare file with a recursion limit of its choosing; the
+    judge's reading of a file nested 2000 deep is the usage error, not a traceback."""
+    body = "import sys\nsys.setrecursionlimit(200000)\ndef fn(q, k, v, ranges, *, scale=None):\n    return q\n"
+    spec = _module(work, "kern", body)
+    (work / "deep.yaml").write_text("xfail:\n  - {family: parity, cases: '*', reason: " + "[" * 2000 + "x" + "]" * 2000 + "}\n")
+    rc, log = _check(work, spec, "--declare", "deep.yaml", "--out", "out")
+    assert rc == 2 and "nested too deeply" in log and "Traceback" not in log, log
 
 
 def test_an_import_that_hangs_is_cut_by_its_timeout_and_its_processes_die(work):
