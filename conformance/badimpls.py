@@ -752,6 +752,13 @@ BAD_IMPLS = (
         aimed_at="Skv1030",
     ),
     _bad(
+        "heads-past-16-dropped-beyond-declared",
+        _with_output(_heads_past_16_dropped),
+        "limits",
+        "declares 8 heads a group and answers beyond them, right up to 16 and with h > 16 unwritten, without an error",
+        max_heads=8,
+    ),
+    _bad(
         "head-dims-past-declared-ignored",
         _dims_past_16_ignored,
         "limits",

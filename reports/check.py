@@ -25,6 +25,7 @@ The families required for a pass follow the declarations. Exit 0 passed, 1 block
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,8 +58,12 @@ def _no_symlink_to(out: str) -> None:
     """UsageError where --out, or a folder on the way to it from the current one, is a symlink: a
     pull request can commit `selgate-check -> /elsewhere` beside its kernel, and the check's
     writes, and its removal of an earlier run's reproducers, followed it out of the folder."""
-    path, here = Path(out), Path.cwd()
-    for part in path.parts if not path.is_absolute() else (str(path),):
+    path, here = Path(os.path.abspath(out)), Path.cwd()
+    try:  # below the current folder (the kernel's, a pull request's), every folder on the way
+        parts = path.relative_to(here).parts
+    except ValueError:  # elsewhere the caller named the folder: the folder itself
+        here, parts = path.parent, (path.name,)
+    for part in parts:
         here = here / part
         if here.is_symlink():
             raise UsageError(f"--out {out}: {here} is a symlink; name the folder the check may write itself")

@@ -1,5 +1,6 @@
 """Family bounds: keys outside every selection and beyond t hold NaN; no read of them may show.
-Then a key some rows select and others do not holds NaN: only the rows that select it may show it."""
+Then a key some rows select and others do not holds NaN: the rows that do not select it must not
+show it."""
 
 from __future__ import annotations
 
@@ -56,13 +57,20 @@ def _shared_key_poisoned(inp: Inputs):
 
 
 def _shared_key_check(impl: Impl, case: Case, inp: Inputs, judged, gold: Result, plain) -> None:
-    """The forward on `_shared_key_poisoned` inputs: NaN in o and lse of the rows that select the
-    key, every other row as the golden run has it (its values do not depend on that key)."""
+    """The forward on `_shared_key_poisoned` inputs, judged on the rows that do not select the
+    key, which must be as the golden run has them (their values do not depend on it). The rows
+    that select it are not judged: SPEC.md says what a NaN input gives nowhere, and a split-K
+    combine that leaves out a split whose sum is not positive (so that an empty split's 0 / 0
+    stays out) drops a NaN split too, exact on every finite input."""
     k, v, rows = _shared_key_poisoned(inp)
     got = evaluate(impl_fn(impl, inp.ranges, inp.scale), inp.q, k, v)
-    nan = float("nan")
-    want = Result(gold.o.masked_fill(rows[..., None, None], nan), gold.lse.masked_fill(rows[..., None], nan), None)
-    compare(case, judged, Result(got.o, got.lse, None), want, plain)
+    compare(case, judged, _others(got, rows), _others(gold, rows), None if plain is None else _others(plain, rows))
+
+
+def _others(result: Result, rows) -> Result:
+    """`result` with o and lse zero in `rows` [B, S, G]: only the other rows are compared."""
+    lse = None if result.lse is None else result.lse.masked_fill(rows[..., None], 0)
+    return Result(result.o.masked_fill(rows[..., None, None], 0), lse, None)
 
 
 def check(impl: Impl, case: Case, device) -> None:

@@ -57,8 +57,9 @@ def declared(impl: Impl) -> list:
 def beyond(impl: Impl, cases, device) -> dict:
     """{(limit, pattern): the case}: per declared limit and pattern of PATTERNS (or, where the
     limit has neither, of any pattern), the smallest tiny batched case with normal values that
-    `impl` does not run and would run but for that one limit (fp32 first, bf16 last: the Triton
-    interpreter computes bf16 wrongly)."""
+    `impl` does not run and would run but for that one limit, and under (limit, "largest") the
+    largest such case where it is another (fp32 first, bf16 last: the Triton interpreter
+    computes bf16 wrongly)."""
     out = {}
     for limit in declared(impl):
         relaxed = _relaxed(impl, limit)
@@ -69,11 +70,25 @@ def beyond(impl: Impl, cases, device) -> dict:
         ]
         picks = [c for c in (_smallest([c for c in found if c.pattern == p]) for p in PATTERNS) if c is not None]
         out.update({(limit, c.pattern): c for c in picks or ([_smallest(found)] if found else [])})
+        largest = _largest(found)
+        if largest is not None and largest not in out.values():
+            out[(limit, "largest")] = largest
     return out
 
 
+def _order(c: Case) -> tuple:
+    return c.dtype != torch.float32, c.dtype == torch.bfloat16, c.shape.elements, c.id
+
+
 def _smallest(cases: list) -> Case | None:
-    return min(cases, key=lambda c: (c.dtype != torch.float32, c.dtype == torch.bfloat16, c.shape.elements, c.id), default=None)
+    return min(cases, key=_order, default=None)
+
+
+def _largest(cases: list) -> Case | None:
+    """The tiny case furthest past the limit, fp32 first: a kernel declaring 8 heads a group that
+    zeroes every head past 16, or 64-wide head dims that drops dims past 128, answered the
+    smallest case beyond its limit right and passed."""
+    return max(cases, key=lambda c: (c.dtype == torch.float32, c.dtype != torch.bfloat16, c.shape.elements, c.id), default=None)
 
 
 def _broke_cuda(error: Exception, q: torch.Tensor) -> bool:

@@ -127,3 +127,22 @@ def test_beyond_its_limits_the_judges_error_or_a_refusal_that_wrote_its_inputs_i
     impl = _impl(writes_then_refuses, lse=True, max_head_dim=8)
     with pytest.raises(ConformanceFailure, match="ranges: modified by a call that then refused"):
         check_limits(impl, limit, beyond(impl, select("tiny"), "cpu")[limit, "full"], "cpu")
+
+
+def test_the_rows_that_select_a_nan_key_are_not_judged_the_others_are():
+    """The bounds family puts NaN in K and V at a key some rows select: a kernel that answers those
+    rows finite (a split-K combine that leaves out a split whose sum is not positive drops a NaN
+    split too) passes; one whose NaN reaches a row that did not select the key fails."""
+    from selgate.conformance.badimpls import BAD_IMPLS
+    from selgate.conformance.families.bounds import check as check_bounds
+
+    def finite(q, k, v, ranges, *, scale=None, want_lse=True):
+        return _correct(q, k.nan_to_num(0.0), v.nan_to_num(0.0), ranges, scale=scale)
+
+    cases = [c for c in select("tiny") if c.dtype == torch.float32 and "prefill" in c.id and c.pattern == "mixed"][:3]
+    shared = next(b.impl for b in BAD_IMPLS if b.impl.name == "pv-over-shared-keys")
+    for case in cases:
+        check_bounds(_impl(finite, lse=True), case, "cpu")
+    with pytest.raises(ConformanceFailure, match="non-finite or wrong special values"):
+        for case in cases:
+            check_bounds(shared, case, "cpu")

@@ -64,7 +64,7 @@ def test_an_out_folder_reached_through_a_symlink_is_a_usage_error(tmp_path, monk
     (tmp_path / "kernel").mkdir()
     (tmp_path / "kernel" / "selgate-check").symlink_to(tmp_path / "elsewhere")
     monkeypatch.chdir(tmp_path / "kernel")
-    for out in ("selgate-check", "selgate-check/deeper", str(tmp_path / "kernel" / "selgate-check")):
+    for out in ("selgate-check", "selgate-check/deeper", str(tmp_path / "kernel" / "selgate-check" / "deeper")):
         with pytest.raises(UsageError, match="is a symlink"):
             _no_symlink_to(out)
     _no_symlink_to("reports/check")  # an ordinary folder, existing or not
