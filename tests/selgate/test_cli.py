@@ -72,3 +72,19 @@ def test_python_m_selgate_imports_nothing_from_the_callers_folder(tmp_path):
     (tmp_path / "argparse.py").write_text("raise SystemExit(99)\n")
     rc, out, err = _run("check", "--help", cwd=tmp_path)
     assert rc == 0 and "usage: selgate check" in out, (rc, err)
+
+
+@pytest.mark.parametrize(
+    "argv, module",
+    [
+        (["python", "-m", "selgate", "check"], "selgate"),
+        (["python", "-X", "importtime", "-W", "error", "-m", "selgate.reports.check"], "selgate.reports.check"),
+        (["python", "/venv/bin/pytest", "-m", "selgate_marker"], ""),  # a script's own -m
+        (["python", "-c", "import selgate", "-m", "selgate"], ""),
+        (["python"], ""),
+    ],
+)
+def test_only_the_interpreters_own_m_counts_as_a_module_run(argv, module):
+    import selgate
+
+    assert selgate._module_run(argv) == module
