@@ -70,25 +70,19 @@ def beyond(impl: Impl, cases, device) -> dict:
         ]
         picks = [c for c in (_smallest([c for c in found if c.pattern == p]) for p in PATTERNS) if c is not None]
         out.update({(limit, c.pattern): c for c in picks or ([_smallest(found)] if found else [])})
-        largest = _largest(found)
+        largest = _smallest(found, largest=True)
         if largest is not None and largest not in out.values():
             out[(limit, "largest")] = largest
     return out
 
 
-def _order(c: Case) -> tuple:
-    return c.dtype != torch.float32, c.dtype == torch.bfloat16, c.shape.elements, c.id
-
-
-def _smallest(cases: list) -> Case | None:
-    return min(cases, key=_order, default=None)
-
-
-def _largest(cases: list) -> Case | None:
-    """The tiny case furthest past the limit, fp32 first: a kernel declaring 8 heads a group that
-    zeroes every head past 16, or 64-wide head dims that drops dims past 128, answered the
-    smallest case beyond its limit right and passed."""
-    return max(cases, key=lambda c: (c.dtype == torch.float32, c.dtype != torch.bfloat16, c.shape.elements, c.id), default=None)
+def _smallest(cases: list, largest: bool = False) -> Case | None:
+    """The case with the fewest elements (with `largest`, the most: a kernel declaring 8 heads a
+    group that zeroes every head past 16, or 64-wide head dims that drops dims past 128, answered
+    the smallest case beyond its limit right and passed), fp32 first."""
+    sign = -1 if largest else 1
+    key = lambda c: (c.dtype != torch.float32, c.dtype == torch.bfloat16, sign * c.shape.elements, c.id)  # noqa: E731
+    return min(cases, key=key, default=None)
 
 
 def _broke_cuda(error: Exception, q: torch.Tensor) -> bool:
