@@ -416,8 +416,9 @@ def prefill_heads_figure(rows: list[dict]):
         points, floor = defaultdict(list), {}
         for x in (x for x in fam if x["S"] == T):
             points[x["method"]].append((x["h"], x["ms"], None))
-            if prefill_floor_ms(x) is not None:
-                floor.setdefault(x["h"], prefill_floor_ms(x))
+            least = prefill_floor_ms(x)
+            if least is not None:
+                floor.setdefault(x["h"], least)
         _lines(ax, points, graph=False)
         if floor:
             ax.plot(sorted(floor), [floor[h] for h in sorted(floor)], color="k", ls=":", lw=1.4, label=FLOOR_LABEL)
