@@ -23,8 +23,9 @@ CHAIN = textwrap.dedent(
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)
         for step in range(5000):
-            with open(counter, "w") as f:
+            with open(counter + ".new", "w") as f:  # replaced whole: a read never sees it half-written
                 f.write(str(step))
+            os.replace(counter + ".new", counter)
             time.sleep(0.001)
             if os.fork():
                 os._exit(0)
