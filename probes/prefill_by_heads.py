@@ -1,6 +1,6 @@
 """The 64k prefill (bf16, T=65536, 4 KV heads, D=128, 16 blocks of 64) at h = 1, 2, 4, 8, 16 query
 heads per KV head: forward, forward+backward and peak memory as the running GPU's profile serves
-it, beside the KV-outer routes forced (the KV-outer forward, kernels/triton/kv_outer.py, and dq from
+it, beside the row-outer kernels alone (the routes off) and the KV-outer routes forced (the KV-outer forward, kernels/triton/kv_outer.py, and dq from
 the dk/dv kernel's pairs, kernels/triton/bwd.py), each configuration in a child process of its own
 (the routes are read once a process). Prints one line per row and a table last. Run on a GPU:
 python3 probes/prefill_by_heads.py"""
@@ -13,6 +13,7 @@ from selgate.bench.probe_rows import run_children, time_prefill
 HEADS = (1, 2, 4, 8, 16)
 CONFIGS = (
     ("as served", {}),
+    ("row-outer", {"SELGATE_TRITON_KV_OUTER": "0", "SELGATE_TRITON_BWD_CONFIG": "dq_kv_outer_max_heads=0"}),
     ("KV-outer routes", {"SELGATE_TRITON_KV_OUTER": "16", "SELGATE_TRITON_BWD_CONFIG": "dq_kv_outer_max_heads=16"}),
 )
 
