@@ -77,15 +77,21 @@ def pytest_configure(config):
     config._selgate_impls = None
     if not uses_matrix(config):
         return
+    decided = getattr(config.option, "check_declared", None)  # selgate check's workers (check_plugin)
+    spec = config.getoption("--impl")
+    if decided and _xdist_controller(config):
+        # The workers collect, judge and report; this process only counts what they ran, so
+        # it never imports torch (a second or more of every check's start).
+        if not config.option.collectonly:
+            config.pluginmanager.register(RanCount([spec]), "selgate-ran-count")
+        return
     from . import families
     from .registry import resolve
 
     config.addinivalue_line("markers", f"{MATRIX}: the conformance matrix; --impl and --size select what it runs")
     for name, what in families.reported().items():
         config.addinivalue_line("markers", f"{name}: conformance family: {what}")
-    spec = config.getoption("--impl")
     here = str(config.invocation_params.dir)
-    decided = getattr(config.option, "check_declared", None)  # selgate check's workers (check_plugin)
     if spec and ":" in spec and here not in sys.path and not decided:
         sys.path.insert(0, here)  # as `python -m pytest` has it: the kernel's module beside the caller
         # (under selgate check the workers judge and never import it: its executors do)
@@ -102,6 +108,11 @@ def pytest_configure(config):
         raise pytest.UsageError(str(e)) from e
     if spec and not config.option.collectonly:  # a collection runs nothing, by design
         config.pluginmanager.register(RanCount(impl.name for impl in config._selgate_impls), "selgate-ran-count")
+
+
+def _xdist_controller(config) -> bool:
+    """This process hands cases to xdist workers and collects nothing itself."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
 
 
 def _in_executors(impls: list) -> list:

@@ -4,12 +4,20 @@ kernels produced."""
 
 from __future__ import annotations
 
-from selgate.environment import collect_environment
+from selgate.environment import collect_environment, device_environment, process_environment
 
 
-def run_environment() -> dict:
-    """The environment stamp (`selgate.environment`) with `served_by_text`'s keys."""
-    return {**collect_environment(), **served_by_text()}
+def run_environment(device: dict | None = None) -> dict:
+    """The environment stamp (`selgate.environment`) with `served_by_text`'s keys; `device`
+    (`served_device`'s, from a process that ran the tests) in place of this process's own."""
+    if device is None:
+        return {**collect_environment(), **served_by_text()}
+    return {**process_environment(), **device}
+
+
+def served_device() -> dict:
+    """The keys of the stamp that need torch: the device, software and serving configuration."""
+    return {**device_environment(), **served_by_text()}
 
 
 def served_by_text() -> dict:

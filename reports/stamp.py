@@ -25,7 +25,7 @@ import pytest
 from selgate import env_vars
 
 from selgate.environment import ENV_FILE
-from selgate.kernels.served import run_environment
+from selgate.kernels.served import run_environment, served_device
 from selgate.conformance.reported import family_of
 from .inventory import INVENTORY_FILE, collect_inventory, start_inventory
 from selgate.outcome import outcome_known
@@ -35,6 +35,8 @@ TREE = pytest.StashKey[dict]()
 TREE_FILES = pytest.StashKey[dict]()  # {path: (sha256, status)} of the files in the tree's digest
 LOADED = pytest.StashKey[list]()  # what the workers loaded, as they report it
 WORKER_LOADED = "selgate_loaded"  # the key of a worker's record in its workeroutput
+WORKER_DEVICE = "selgate_device"  # a worker's device stamp (served_device) in its workeroutput
+DEVICE = pytest.StashKey[dict]()  # the first worker's device stamp
 STARTUP_MODULES = ("sitecustomize", "usercustomize")
 INVENTORY = pytest.StashKey[subprocess.Popen]()
 # Tests whose outcome is known so far, and what interrupted the session: a cut run records how
@@ -214,9 +216,12 @@ def annotate(records: list, files: dict) -> list:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """xdist's controller: a worker's record of what it loaded."""
-    loaded = getattr(node, "workeroutput", {}).get(WORKER_LOADED)
+    output = getattr(node, "workeroutput", {})
+    loaded = output.get(WORKER_LOADED)
     if loaded:
         node.config.stash.setdefault(LOADED, []).extend(loaded)
+    if output.get(WORKER_DEVICE) and DEVICE not in node.config.stash:
+        node.config.stash[DEVICE] = output[WORKER_DEVICE]
 
 
 def _controller_xml(config) -> str | None:
@@ -268,11 +273,14 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if hasattr(config, "workerinput"):  # an xdist worker: its record goes to the controller
         config.workeroutput[WORKER_LOADED] = loaded_code(config)
+        config.workeroutput[WORKER_DEVICE] = served_device()
         return
     xmlpath = _controller_xml(config)
     if not xmlpath:
         return
-    env = run_environment()
+    # The device part from a worker that ran the tests, when one reported: the controller then
+    # never imports torch (a second of every lane's and check's run)
+    env = run_environment(config.stash.get(DEVICE, None))
     env["pytest_exitstatus"] = int(exitstatus)
     if int(exitstatus) == pytest.ExitCode.INTERRUPTED:
         env["cut"] = cut_record(session)

@@ -25,6 +25,31 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def collect_environment() -> dict:
+    """The whole stamp of this process: `process_environment` and `device_environment`."""
+    return {**process_environment(), **device_environment()}
+
+
+def process_environment() -> dict:
+    """What the process knows without torch: lane, host, settings in effect, commit, time."""
+    return {
+        "lane": env_vars.get("SELGATE_LANE", "adhoc"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+        "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
+        "capability_override": env_vars.get("SELGATE_CAPABILITY") or "none",
+        "tolerance_overrides": env_vars.get("SELGATE_TOL_OVERRIDES") or "none",
+        "commit": commit(),
+        "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+DEVICE_KEYS = ("torch", "cuda", "triton", "gpu", "capability", "driver")
+
+
+def device_environment() -> dict:
+    """`DEVICE_KEYS`: the software and the GPU the tests ran on (imports torch: a lane's xdist
+    workers, which have it, send theirs to the controller, which need not import it)."""
     import torch
 
     from .device import capability_text, device_capability
@@ -36,28 +61,15 @@ def collect_environment() -> dict:
     except ImportError:
         triton_version = "absent"
     env = {
-        "lane": env_vars.get("SELGATE_LANE", "adhoc"),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a str subclass that execnet cannot send
         "cuda": torch.version.cuda or "none",
         "triton": triton_version,
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
         "gpu": "none",
         "capability": "none",
         "driver": "none",
-        "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
-        "capability_override": env_vars.get("SELGATE_CAPABILITY") or "none",
-        "tolerance_overrides": env_vars.get("SELGATE_TOL_OVERRIDES") or "none",
-        "commit": commit(),
-        "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if torch.cuda.is_available():
-        env.update(
-            gpu=torch.cuda.get_device_name(0),
-            capability=capability_text(device_capability(0)),
-            gpu_count=str(torch.cuda.device_count()),
-        )
+        env.update(gpu=torch.cuda.get_device_name(0), capability=capability_text(device_capability(0)))
         driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
         env["driver"] = driver.splitlines()[0] if driver else "unknown"
     return env
