@@ -56,7 +56,10 @@ def forward_kernel_unsupported(kernel: str, q, k, v, positions=None) -> str | No
     if kernel == "kv_outer":
         if q.shape[1] == 1:
             return "decode (S = 1): the KV-outer forward serves prefill"
-        return f"k: S_kv={k.shape[2]} > 2^31 - 1; the inverse index counts keys in int32" if k.shape[2] > INT32_MAX else None
+        from .normalize import MAX_S_KV
+
+        why = f"k: S_kv={k.shape[2]} > 2^30, past the packed sort key of the normalisation the route runs"
+        return why if k.shape[2] > MAX_S_KV else None
     if kernel != "gather":
         raise ValueError(f"kernel: expected one of {FORWARD_KERNELS}, got {kernel!r}")
     return None

@@ -575,14 +575,7 @@ def triton_forward(
         meta = {"TMA": False, "TAIL_L": 0, **_constexprs(q, h, Dk, Dv, n, positions, key64)}  # the gather path
     else:
         cfg, meta = _plan(q, k, v, norm_ranges, scale, positions, config, kind, key64, clip)
-        # The KV-outer forward sizes its index on the host: under CUDA graph capture the row kernels
-        # serve. The capture query comes last: a decode step never pays for it.
-        if (
-            S > 1
-            and h <= cfg.get("KV_OUTER_MAX_HEADS", 0)
-            and not key64
-            and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
-        ):
+        if kv_outer_routes(q, h, S_kv, cfg):
             from .kv_outer import kv_outer_forward
 
             norm_ranges = _normalised(norm_ranges, S_kv, positions, clip, counter, kv_bytes_per_key)
@@ -604,6 +597,21 @@ def triton_forward(
     args = (*tensors, *_shape_args(q, k, v, norm_ranges, o, lse, scale, kv_bytes_per_key))
     launch(_tuner or _sel_fwd_kernel, (rows,), *args, CLIP=bool(clip), COUNT=counter is not None, **meta)
     return o, lse
+
+
+def kv_outer_routes(q, h: int, S_kv: int, cfg: dict) -> bool:
+    """Whether the KV-outer forward takes this call (`KV_OUTER_MAX_HEADS` >= h): prefill only; keys
+    within the Triton normaliser's packed sort key (`normalize.MAX_S_KV`, 2^30: past it the row
+    kernels serve, as they did before the route); not under CUDA graph capture (the index is
+    sized on the host). The capture query comes last: a decode step never pays for it."""
+    from .normalize import MAX_S_KV
+
+    return (
+        q.shape[1] > 1
+        and h <= cfg.get("KV_OUTER_MAX_HEADS", 0)
+        and S_kv <= MAX_S_KV
+        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    )
 
 
 def _normalised(ranges, S_kv: int, positions, clip: bool, counter, kv_bytes_per_key: int):

@@ -132,6 +132,22 @@ def test_the_profile_routes_prefill_calls_by_heads_per_kv_head(monkeypatch):
         reload_settings()
 
 
+def test_keys_past_the_normalisers_sort_key_take_the_row_kernels():
+    """The route normalises ranges with the Triton normaliser, whose packed sort key holds
+    S_kv <= 2^30: past it the row kernels serve (the sm90 lane's 2^30 + 100-key case failed in
+    strict mode with the route on), and the named kernel is refused rather than replaced."""
+    from selgate.kernels.triton import fwd, forward_kernel_unsupported
+    from selgate.kernels.triton.normalize import MAX_S_KV
+
+    q = torch.empty(1, 9, 1, 2, 16)
+    cfg = {"KV_OUTER_MAX_HEADS": 2}
+    assert fwd.kv_outer_routes(q, 2, MAX_S_KV, cfg)
+    assert not fwd.kv_outer_routes(q, 2, MAX_S_KV + 100, cfg)
+    assert not fwd.kv_outer_routes(q, 3, 40, cfg) and not fwd.kv_outer_routes(q[:, :1], 2, 40, cfg)
+    k = torch.empty(1, 1, MAX_S_KV + 100, 16, device="meta")
+    assert "2^30" in forward_kernel_unsupported("kv_outer", q, k, k)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graph capture needs a GPU")
 def test_under_graph_capture_the_row_kernels_serve_the_route(monkeypatch):
     """The KV-outer forward reads its index's size on the host, which capture forbids: a captured
