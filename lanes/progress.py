@@ -37,6 +37,9 @@ RATE_MIN_S = 60.0
 # The tests a durations file does not list (each under its min_s) are costed at the mean of
 # at least this many of them measured in this run; before, at the mean the file recorded.
 MIN_MEASURED = 20
+# The run's own pace (wall time per recorded worker-second) is trusted once this share of the
+# recorded work is done (and RATE_MIN_S passed).
+PACE_MIN_SHARE = 0.1
 RUNNING_SHOWN = 4
 ORDERING_PLUGIN = "selgate.lanes.ordering"  # its SELGATE_DURATIONS are the recorded durations
 PHASES = ("setup", "call", "teardown")
@@ -77,6 +80,8 @@ class Progress:
         self.running: dict = {}  # nodeid -> (start, worker id or None)
         self.seconds: dict = {}  # nodeid -> seconds measured so far (its phases' reports)
         self.measured, self.measured_s = 0, 0.0  # the finished tests the durations do not list: count, seconds
+        self.strangers: set = set()  # unlisted tests that took the file's min_s or more: their own time is their cost
+        self.first_start = None
         self.session_start = self.last_line = clock()
         self.first_result = self.last_result = None
         self.last_step = 0
@@ -88,6 +93,8 @@ class Progress:
     def started(self, nodeid: str) -> None:
         with self.lock:
             self.running[nodeid] = (self.clock(), None)
+            if self.first_start is None:
+                self.first_start = self.running[nodeid][0]
 
     def timed(self, nodeid: str, seconds: float, worker: str | None = None) -> None:
         """A phase of `nodeid` took `seconds`; `worker` runs it."""
@@ -115,6 +122,8 @@ class Progress:
             if nodeid not in self.durations and (self.others_below is None or took < self.others_below):
                 self.measured += 1
                 self.measured_s += took
+            elif nodeid not in self.durations:
+                self.strangers.add(nodeid)
             step = len(self.done) * 100 // self.total // STEP_PERCENT if self.total else 0
             if now - self.last_line < self.every_s and step == self.last_step:
                 return None
@@ -169,9 +178,7 @@ class Progress:
 
     def time_left(self, now: float) -> float | None:
         """Seconds left, or None while no estimate means anything. From recorded durations,
-        where the run has them: the recorded tests left (less what they have run) plus the
-        others at the mean measured in this run (once MIN_MEASURED of them finished), shared
-        over the workers, and never less than the longest recorded test left. Otherwise from
+        where the run has them (`recorded_left`). Otherwise from
         the rate, once RATE_MIN_PERCENT of the tests are done and RATE_MIN_S passed since the
         first result."""
         with self.lock:
@@ -187,6 +194,10 @@ class Progress:
             return max(self.total - done, 0) * elapsed / done
 
     def recorded_left(self, now: float) -> float | None:
+        """The recorded worker-seconds left (the recorded tests left, less what they have run,
+        and the others at the recorded mean, or the mean measured here where the file has none)
+        times this run's pace, once it has one; before that shared over the workers. Never less
+        than the longest recorded test left."""
         if not self.durations or not self.ids:
             return None
         left = self.ids - self.done
@@ -196,14 +207,31 @@ class Progress:
             if i in self.durations
         ]
         others = len(left) - len(recorded)
-        if others and self.measured < MIN_MEASURED:
-            if self.others_mean is None:
-                return None
-            mean = self.others_mean  # the recorded run's, until this run measured enough of its own
+        if not others:
+            mean = 0.0
+        elif self.others_mean is not None:
+            mean = self.others_mean
+        elif self.measured >= MIN_MEASURED:
+            mean = self.measured_s / self.measured
         else:
-            mean = self.measured_s / self.measured if others else 0.0
+            return None
         work = sum(recorded) + others * mean
-        return max(work / self.workers, max(recorded, default=0.0))
+        pace = self.pace(now, work, mean)
+        return max(work * pace if pace is not None else work / self.workers, max(recorded, default=0.0))
+
+    def pace(self, now: float, work_left: float, mean: float) -> float | None:
+        """Wall seconds this run takes per recorded worker-second, once PACE_MIN_SHARE of the
+        recorded work is done and RATE_MIN_S have passed: it holds however many workers share
+        however many cores, and however much slower this machine is than the recorded run (the
+        ETA of bin/test said 16m41s left with 3m13s to go, and 6m00s at the start of an 8m41s run)."""
+        if self.first_start is None or now - self.first_start < RATE_MIN_S:
+            return None
+        done = sum(self.durations.get(i, mean) for i in self.done if i not in self.strangers)
+        done += sum(self.seconds.get(i, 0.0) for i in self.strangers)
+        done += sum(min(now - start, self.durations.get(i, mean)) for i, (start, _) in self.running.items())
+        if done <= 0 or done < PACE_MIN_SHARE * (done + work_left):
+            return None
+        return (now - self.first_start) / done
 
 
 class Terminal:

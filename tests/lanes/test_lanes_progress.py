@@ -91,10 +91,11 @@ def test_the_time_left_from_recorded_durations_once_enough_others_are_measured()
         assert progress.time_left(clock.now) is None, i  # the other tests' cost is not known yet
         progress.timed(nodeid, 0.5)
         progress.finished(nodeid)
-    # left: 145 - 114 s of the first compile, 78 others at 0.5 s, over 2 workers; at least the compile
-    assert progress.time_left(clock.now) == pytest.approx(max((31 + 78 * 0.5) / 2, 31))
+    # left: 145 - 114 s of the first compile and 78 others at 0.5 s, at this run's pace: 114 s of
+    # wall for 114 + 114 (the compile running) + 20 x 0.5 recorded worker-seconds
+    assert progress.time_left(clock.now) == pytest.approx((31 + 78 * 0.5) * 114 / 238)
     clock.now += 30
-    assert progress.time_left(clock.now) == pytest.approx((1 + 39) / 2)
+    assert progress.time_left(clock.now) == pytest.approx((1 + 39) * 144 / (114 + 144 + 10))
 
 
 def test_the_recorded_mean_of_the_other_tests_gives_the_time_left_from_the_start():
@@ -112,21 +113,49 @@ def test_the_recorded_mean_of_the_other_tests_gives_the_time_left_from_the_start
     assert progress.time_left(clock.now) == pytest.approx(max((100 + 20 * 1.0) / 2, 100))  # its own mean now
 
 
-def test_an_unlisted_test_longer_than_the_files_bound_does_not_set_the_others_mean():
+def test_the_time_left_follows_the_runs_own_pace():
+    """CI's bin/test said "about 16m41s left" with 3m13s to go: the first quick tests to finish
+    ran beside the costly ones, 10x slower than the recorded mean, and became the mean of the
+    thousands left. The recorded durations stay the unit; the run's own pace (wall seconds per
+    recorded worker-second) scales them, however many workers share however many cores."""
+    clock = Clock()
+    progress = Progress(every_s=30, clock=clock, durations={"costly": 100.0}, workers=2, others_mean=0.05, others_below=5.0)
+    others = [f"t{i}" for i in range(3000)]
+    progress.collected(["costly", *others])
+    progress.started("costly")
+    assert progress.time_left(clock.now) == pytest.approx(max((100 + 3000 * 0.05) / 2, 100))  # the plan, from the start
+    for nodeid in others[:200]:  # beside the costly test, at 0.5 s each
+        progress.started(nodeid)
+        clock.now += 0.5
+        progress.timed(nodeid, 0.5)
+        progress.finished(nodeid)
+        progress.ended(nodeid)
+    progress.finished("costly")
+    progress.ended("costly")
+    # 100 s of wall for 100 + 200 x 0.05 recorded worker-seconds; 2800 x 0.05 left (truly 70 s at
+    # the recorded speed; the mean of the first 200 would have said 700 s)
+    assert progress.time_left(clock.now) == pytest.approx(2800 * 0.05 * 100 / 110)
+
+
+def test_an_unlisted_test_longer_than_the_files_bound_costs_its_own_time_not_the_others_mean():
     """CI said "about 30m32s left" 4 min into a 9 min run: the slow tests the CPU lane skips (so
     its durations never list them) ran first, took ~60 s each, and became the mean of the
     thousands of quick tests after them. The file lists every test of min_s or more, so an
-    unlisted one that takes longer here is a stranger: its time is spent, not a mean."""
+    unlisted one that takes longer here is a stranger: its own time is the work it did."""
     clock = Clock()
     progress = Progress(every_s=30, clock=clock, durations={"elsewhere": 9.0}, workers=2, others_mean=0.25, others_below=5.0)
     progress.collected([f"t{i}" for i in range(100)])
+    progress.started("t0")
+    clock.now += 90
     for i in range(3):
         progress.timed(f"t{i}", 60.0)  # slow-marked, unlisted
         progress.finished(f"t{i}")
+    progress.ended("t0")
     for i in range(3, 23):
         progress.timed(f"t{i}", 0.5)
         progress.finished(f"t{i}")
-    assert progress.time_left(clock.now) == pytest.approx(77 * 0.5 / 2)
+    assert progress.strangers == {"t0", "t1", "t2"} and progress.measured == 20
+    assert progress.time_left(clock.now) == pytest.approx(77 * 0.25 * 90 / (3 * 60 + 20 * 0.25))
 
 
 def test_durations_record_the_other_tests_mean(tmp_path):
