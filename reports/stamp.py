@@ -36,7 +36,7 @@ TREE_FILES = pytest.StashKey[dict]()  # {path: (sha256, status)} of the files in
 LOADED = pytest.StashKey[list]()  # what the workers loaded, as they report it
 WORKER_LOADED = "selgate_loaded"  # the key of a worker's record in its workeroutput
 WORKER_DEVICE = "selgate_device"  # a worker's device stamp (served_device) in its workeroutput
-DEVICE = pytest.StashKey[dict]()  # the first worker's device stamp
+DEVICE = pytest.StashKey[dict]()  # the device stamp of the first worker to finish
 STARTUP_MODULES = ("sitecustomize", "usercustomize")
 INVENTORY = pytest.StashKey[subprocess.Popen]()
 # Tests whose outcome is known so far, and what interrupted the session: a cut run records how
@@ -215,7 +215,7 @@ def annotate(records: list, files: dict) -> list:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    """xdist's controller: a worker's record of what it loaded."""
+    """xdist's controller: a worker's record of what it loaded, and its device stamp."""
     output = getattr(node, "workeroutput", {})
     loaded = output.get(WORKER_LOADED)
     if loaded:
