@@ -23,10 +23,12 @@ from pathlib import Path
 import torch
 
 from selgate.cli import prog
+from selgate.cli_args import Parser, choice_list, command, count, int_list, positive_int, positive_number
 from selgate.kernels.config import current_device_name
 from selgate.kernels.config import device_slug as config_slug
 
 from . import outside, tables
+from .args import add_device
 from .baselines import METHODS, default_methods, get_method
 from .inputs import DISTS, decode_problem, prefill_problem
 from .presets import PRESETS, Matrix, acceptance_checks
@@ -45,22 +47,11 @@ DTYPES = {
 }
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def choice_list(choices):
-    def parse(text: str) -> list[str]:
-        items = [x for x in text.split(",") if x]
-        bad = [x for x in items if x not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {sorted(choices)}, got {text!r}")
-        return items
-
-    return parse
+def csv_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such results CSV")
+    return path
 
 
 def method_list(text: str) -> list[str]:
@@ -77,24 +68,25 @@ def method_list(text: str) -> list[str]:
 
 
 def add_sel(sub) -> None:
-    p = sub.add_parser("sel", help="selection-attention benchmark")
+    what = "time selection attention against the baselines: one decode or prefill matrix, or a --sweep preset"
+    p = command(sub, "sel", what)
     p.add_argument("--sweep", choices=sorted(PRESETS), help="run a preset matrix (ignores the shape flags)")
     p.add_argument("--decode", action="store_true", help="decode (S = 1); the default unless --T is given")
     p.add_argument("--N", type=int_list, default=[1024], help="decode rows (batch), comma list")
     p.add_argument("--H", type=int_list, default=[8], help="decode query heads per group, comma list")
-    p.add_argument("--G", type=int, default=1, help="decode KV groups")
+    p.add_argument("--G", type=positive_int, default=1, help="decode KV groups")
     p.add_argument("--D", type=int_list, default=[128], help="key head dim, comma list")
     p.add_argument("--Dv", type=int_list, default=None, help="value head dim, comma list (default: D)")
     p.add_argument("--L-list", "--L_list", type=int_list, default=[512, 1024], help="decode selected lengths")
-    p.add_argument("--S-kv", "--S_kv", type=int, default=0, help="decode context length (default 4 L)")
+    p.add_argument("--S-kv", "--S_kv", type=count, default=0, help="decode context length (default 4 L)")
     p.add_argument("--dist", type=choice_list(DISTS), default=["few"], help="range layout(s): few,many,mixed")
-    p.add_argument("--T", type=int, help="prefill sequence length (selects prefill)")
-    p.add_argument("--B", type=int, default=1, help="prefill batch")
-    p.add_argument("--heads", type=int, default=64, help="prefill query heads (all groups)")
-    p.add_argument("--groups", type=int, default=4, help="prefill KV groups")
-    p.add_argument("--l-sel", "--l_sel", type=int, default=64, help="prefill selection block size")
-    p.add_argument("--n-blocks", "--n_blocks", type=int, default=16, help="prefill selected blocks per query")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--T", type=positive_int, help="prefill sequence length (selects prefill)")
+    p.add_argument("--B", type=positive_int, default=1, help="prefill batch")
+    p.add_argument("--heads", type=positive_int, default=64, help="prefill query heads (all groups)")
+    p.add_argument("--groups", type=positive_int, default=4, help="prefill KV groups")
+    p.add_argument("--l-sel", "--l_sel", type=positive_int, default=64, help="prefill selection block size")
+    p.add_argument("--n-blocks", "--n_blocks", type=positive_int, default=16, help="prefill selected blocks per query")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype")
     p.add_argument(
         "--backends",
         type=method_list,
@@ -105,16 +97,16 @@ def add_sel(sub) -> None:
     p.add_argument(
         "--declare", type=Path, help="YAML declarations of the one outside kernel in --backends (as `selgate check --declare`)"
     )
-    p.add_argument("--iters", type=int, default=50, help="timed calls per (config, method) (default 50)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
-    p.add_argument("--max-seconds", "--max_seconds", type=float, default=2.0, help="cap on timed calls per (config, method)")
-    p.add_argument("--budget-s", "--budget_s", type=float, default=330.0, help="stop measuring after this many seconds")
+    p.add_argument("--iters", type=positive_int, default=50, help="timed calls per (config, method) (default 50)")
+    p.add_argument("--warmup", type=count, default=10, help="untimed calls first (default 10)")
+    p.add_argument(
+        "--max-seconds", "--max_seconds", type=positive_number, default=2.0, help="cap on timed calls per (config, method)"
+    )
+    p.add_argument("--budget-s", "--budget_s", type=positive_number, default=330.0, help="stop measuring after this many seconds")
     p.add_argument(
         "--graph", action="store_true", help="also time decode rows of capturable methods from a CUDA graph (graph_ms column)"
     )
-    p.add_argument(
-        "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device (default: cuda when present)"
-    )
+    add_device(p)
     p.add_argument(
         "--out",
         type=Path,
@@ -276,21 +268,22 @@ DEVICE_BENCHES = {
 }
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("python -m selgate.bench"), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> Parser:
+    p = Parser(prog=prog("python -m selgate.bench"), description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
     add_sel(sub)
-    t = sub.add_parser("thresholds", help="derive the device profile from a results CSV")
-    t.add_argument("csv", type=Path, nargs="+", help="results CSVs of one device (e.g. full.csv launch.csv)")
+    what = "derive the device profile (sel_triton_min_L, block sizes) from results CSVs"
+    t = command(sub, "thresholds", what)
+    t.add_argument("csv", type=csv_file, nargs="+", help="results CSVs of one device (e.g. full.csv launch.csv)")
     t.add_argument("--device", help="device name or slug (default: the CSV's device column)")
     t.add_argument("--dry-run", "--dry_run", action="store_true", help="print the decision, write nothing")
-    b = sub.add_parser("baseline", help="promote a results CSV to the device's committed baseline")
-    b.add_argument("csv", type=Path, nargs="?")
-    b.add_argument("--device")
-    c = sub.add_parser("compare", help="latest results vs the committed baseline (the device's, else its class's)")
-    c.add_argument("--device")
+    what = "promote a results CSV to the device's committed baseline"
+    b = command(sub, "baseline", what)
+    b.add_argument("csv", type=csv_file, nargs="?", help="results CSV (default: the device's latest under bench/results)")
+    b.add_argument("--device", help="device name or slug (default: this machine's GPU)")
+    what = "latest results vs the committed baseline (the device's, else its class's); exit 1 on a regression"
+    c = command(sub, "compare", what)
+    c.add_argument("--device", help="device name or slug whose latest results are compared (default: this machine's GPU)")
     c.add_argument(
         "--class",
         dest="device_class",
@@ -298,10 +291,11 @@ def main(argv=None) -> int:
         "(default: the class of --capability, or of the current GPU when --device names it)",
     )
     c.add_argument("--capability", help="compute capability of the device, e.g. 9.0 (gives its class)")
-    pl = sub.add_parser("plot", help="decode and prefill PNGs from results CSVs (bench/plots.py)")
+    what = "decode and prefill PNGs from results CSVs (bench/plots.py; needs matplotlib: selgate[plots])"
+    pl = command(sub, "plot", what)
     pl.add_argument(
         "--csv",
-        type=Path,
+        type=csv_file,
         nargs="+",
         required=True,
         help="results CSVs of one device; a later CSV's row replaces an earlier one of the same config and method",
@@ -309,20 +303,27 @@ def main(argv=None) -> int:
     pl.add_argument("--out", type=Path, required=True, help="folder for the PNGs (docs/img for the docs)")
     from . import tune
 
-    tune.add_parser(sub, int_list, choice_list, DTYPES)
+    tune.add_parser(sub, DTYPES)
     for name, (_, what) in DEVICE_BENCHES.items():  # listed here; their options are their own
-        sub.add_parser(name, help=what)
+        command(sub, name, what, add_help=False)
+    return p
+
+
+def main(argv=None) -> int:
+    from . import tune
+
+    cli = parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in DEVICE_BENCHES:
         return importlib.import_module(f".{DEVICE_BENCHES[argv[0]][0]}", __package__).main(argv[1:]) or 0
-    a = parser.parse_args(argv)
+    a = cli.parse_args(argv)
     if a.command == "tune":
         tune.normalise_args(a, DTYPES)
     if a.command == "sel":
         try:
             outside.load(a.backends or [], a.declare)
         except (ImportError, AttributeError, TypeError, ValueError, OSError) as e:
-            parser.error(str(e))
+            cli.error(str(e))
     commands = {
         "sel": cmd_sel,
         "thresholds": cmd_thresholds,

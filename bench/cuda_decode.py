@@ -22,7 +22,6 @@ Usage on a GPU machine: selgate bench cuda-decode [--out FILE.md]
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import math
@@ -37,6 +36,8 @@ from selgate.kernels.cuda.launch import DecodeLaunch, Pdl, Prefetch, Schedule
 from selgate.errors import BackendUnavailable
 from selgate.kernels.sdpa import selection_attention_sdpa
 from selgate.reference import build_ranges
+from selgate.cli import prog
+from selgate.cli_args import Parser
 
 from .inputs import Inputs
 from .timing import measure_limits, rotation_count, time_calls, time_graph
@@ -292,7 +293,7 @@ def markdown(env: dict, build_s: float, rows: list[dict], copy_gbps: float) -> s
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="selgate bench cuda-decode", description=__doc__.splitlines()[0])
+    ap = Parser(prog=f"{prog('python -m selgate.bench')} cuda-decode", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the Markdown report here")
     ap.add_argument("--skip-bench", action="store_true", help="time only the launch variants (with --sweep)")
     ap.add_argument("--sweep", action="store_true", help="also time the tensor-core kernel's launch variants")

@@ -18,7 +18,6 @@ here is a row with a status, not a stopped run. `host_checks` holds the bars (re
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as dt
 import inspect
@@ -34,6 +33,8 @@ import torch.nn.functional as F
 from selgate.kernels import reset_stats, selection_attention, stats
 from selgate.kernels.config import current_device_name
 from selgate.kernels.served import run_environment
+from selgate.cli import prog
+from selgate.cli_args import Parser, count, positive_int
 
 from . import tables
 from .inputs import decode_problem, make_inputs
@@ -256,11 +257,9 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="selgate bench host", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--calls", type=int, default=200, help="timed calls per loop")
-    ap.add_argument("--warmup", type=int, default=20, help="untimed calls before the loops")
+    ap = Parser(prog=f"{prog('python -m selgate.bench')} host", description=__doc__)
+    ap.add_argument("--calls", type=positive_int, default=200, help="timed calls per loop")
+    ap.add_argument("--warmup", type=count, default=20, help="untimed calls before the loops")
     ap.add_argument("--out", type=Path, help="CSV file (default bench/results/<device>/<date>/host.csv); the .md beside it")
     a = ap.parse_args(argv)
     if a.calls < 1 or a.warmup < 0:

@@ -13,7 +13,6 @@ Writes DIR/triton_bwd.md and DIR/results.json; prints the tables last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ from selgate.kernels.triton.autograd import selection_attention_triton_autograd
 from selgate.kernels.triton.bwd import launch_config, triton_backward
 from selgate.kernels.triton.inverse_index import InverseIndex
 from selgate.kernels.triton.fwd import triton_forward
+from selgate.cli import prog
+from selgate.cli_args import Parser, positive_number
 
 from .timing import time_calls
 
@@ -187,11 +188,15 @@ def bench(out: dict, deadline: float) -> list:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(
-        prog="selgate bench triton-bwd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ap = Parser(prog=f"{prog('python -m selgate.bench')} triton-bwd", description=__doc__)
+    ap.add_argument("--out", type=Path, required=True, help="folder for the CSV and Markdown tables")
+    ap.add_argument(
+        "--budget-s",
+        "--budget_s",
+        type=positive_number,
+        default=135.0,
+        help="stop starting new sweep entries after this many seconds",
     )
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=135.0, help="stop starting new sweep entries after this many seconds")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = run_environment()

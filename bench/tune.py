@@ -287,10 +287,14 @@ def _axes(text: str) -> dict:
     return out
 
 
-def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
+def add_parser(sub, dtypes: dict) -> None:
+    from selgate.cli_args import choice_list, command, int_list, positive_int, positive_number
     from selgate.kernels import config
 
-    p = sub.add_parser("tune", help="tune Triton launch parameters ahead of time; writes configs/tuned/<device>.json")
+    from .args import add_device
+
+    what = "tune Triton launch parameters ahead of time; writes configs/tuned/<device>.json"
+    p = command(sub, "tune", what)
     p.add_argument("--decode", action="store_true", help="forward, decode shapes (default: all phases)")
     p.add_argument("--prefill", action="store_true", help="forward, prefill shapes")
     p.add_argument("--bwd", action="store_true", help="backward, prefill shapes")
@@ -299,15 +303,19 @@ def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
     p.add_argument(
         "--dtype", dest="dtypes", type=choice_list(dtypes), default=["bf16", "fp16"], help="comma list of bf16,fp16,fp32"
     )
-    p.add_argument("--decode-buckets", "--decode_buckets", type=int_list, default=list(DECODE_BUCKETS))
-    p.add_argument("--prefill-buckets", "--prefill_buckets", type=int_list, default=list(PREFILL_BUCKETS))
-    p.add_argument("--bwd-buckets", "--bwd_buckets", type=int_list, default=list(BWD_BUCKETS))
-    p.add_argument("--N", type=int, default=1024, help="decode batch")
-    p.add_argument("--H", type=int, default=8, help="decode query heads per group")
-    p.add_argument("--G", type=int, default=1, help="decode KV groups")
-    p.add_argument("--T", type=int, default=16384, help="prefill length")
-    p.add_argument("--heads", type=int, default=64, help="prefill query heads (all groups)")
-    p.add_argument("--groups", type=int, default=4, help="prefill KV groups")
+    p.add_argument(
+        "--decode-buckets", "--decode_buckets", type=int_list, default=list(DECODE_BUCKETS), help="decode L buckets to tune"
+    )
+    p.add_argument(
+        "--prefill-buckets", "--prefill_buckets", type=int_list, default=list(PREFILL_BUCKETS), help="prefill L buckets to tune"
+    )
+    p.add_argument("--bwd-buckets", "--bwd_buckets", type=int_list, default=list(BWD_BUCKETS), help="backward L buckets to tune")
+    p.add_argument("--N", type=positive_int, default=1024, help="decode batch")
+    p.add_argument("--H", type=positive_int, default=8, help="decode query heads per group")
+    p.add_argument("--G", type=positive_int, default=1, help="decode KV groups")
+    p.add_argument("--T", type=positive_int, default=16384, help="prefill length")
+    p.add_argument("--heads", type=positive_int, default=64, help="prefill query heads (all groups)")
+    p.add_argument("--groups", type=positive_int, default=4, help="prefill KV groups")
     p.add_argument(
         "--fwd-space",
         "--fwd_space",
@@ -322,9 +330,19 @@ def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
         default=None,
         help="backward axes, e.g. 'block_n=32,64;warps=4,8' (default: tuning.BWD_AXES)",
     )
-    p.add_argument("--warmup-ms", "--warmup_ms", type=float, default=10.0)
-    p.add_argument("--rep-ms", "--rep_ms", type=float, default=40.0)
-    p.add_argument("--budget-s", "--budget_s", type=float, default=480.0, help="stop starting new keys after this many seconds")
+    p.add_argument(
+        "--warmup-ms", "--warmup_ms", type=positive_number, default=10.0, help="triton.testing.do_bench warm-up per candidate, ms"
+    )
+    p.add_argument(
+        "--rep-ms",
+        "--rep_ms",
+        type=positive_number,
+        default=40.0,
+        help="triton.testing.do_bench timed repetitions per candidate, ms",
+    )
+    p.add_argument(
+        "--budget-s", "--budget_s", type=positive_number, default=480.0, help="stop starting new keys after this many seconds"
+    )
     p.add_argument(
         "--out-dir",
         "--out_dir",
@@ -333,7 +351,7 @@ def add_parser(sub, int_list, choice_list, dtypes: dict) -> None:
         default=None,
         help=f"folder of <device-slug>.json (default {config.CONFIG_DIR / 'tuned'})",
     )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device(p)
 
 
 def normalise_args(a, dtypes: dict) -> None:

@@ -72,10 +72,13 @@ def uses_matrix(config) -> bool:
 
 
 def pytest_configure(config):
-    """Registers the markers and resolves the implementations, when the run uses the matrix;
+    """Registers the markers (also for `pytest --markers`) and resolves the implementations, when
+    the run uses the matrix;
     a bad --impl or --declare is a usage error, reported once."""
     config._selgate_impls = None
     if not uses_matrix(config):
+        if config.option.markers:  # `pytest --markers` lists the matrix's, at the cost of importing it
+            _add_markers(config)
         return
     decided = getattr(config.option, "check_declared", None)  # selgate check's workers (check_plugin)
     spec = config.getoption("--impl")
@@ -85,12 +88,9 @@ def pytest_configure(config):
         if not config.option.collectonly:
             config.pluginmanager.register(RanCount([spec]), "selgate-ran-count")
         return
-    from . import families
     from .registry import resolve
 
-    config.addinivalue_line("markers", f"{MATRIX}: the conformance matrix; --impl and --size select what it runs")
-    for name, what in families.reported().items():
-        config.addinivalue_line("markers", f"{name}: conformance family: {what}")
+    _add_markers(config)
     here = str(config.invocation_params.dir)
     if spec and ":" in spec and here not in sys.path and not decided:
         sys.path.insert(0, here)  # as `python -m pytest` has it: the kernel's module beside the caller
@@ -108,6 +108,14 @@ def pytest_configure(config):
         raise pytest.UsageError(str(e)) from e
     if spec and not config.option.collectonly:  # a collection runs nothing, by design
         config.pluginmanager.register(RanCount(impl.name for impl in config._selgate_impls), "selgate-ran-count")
+
+
+def _add_markers(config) -> None:
+    from . import families
+
+    config.addinivalue_line("markers", f"{MATRIX}: the conformance matrix; --impl and --size select what it runs")
+    for name, what in families.reported().items():
+        config.addinivalue_line("markers", f"{name}: conformance family: {what}")
 
 
 def _xdist_controller(config) -> bool:

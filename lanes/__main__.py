@@ -3,12 +3,12 @@ this machine runs, running it, recording its costly tests, and the compute-sanit
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
 
 from selgate.cli import prog
+from selgate.cli_args import Parser, command, positive_number
 from selgate import env_vars
 
 from .config import lane_names, load_lane
@@ -111,17 +111,19 @@ def _sanitize(args) -> int:
     return 1 if result["blocking"] else 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=prog("python -m selgate.lanes"), description=__doc__)
+def parser() -> Parser:
+    p = Parser(prog=prog("python -m selgate.lanes"), description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="lanes and what each runs (* = detected here)").set_defaults(fn=_list)
-    d = sub.add_parser("detect", help="the lane for this machine's GPU class")
+    command(sub, "list", "lanes and what each runs (* = detected here)").set_defaults(fn=_list)
+    d = command(sub, "detect", "the lane for this machine's GPU class")
     d.add_argument("--name", action="store_true", help="print only the lane name")
     d.set_defaults(fn=_detect)
-    r = sub.add_parser("run", help="run a lane's pytest selection into reports/out/<lane>/")
+    r = command(sub, "run", "run a lane's pytest selection into reports/out/<lane>/")
     r.add_argument("lane", help=f"one of {lane_names()} or 'auto'")
     r.add_argument(
-        "--workers", type=int, help="xdist workers (default: the lane's; sm90: as many per GPU as its memory and the CPUs allow)"
+        "--workers",
+        type=int,
+        help="xdist workers (default: the lane's; sm90: as many per GPU as its memory and the CPUs allow)",
     )
     r.add_argument("-k", help="pytest -k expression narrowing the lane")
     r.add_argument("--docker", action="store_true", help="run inside the lane's image")
@@ -140,31 +142,35 @@ def main(argv=None) -> int:
     )
     r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     r.set_defaults(fn=_run)
-    du = sub.add_parser(
+    du = command(
+        sub,
         "durations",
-        help="record a lane's costly tests (from its last JUnit) as lanes/durations/<lane>.json, which its runs then start first",
+        "record a lane's costly tests (from its last JUnit) as lanes/durations/<lane>.json, which its runs then start first",
     )
     du.add_argument("lane", help=f"one of {lane_names()} (or <lane>-emulated)")
-    du.add_argument("--junit", type=Path, help="default reports/out/<lane>/junit.xml")
-    du.add_argument(
-        "--min-s", type=float, default=COSTLY_S, help=f"record tests of at least this many seconds (default {COSTLY_S})"
-    )
+    du.add_argument("--junit", type=Path, help="the lane's JUnit (default reports/out/<lane>/junit.xml)")
+    du.add_argument("--min-s", type=positive_number, default=COSTLY_S, help="record tests of at least this many seconds")
     du.add_argument(
         "--add",
         action="store_true",
         help="merge into the lane's file instead of replacing it (a run of tests the lane skips, e.g. `run cpu -- -m slow`)",
     )
     du.set_defaults(fn=_durations)
-    sa = sub.add_parser(
+    sa = command(
+        sub,
         "sanitize",
-        help="the release's compute-sanitizer pass over every GPU kernel, into reports/out/sanitizer/ (needs an SM 9.x GPU)",
+        "the release's compute-sanitizer pass over every GPU kernel, into reports/out/sanitizer/ (needs an SM 9.x GPU)",
     )
-    sa.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, default {','.join(TOOLS)}")
+    sa.add_argument("--tools", default=",".join(TOOLS), help="comma-separated compute-sanitizer tools")
     sa.add_argument("--cases", help="comma-separated cases of selgate.lanes.sanitize_cases (default all)")
-    sa.add_argument("--timeout-s", type=float, default=TIMEOUT_S, help=f"per tool (default {TIMEOUT_S})")
+    sa.add_argument("--timeout-s", "--timeout_s", type=positive_number, default=TIMEOUT_S, help="seconds per tool")
     sa.add_argument("--sanitizer", help="path of compute-sanitizer (default: PATH, then $CUDA_HOME/bin)")
     sa.set_defaults(fn=_sanitize)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.fn(args)
     except ValueError as e:

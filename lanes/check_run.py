@@ -5,6 +5,7 @@ the first SIGINT or SIGTERM. What the run means is judged above (`selgate.report
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -258,7 +259,8 @@ def writable(out: Path) -> None:
     except OSError as e:
         raise UsageError(f"--out {out}: cannot write a report there ({e.strerror or e})") from None
     finally:
-        probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only mount refuses even removing a missing file
+            probe.unlink(missing_ok=True)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .gate import POLICY_FILE, evaluate, load_policy, profile_of, required_lanes, utc_today
+from .gate import POLICY_FILE, evaluate, known_lanes, load_policy, profile_of, required_lanes, utc_today
 from .markdown import render, write_report
 from .release import render_release
 from .results import load_results, merge
@@ -31,11 +31,12 @@ COMMANDS = {
 
 def parser() -> argparse.ArgumentParser:
     from selgate.cli import prog
+    from selgate.cli_args import Parser, command
 
-    p = argparse.ArgumentParser(prog=prog("python -m selgate.reports"), description=__doc__)
+    p = Parser(prog=prog("python -m selgate.reports"), description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     for name, what in COMMANDS.items():
-        c = sub.add_parser(name, help=what, description=what)
+        c = command(sub, name, what)
         c.add_argument(
             "--lanes",
             help="comma-separated lanes to read and require: they replace the default profile's lanes "
@@ -49,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
             help=f"folder of <lane>/junit.xml, repeatable, first wins per lane (default {OUT})",
         )
         c.add_argument("--policy", type=Path, default=POLICY_FILE, help="gate policy YAML")
-        c.add_argument("--out", type=Path, default=OUT, help="where merged.xml and the report go")
+        c.add_argument("--out", type=Path, default=OUT, help="folder where merged.xml and the report go")
         c.add_argument(
             "--tree",
             type=Path,
@@ -63,6 +64,7 @@ def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     lanes = [x for x in (args.lanes or "").split(",") if x] or None
+    usage_errors(p, args, lanes)
     if not args.tree.is_dir():
         print(f"error: --tree: {args.tree} is not a directory", file=sys.stderr)
         return 2
@@ -87,13 +89,17 @@ def main(argv=None) -> int:
     except (ValueError, OSError, yaml.YAMLError) as e:  # a bad policy or lane file, not a verdict
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if results:
-        merge(results, args.out / "merged.xml")
     if args.command == "release":
         text, name = render_release(results, verdict), "release.md"
     else:
         text, name = render(results, verdict), "report.md"
-    write_report(text, args.out / name)
+    try:
+        if results:
+            merge(results, args.out / "merged.xml")
+        write_report(text, args.out / name)
+    except OSError as e:
+        print(f"error: --out {args.out}: cannot write the report there ({e.strerror or e})", file=sys.stderr)
+        return 2
     print(verdict.headline, flush=True)
     for line in verdict.blocking[1:MAX_LISTED]:
         print(f"  also blocking: {line}", file=sys.stderr)
@@ -102,6 +108,18 @@ def main(argv=None) -> int:
     print(f"report: {args.out / name}")
     annotate(verdict.blocking[:ANNOTATED])
     return 0 if verdict.passed else 1
+
+
+def usage_errors(p: argparse.ArgumentParser, args, lanes: list | None) -> None:
+    """Exit 2 naming the option for a --results that is no folder and a --lanes entry that is
+    neither a lane nor a folder of the results (an ad-hoc lane's)."""
+    for path in args.results or []:
+        if not path.is_dir():
+            p.error(f"--results: {path} is not a folder")
+    held = {d.name for r in (args.results or [OUT]) if r.is_dir() for d in r.iterdir() if d.is_dir()}
+    unknown = [x for x in lanes or [] if x not in known_lanes() and x not in held]
+    if unknown:
+        p.error(f"--lanes: {', '.join(unknown)}: neither a lane ({', '.join(known_lanes())}) nor a folder of the results")
 
 
 ANNOTATED = 10  # GitHub shows at most 10 error annotations a step

@@ -4,9 +4,9 @@ usage error writes nothing."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from selgate.cli_args import Parser
 from selgate.conformance.sizes import SIZES
 
 DEFAULT_OUT = "selgate-check"
@@ -26,10 +26,8 @@ modes, backward, ...) is declared as attributes of fn or in the --declare YAML f
 """
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="selgate check", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def parser() -> Parser:
+    p = Parser(prog="selgate check", description=DESCRIPTION)
     p.add_argument("impl", help="the kernel, package.module:callable, imported from the current folder")
     p.add_argument("--declare", help="YAML file of declarations and expected failures")
     p.add_argument("--size", default="tiny", choices=SIZES, help="largest case size class (default tiny)")

@@ -23,6 +23,7 @@ from selgate.verdict import Verdict, pytest_exit
 from selgate.conformance import families
 
 from . import triage
+from .markdown import duration_summary
 from selgate.conformance.cases import DTYPE_NAMES
 from selgate.conformance.check_plugin import COLLECTED_FILE
 from selgate.conformance.declarations import LAYOUTS
@@ -52,6 +53,7 @@ class CheckVerdict(Verdict):
     tf32: bool = False  # fp32 declared as computed with TF32 matmuls: judged by the looser rule, said on the first line
     block_size: int | None = None  # selections of whole blocks (declared): said on the first line
     limits: list = field(default_factory=list)  # declarations that keep cases out (`declared_limits`): said on the first line
+    durations: list = field(default_factory=list)  # report lines: test-seconds by family, the slowest cases
 
     def scope(self) -> str:
         """The claimed families, then what never ran of the kernel (every case skipped)."""
@@ -136,6 +138,7 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
     collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
     ran = {c.nodeid for c in cases}
     v.never_ran = [i for i in collected if i not in ran]
+    v.durations = duration_summary({"check": result}, ["check"]) if result else []
     if cut or status == pytest.ExitCode.INTERRUPTED:
         done = len(collected) - len(v.never_ran) if collected else len(cases)
         v.blocking.append(
@@ -323,6 +326,7 @@ def render(impl, v: CheckVerdict, args) -> str:
             lines.append(
                 f"| ... | {sum(n for _, n, _ in rows[SHOWN_SKIPS:])} | {len(rows) - SHOWN_SKIPS} more reasons: junit.xml |"
             )
+    lines += v.durations
     return "\n".join(lines) + "\n"
 
 

@@ -57,7 +57,7 @@ def test_help_needs_no_gpu(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["host", "--help"])
     out = capsys.readouterr().out
-    assert e.value.code == 0 and "usage: selgate bench host" in out and "--calls" in out and "--warmup" in out
+    assert e.value.code == 0 and "selgate.bench host [-h]" in out and "--calls" in out and "--warmup" in out
 
 
 def test_without_cuda_it_exits_2_saying_why(monkeypatch, capsys, tmp_path):

@@ -1,0 +1,88 @@
+"""What every command line of the package shares: a parser whose help shows each option's default,
+and argument types that turn a bad value into a usage error (exit 2) naming the option, before
+anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; each option's help ends with its default where it has one and
+    the help does not already say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction))
+            or (action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE) and not action.option_strings)
+        ):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default {shown})".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with HelpFormatter; its subcommands' parsers are Parsers too (argparse makes them
+    of the parent's class)."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+def _number(kind, text: str, lowest, strict: bool):
+    what = "an integer" if kind is int else "a finite number"
+    bound = f"{'>' if strict else '>='} {lowest:g}"
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}") from None
+    if not math.isfinite(value) or value < lowest or (strict and value == lowest):
+        raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, 0, strict=True)
+
+
+def count(text: str) -> int:
+    """An integer >= 0 (warm-up calls, restarts)."""
+    return _number(int, text, 0, strict=False)
+
+
+def positive_number(text: str) -> float:
+    """A duration, a rate: finite and > 0."""
+    return _number(float, text, 0.0, strict=True)
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated positive integers (shapes)."""
+    try:
+        items = [positive_int(x) for x in text.split(",") if x]
+    except argparse.ArgumentTypeError:
+        items = []
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers > 0, got {text!r}")
+    return items
+
+
+def choice_list(choices):
+    def parse(text: str) -> list[str]:
+        items = [x for x in text.split(",") if x]
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {sorted(choices)}, got {text!r}")
+        return items
+
+    return parse
+
+
+def command(sub, name: str, what: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose one-line summary is also its own --help's description."""
+    return sub.add_parser(name, help=what, description=what, **kwargs)
