@@ -353,6 +353,7 @@ def test_a_profile_requiring_no_lane_is_a_policy_error(tmp_path, capsys, lanes):
     policy = yaml.safe_load(path.read_text())
     policy["profiles"]["merge"]["required_lanes"] = lanes
     path.write_text(yaml.safe_dump(policy))
+    (tmp_path / "res").mkdir()
     rc, _, _, err = gate_lines(tmp_path, capsys, policy=path)
     assert rc == 2 and "profiles.merge.required_lanes: expected a non-empty list" in err, err
 
