@@ -116,10 +116,11 @@ def usage_errors(p: argparse.ArgumentParser, args, lanes: list | None) -> None:
     for path in args.results or []:
         if not path.is_dir():
             p.error(f"--results: {path} is not a folder")
+    known = known_lanes()
     held = {d.name for r in (args.results or [OUT]) if r.is_dir() for d in r.iterdir() if d.is_dir()}
-    unknown = [x for x in lanes or [] if x not in known_lanes() and x not in held]
+    unknown = [x for x in lanes or [] if x not in known and x not in held]
     if unknown:
-        p.error(f"--lanes: {', '.join(unknown)}: neither a lane ({', '.join(known_lanes())}) nor a folder of the results")
+        p.error(f"--lanes: {', '.join(unknown)}: neither a lane ({', '.join(known)}) nor a folder of the results")
 
 
 ANNOTATED = 10  # GitHub shows at most 10 error annotations a step

@@ -19,7 +19,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             "default" in text
             or default is None
             or default is argparse.SUPPRESS
-            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction))
+            or action.nargs == 0  # a flag (--help, store_true): its default is its absence
             or (action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE) and not action.option_strings)
         ):
             return text
