@@ -156,10 +156,11 @@ def _build_triton(p, x):
 
 
 def _build_kv_outer(p, x):
-    """The KV-outer forward on its own (kernels/triton/kv_outer.py), whatever the profile routes."""
+    """The KV-outer forward on its own (kernels/triton/kv_outer.py), whatever the profile routes,
+    on normalised ranges as `triton` takes them."""
     from selgate.kernels.triton import selection_attention_kernel
 
-    return lambda: selection_attention_kernel("kv_outer", x.q, x.k, x.v, x.ranges, scale=x.scale)
+    return lambda: selection_attention_kernel("kv_outer", x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
 
 
 def _build_triton_launch(p, x, config):

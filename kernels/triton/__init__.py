@@ -65,11 +65,14 @@ def forward_kernel_unsupported(kernel: str, q, k, v, positions=None) -> str | No
     return None
 
 
-def selection_attention_kernel(kernel: str, q, k, v, ranges, *, scale=None, positions=None, return_lse=False):
+def selection_attention_kernel(
+    kernel: str, q, k, v, ranges, *, scale=None, positions=None, return_lse=False, normalized: bool = False
+):
     """One named forward kernel (FORWARD_KERNELS), whatever the profile would
     choose: the conformance matrix checks each kernel on its own this way. Strict: raises
     `BackendUnavailable` when that kernel cannot take the call, never runs another. Forward
-    only (no autograd); the launch parameters are the profile's for the call's kind."""
+    only (no autograd); the launch parameters are the profile's for the call's kind.
+    `normalized=True` skips range normalisation, as in `selection_attention_triton`."""
     d = check_inputs(q, k, v, ranges, scale=scale, positions=positions)
     why = triton_limits.unsupported(q, d.Dk, d.Dv, interpreting())
     if why is not None:
@@ -80,7 +83,7 @@ def selection_attention_kernel(kernel: str, q, k, v, ranges, *, scale=None, posi
     cfg = launch_config(d.Dk, d.Dv, q.element_size(), tuning.kind_of(q.device, d.S))
     kv_outer = q.shape[3] if kernel == "kv_outer" else 0  # the call's h: the KV-outer route takes it
     cfg = {**cfg, "TMA": kernel == "tma", "PAIRS": kernel == "pairs", "KV_OUTER_MAX_HEADS": kv_outer}
-    norm = normalize_ranges(ranges, d.S_kv, positions)
+    norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
     o, lse = triton_forward(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions, config=cfg)
     return (o, lse) if return_lse else o
 

@@ -165,3 +165,22 @@ def test_under_graph_capture_the_row_kernels_serve_the_route(monkeypatch):
     finally:
         monkeypatch.delenv("SELGATE_TRITON_KV_OUTER")
         reload_settings()
+
+
+def test_the_named_kernel_on_normalised_ranges_skips_normalisation(monkeypatch):
+    """`selection_attention_kernel(..., normalized=True)` runs the kernel on the ranges as given
+    (the bench's `triton_kv_outer` column times the kernel, as `triton` is timed, without the
+    reference's torch normalisation); without it the ranges are normalised first."""
+    import selgate.kernels.triton as kt
+
+    q, k, v, r = random_inputs(B=1, S=24, G=2, h=2, Dk=16, Dv=8, S_kv=90, n=3, dtype=torch.float32, seed=4)
+    q, k, v = (t.to(DEVICE) for t in (q, k, v))
+    norm = normalize_ranges(r, 90).to(DEVICE)
+    want = kt.selection_attention_kernel("kv_outer", q, k, v, r.to(DEVICE), scale=0.3)
+    calls = []
+    monkeypatch.setattr(kt, "normalize_ranges", lambda *a, **kw: calls.append(a) or normalize_ranges(*a, **kw))
+    got = kt.selection_attention_kernel("kv_outer", q, k, v, norm, scale=0.3, normalized=True)
+    assert calls == []
+    assert torch.equal(got, want)
+    ref = selection_attention_ref(q.double(), k.double(), v.double(), norm, scale=0.3)
+    torch.testing.assert_close(got.double(), ref.to(got.device), atol=1e-5, rtol=0)
