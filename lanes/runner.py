@@ -53,6 +53,11 @@ GPU_GB_PER_WORKER = 10  # GPU memory (GB) one worker of a GPU lane may take
 # other workers need (measurements in docs/lanes.md). A caller's own setting wins.
 THREADS_ENV = "OMP_NUM_THREADS"
 PYCACHE_ENV = "PYTHONPYCACHEPREFIX"
+# Bytecode is written into the lane's cache (PYCACHE_ENV) whatever the caller set: with a prefix,
+# Python no longer reads site-packages' own __pycache__, so under PYTHONDONTWRITEBYTECODE=1 (docker
+# images, CI machines) every process of the lane compiled torch from source, 3.9 s an import
+# against 1.8 (docs/lanes.md). An empty value is unset to Python, in a container too.
+NO_BYTECODE_ENV = "PYTHONDONTWRITEBYTECODE"
 # An idle worker takes tests queued behind another's long one (with `load` they wait for it:
 # 2 of the CPU lane's 8 minutes were its second worker idle behind a 330 s compile).
 DIST = "worksteal"
@@ -288,6 +293,7 @@ def plan_lane(
     # Bytecode is read and written outside the checkout: a stale or crafted .pyc in a __pycache__
     # of the checkout (left out of the tree's digest) is never what runs.
     env[PYCACHE_ENV] = str(cache_root() / "pycache" / f"{out_name}-{arch}")
+    env[NO_BYTECODE_ENV] = ""
     cache_dir = cache_root() / "triton" / f"{out_name}-{arch}"
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     # builds are keyed by source hash, architecture and torch inside (kernels/cuda/build.py)

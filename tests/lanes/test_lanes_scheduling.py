@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -233,3 +234,19 @@ def test_the_cross_architecture_compile_is_a_skip_in_gpu_lanes_only(monkeypatch,
 
     monkeypatch.setenv("SELGATE_LANE", lane)
     assert running_lane_device() == device
+
+
+def test_the_lanes_processes_write_their_bytecode_into_its_cache(monkeypatch, tmp_path):
+    """With PYTHONDONTWRITEBYTECODE=1 in the caller's environment (docker images, CI machines),
+    the lane's bytecode prefix stayed empty and every process of the lane compiled torch from
+    source; the lane's processes write it there, and the checkout gets none."""
+    monkeypatch.setenv(runner.NO_BYTECODE_ENV, "1")
+    monkeypatch.setenv("SELGATE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "lane_module.py").write_text("X = 1\n")
+    plan = plan_lane(load_lane("cpu"), capability=None, gpus=0, cpus=2)
+    env = runner.run_env(plan.env)
+    subprocess.run([sys.executable, "-c", "import lane_module"], cwd=tmp_path / "src", env=env, check=True)
+    written = list(Path(env[runner.PYCACHE_ENV]).rglob("lane_module*.pyc"))
+    assert len(written) == 1 and written[0].is_relative_to(tmp_path / "cache"), written
+    assert not list((tmp_path / "src").rglob("*.pyc"))
