@@ -47,6 +47,34 @@ def _number(kind, text: str, lowest, strict: bool):
     return value
 
 
+# Each worker is a process importing torch (and, in a check, an executor more): no machine runs
+# more, and a count past a C long overflowed inside xdist (a traceback, exit 1).
+MAX_WORKERS = 1024
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; beyond, a timer overflows (pytest-timeout raised OverflowError in every case)
+
+
+def _bounded(text: str, lowest: int, highest: int, why: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not lowest <= value <= highest:
+        raise argparse.ArgumentTypeError(f"expected {why}, got {text!r}")
+    return value
+
+
+def workers(text: str) -> int:
+    """A count of xdist workers: at least one, at most MAX_WORKERS."""
+    return _bounded(
+        text, 1, MAX_WORKERS, f">= 1 (a crashing test needs a worker to die in) and at most {MAX_WORKERS} (each is a process)"
+    )
+
+
+def seconds(text: str) -> int:
+    """A time limit in whole seconds: at least one, at most MAX_TIMEOUT_S."""
+    return _bounded(text, 1, MAX_TIMEOUT_S, f"an integer >= 1 and at most {MAX_TIMEOUT_S} s (a week; a longer timer overflows)")
+
+
 def positive_int(text: str) -> int:
     return _number(int, text, 0, strict=True)
 

@@ -4,7 +4,7 @@ and configuration anywhere, any file inside the project's own folders) except th
 listed in OUTPUTS. The gate compares it with the tree being gated, so results from another
 commit, another working tree or a tree with an extra `pytest.ini`, an ignored conftest or an
 edited doc a test reads cannot stand in for this one; a wheel built into dist/, downloaded
-results or notes beside the checkout do not change it. The stamp keeps each file's hash, so
+results, notes beside the checkout or an editor's backup and swap files do not change it. The stamp keeps each file's hash, so
 a mismatch names the files."""
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ OUTPUTS = (
 PYTEST_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "conftest.py", "pyproject.toml")
 # What Python loads wherever it lies on the import path (the checkout's root is on a lane's)
 LOADABLE = (".py", ".pyc", ".pth", ".so", ".pyd")
+# Editors' backups, swap and lock files, and Finder's folder settings: no run reads a file by such
+# a name, none is a module name Python can import, and one turns up beside any file being edited.
+EDITOR_FILES = ("*~", ".*.sw?", "#*#", ".#*", ".DS_Store")
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -79,8 +82,10 @@ def read_by_runs(path: str, project_folders: set) -> bool:
     """Whether an untracked or ignored file at `path` can change a run: code or pytest
     configuration anywhere, or any file inside a folder of the project (one that holds tracked
     files, the checkout's root aside: tests copy and glob their folders). A wheel in dist/,
-    results downloaded into results/, notes or editor files at the root do not."""
+    results downloaded into results/, notes at the root or editor files anywhere do not."""
     name = path.rsplit("/", 1)[-1]
+    if any(fnmatch.fnmatchcase(name, pattern) for pattern in EDITOR_FILES):
+        return False
     if name.endswith(LOADABLE) or name in PYTEST_CONFIG:
         return True
     parts = path.split("/")[:-1]

@@ -344,12 +344,13 @@ def test_a_release_sees_an_edited_doc_or_an_ignored_file(full_repo, tmp_path, ca
 
 def test_what_no_run_reads_leaves_the_digest_alone_and_a_mismatch_names_the_files(full_repo, tmp_path, capsys, monkeypatch):
     """A wheel built into dist/ (docs/validate.md's own step), lane results downloaded into
-    results/, notes and editor files at the root: none can change a run. A file that can (code
+    results/, notes at the root, editor files anywhere: none can change a run. A file that can (code
     anywhere, any file in a project folder) changes the digest, and the block names it."""
     monkeypatch.setattr("selgate.reports.__main__.tree_stamp", tree_mod.tree_stamp)
     clean = tree_mod.tree_stamp(full_repo)
     for path in ("dist/selgate-0.1.0-py3-none-any.whl", "results/cpu/junit.xml", "results/cpu/environment.json",
-                 "notes.md", ".idea/workspace.xml", "report.md~"):  # fmt: skip
+                 "notes.md", ".idea/workspace.xml", "report.md~", "docs/gate.md~", "kernels/.dispatch.py.swp",
+                 "conformance/#cases.py#", "tests/.#test_x.py", "docs/.DS_Store"):  # fmt: skip
         (full_repo / path).parent.mkdir(parents=True, exist_ok=True)
         (full_repo / path).write_text("not read by any run\n")
     assert tree_mod.tree_stamp(full_repo)["digest"] == clean["digest"]
