@@ -195,21 +195,27 @@ def find_param(impl: Impl, family: str, param_id: str) -> tuple:
 _HEAD = """# Reproduces root cause {signature} ({count} failure(s)) of `selgate check {impl}`
 # on its smallest case, {nodeid}.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
-# Exit status 1 while the case fails, 0 once it passes (`git bisect run python <this file>`).
+# Exit status 1 while the case fails, 0 once it passes, 125 when it cannot run here (the module
+# does not import, the case cannot be built: `git bisect run python <this file>` skips that commit).
 import os
 import sys
 
-{imports}
-
-sys.path.insert(0, os.getcwd())
 DEVICE = {device!r}
-impl = resolve({impl!r}, declare={declare!r})[0]
+try:
+{imports}
+    sys.path.insert(0, os.getcwd())
+    impl = resolve({impl!r}, declare={declare!r})[0]
+{setup}
+except Exception as e:
+    print(f"cannot run the case here: {{type(e).__name__}}: {{e}}")
+    sys.exit(125)
 """
 
-_CASE = """case = find_case(impl, {case_id!r}, {size!r})
-inp = make_inputs(case, DEVICE)
-q, k, v, ranges = inp.q, inp.k, inp.v, inp.ranges
-{call}
+_CASE_SETUP = """    case = find_case(impl, {case_id!r}, {size!r})
+    inp = make_inputs(case, DEVICE)
+    q, k, v, ranges = inp.q, inp.k, inp.v, inp.ranges"""
+
+_CASE = """{call}
 print(f"o {{tuple(o.shape)}} {{o.dtype}}, reference {{tuple(o_ref.shape)}}")
 print(f"NaN in o: {{int(o.isnan().sum())}}, in the reference: {{int(o_ref.isnan().sum())}}")
 if o.shape == o_ref.shape:
@@ -231,8 +237,9 @@ o_ref, lse_ref = selection_attention_ref(
     q.double(), k.double(), v.double(), rows, scale=inp.scale, positions=positions, return_lse=True
 )"""
 
-_PARAM = """{names} = find_param(impl, {family!r}, {param!r})
-try:
+_PARAM_SETUP = "    {names} = find_param(impl, {family!r}, {param!r})"
+
+_PARAM = """try:
     check(impl, {names}, DEVICE)
     print("{family}: passed on this case")
 except ConformanceFailure as e:
@@ -262,7 +269,8 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
             f"from selgate.conformance.families.{family} import check",
             "from selgate.reports.triage import find_param",
         ]
-        body = _PARAM.format(names=_PARAM_NAMES[family], family=family, param=param)
+        setup = _PARAM_SETUP.format(names=_PARAM_NAMES[family], family=family, param=param)
+        body = _PARAM.format(names=_PARAM_NAMES[family], family=family)
     else:
         case_id = case_of(r)[0]
         if fam is None or case_id is None:
@@ -274,13 +282,15 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
             "from selgate.reports.triage import find_case",
             f"from selgate.reference import selection_attention_ref{', varlen_to_batched' if varlen else ''}",
         ]
-        body = _CASE.format(case_id=case_id, size=size, family=family, call=_VARLEN if varlen else _BATCHED)
+        setup = _CASE_SETUP.format(case_id=case_id, size=size)
+        body = _CASE.format(family=family, call=_VARLEN if varlen else _BATCHED)
     head = _HEAD.format(
         signature=_code(cause.signature),
         count=cause.count,
         impl=impl,
         nodeid=_code(r.nodeid),
-        imports="\n".join(sorted(imports)),
+        imports="\n".join(f"    {line}" for line in sorted(imports)),
+        setup=setup,
         device=device,
         declare=declare and str(Path(declare).resolve()),
     )

@@ -324,14 +324,15 @@ def kernels(tmp_path, monkeypatch):
     sys.modules.pop("mykern", None)
 
 
-def run_reproducer(cause, cwd, impl, status=1):
-    """The stdout of the cause's reproducer, written under `cwd` and run there in a fresh process,
-    which exits `status`: 1 while the case fails (so `git bisect run` can use it), 0 once it passes."""
+def run_reproducer(cause, cwd, impl, status=1, run_in=None):
+    """The stdout of the cause's reproducer, written under `cwd` and run in a fresh process there
+    (or in `run_in`), which exits `status`: 1 while the case fails, 0 once it passes, 125 when it
+    cannot run (so `git bisect run` can use it)."""
     path = triage.write_reproducers([cause], cwd / "out", impl=impl, declare=None, size="tiny", device="cpu")[cause.signature]
     assert path == cwd / "out" / "repro" / "cause-1.py"
-    assert len(path.read_text().splitlines()) <= 35
+    assert len(path.read_text().splitlines()) <= 40
     env = {**os.environ, "PYTHONPATH": str(OUTSIDE), "PYTHONDONTWRITEBYTECODE": "1"}
-    out = subprocess.run([sys.executable, str(path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(path)], cwd=run_in or cwd, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == status, out.stdout + out.stderr
     return out.stdout
 
@@ -353,6 +354,10 @@ def test_a_reproducer_reruns_a_real_failure(kernels):
     case_id = cause.smallest.nodeid.split(f"{impl.name}-")[1].rstrip("]")
     assert "o: max abs err" in stdout and "NaN in o: 0, in the reference: 0" in stdout
     assert f"parity FAILED: [{case_id}] o: max abs err" in stdout, stdout
+    # from another folder the kernel's module does not import: git bisect's "cannot test", not "bad"
+    (kernels / "elsewhere").mkdir()
+    stdout = run_reproducer(cause, kernels, impl.name, status=125, run_in=kernels / "elsewhere")
+    assert "cannot run the case here: ModuleNotFoundError: " in stdout and "mykern" in stdout, stdout
 
 
 def test_a_reproducer_reruns_a_limits_failure(kernels):
