@@ -1,15 +1,6 @@
-"""`selgate bench <command>` (or `python -m selgate.bench <command>`).
-
-sel         run a benchmark (one decode or prefill matrix, or a `--sweep` preset)
-thresholds  derive the device profile (`sel_triton_min_L`, block sizes) from a results CSV
-baseline    promote a results CSV to the committed baseline of its device
-compare     compare the latest results with the baseline (exit 1 when a config regressed)
-tune        tune the Triton launch parameters ahead of time (writes configs/tuned/<device>.json)
-plot        draw the decode and prefill PNGs from results CSVs (needs matplotlib: selgate[plots])
-host        host time per decode call of each path against SDPA's, eager against CUDA graph (GPU; writes host.csv)
-triton-bwd  the Triton backward at the 64k prefill: forward+backward, launch configs, memory (GPU)
-cuda-decode the CUDA decode kernel's grid against the HBM floor and packed SDPA (GPU)
-"""
+"""`selgate bench <command>` (or `python -m selgate.bench <command>`): the commands are listed
+below with what each does; `<command> --help` gives its options. Those marked GPU time one kernel
+on the device."""
 
 from __future__ import annotations
 
@@ -91,7 +82,7 @@ def add_sel(sub) -> None:
         "--backends",
         type=method_list,
         help=f"comma list of {','.join(METHODS)}, "
-        "Triton launch variants triton@<BLOCK_L>x<warps>x<stages>, "
+        "Triton launch variants triton@<BLOCK_L>x<warps>x<stages> "
         "or an outside kernel package.module:callable (loaded as `selgate check` loads it)",
     )
     p.add_argument(
@@ -262,9 +253,9 @@ def cmd_plot(a) -> int:
 
 # Benchmarks of one kernel on the device, each a module with options of its own.
 DEVICE_BENCHES = {
-    "triton-bwd": ("triton_bwd", "the Triton backward at 64k tokens: forward+backward, launch configs, memory"),
-    "cuda-decode": ("cuda_decode", "the CUDA decode kernel's grid against the HBM floor and packed SDPA"),
-    "host": ("host", "host time per decode call of each selection path against SDPA's, eager against CUDA graph"),
+    "triton-bwd": ("triton_bwd", "the Triton backward at 64k tokens: forward+backward, launch configs, memory (GPU)"),
+    "cuda-decode": ("cuda_decode", "the CUDA decode kernel's grid against the HBM floor and packed SDPA (GPU)"),
+    "host": ("host", "host time per decode call of each selection path against SDPA's, eager against CUDA graph (GPU)"),
 }
 
 

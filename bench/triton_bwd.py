@@ -189,7 +189,7 @@ def bench(out: dict, deadline: float) -> list:
 
 def main(argv=None):
     ap = Parser(prog=f"{prog('python -m selgate.bench')} triton-bwd", description=__doc__)
-    ap.add_argument("--out", type=Path, required=True, help="folder for the CSV and Markdown tables")
+    ap.add_argument("--out", type=Path, required=True, help="folder for triton_bwd.md (the tables) and results.json")
     ap.add_argument(
         "--budget-s",
         "--budget_s",

@@ -83,13 +83,13 @@ def _message_signature(message: str) -> str:
     return _cut(_normalise(re.sub(r"^(?:(?:\w+\.)*ConformanceFailure: )?\[[^\]]*\] ", "", msg)))
 
 
-def _magnitude(order: int) -> str:
-    return "1-10x" if order <= 0 else f"10^{order}x"
+def _power(order: int) -> str:
+    return str(10**order) if order <= 3 else f"10^{order}"
 
 
 def _title(rule, tensor, kind, results) -> str:
     """A cause's title: the tensor and the kind of failure, with how far over their bounds
-    its errors lie (`o: max abs err 1-10x to 10^2x over its bound`)."""
+    its errors lie, in whole decades (`o: max abs err 1-1000x over its bound`)."""
     if rule == "bad-input":
         return f"bad input {kind}"
     text = kind if tensor is None else f"{tensor}: {kind}"
@@ -101,7 +101,7 @@ def _title(rule, tensor, kind, results) -> str:
         }
     )
     if orders and text.endswith(" over its bound"):
-        span = _magnitude(orders[0]) + ("" if len(orders) == 1 else f" to {_magnitude(orders[-1])}")
+        span = f"{_power(max(orders[0], 0))}-{_power(max(orders[-1], 0) + 1)}x"
         text = text.removesuffix(" over its bound") + f" {span} over its bound"
     return _cut(text)
 
