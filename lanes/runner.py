@@ -23,6 +23,7 @@ from pathlib import Path
 
 from selgate.conformance.tolerances import ENV as TOL_ENV
 from selgate import env_vars
+from selgate.cli_args import MAX_WORKERS, WORKERS_RANGE
 
 from .config import LANE_DIR, tolerance_env
 from .cut import Cut, default_sigint, mark_signal, raise_interrupt
@@ -266,8 +267,8 @@ def plan_lane(
             f"has {capability}; pass --emulate to run it under SELGATE_CAPABILITY={target}"
         )
     workers = lane_workers(lane, lane["workers"] if workers is None else workers, gpus=gpus, gpu_memory=gpu_memory, cpus=cpus)
-    if workers < 1:
-        raise ValueError(f"--workers: expected >= 1 (a crashing test needs a worker to die in), got {workers}")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"--workers: expected {WORKERS_RANGE}, got {workers}")
 
     out_name = f"{name}-emulated" if emulate else name
     arch = f"sm{capability.replace('.', '')}" if capability else "cpu"

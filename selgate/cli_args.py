@@ -50,6 +50,7 @@ def _number(kind, text: str, lowest, strict: bool):
 # Each worker is a process importing torch (and, in a check, an executor more): no machine runs
 # more, and a count past a C long overflowed inside xdist (a traceback, exit 1).
 MAX_WORKERS = 1024
+WORKERS_RANGE = f">= 1 (a crashing test needs a worker to die in) and at most {MAX_WORKERS} (each is a process)"
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; beyond, a timer overflows (pytest-timeout raised OverflowError in every case)
 
 
@@ -65,9 +66,7 @@ def _bounded(text: str, lowest: int, highest: int, why: str) -> int:
 
 def workers(text: str) -> int:
     """A count of xdist workers: at least one, at most MAX_WORKERS."""
-    return _bounded(
-        text, 1, MAX_WORKERS, f">= 1 (a crashing test needs a worker to die in) and at most {MAX_WORKERS} (each is a process)"
-    )
+    return _bounded(text, 1, MAX_WORKERS, WORKERS_RANGE)
 
 
 def seconds(text: str) -> int:

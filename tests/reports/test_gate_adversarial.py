@@ -7,6 +7,7 @@ the tree itself: those stamp a small git repository for real."""
 
 import datetime
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -70,17 +71,22 @@ def repo(tmp_path, monkeypatch):
 
 
 def test_a_lane_refusing_its_argument_leaves_no_stale_pass(tmp_path, capsys, monkeypatch):
-    """`lanes run cpu --workers 0` after a good run: the old results are gone before the
-    argument is refused, and the note it leaves blocks the gate by name."""
+    """`lanes run cpu --workers 0` (or past the most) after a good run: the old results are gone
+    before the argument is refused, and the note it leaves blocks the gate by name."""
     monkeypatch.setattr(runner, "OUT_ROOT", tmp_path / "res")
-    write_lane(tmp_path / "res", "cpu", passing_cases())
-    assert lanes_main.main(["run", "cpu", "--workers", "0"]) == 2
-    assert "--workers: expected >= 1" in capsys.readouterr().err
-    assert sorted(p.name for p in (tmp_path / "res" / "cpu").iterdir()) == ["refused.json"]
-    rc, line, _, _ = gate_lines(tmp_path, capsys)
-    assert rc == 1 and line.startswith(
-        "GATE BLOCKED: required lane cpu never ran: the lane runner refused it (--workers: expected >= 1"
-    ), line
+    for refused in ("0", "99999999999999999999"):
+        shutil.rmtree(tmp_path / "res", ignore_errors=True)
+        write_lane(tmp_path / "res", "cpu", passing_cases())
+        assert lanes_main.main(["run", "cpu", "--workers", refused]) == 2
+        assert (
+            f"--workers: expected >= 1 (a crashing test needs a worker to die in) and at most 1024 (each is a process), "
+            f"got {refused}" in capsys.readouterr().err
+        )
+        assert sorted(p.name for p in (tmp_path / "res" / "cpu").iterdir()) == ["refused.json"]
+        rc, line, _, _ = gate_lines(tmp_path, capsys)
+        assert rc == 1 and line.startswith(
+            "GATE BLOCKED: required lane cpu never ran: the lane runner refused it (--workers: expected >= 1"
+        ), line
 
 
 def test_results_of_the_previous_commit_block_a_merge(tmp_path, capsys):

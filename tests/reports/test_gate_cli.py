@@ -122,9 +122,9 @@ def test_a_passing_run_passes(checkout):
     "args, error",
     [
         (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--workers", "x"], "--workers: expected >= 1 (a crashing test needs a worker to die in) and at most 1024"),
+        (["--workers", "x"], "invalid int value"),
         (["--workers", "0"], "--workers: expected >= 1"),
-        (["--workers", "99999999999999999999"], "at most 1024 (each is a process), got '99999999999999999999'"),
+        (["--workers", "99999999999999999999"], "at most 1024 (each is a process), got 99999999999999999999"),
         (["--emulate"], "--emulate needs a GPU lane"),
     ],
 )
@@ -226,9 +226,7 @@ def test_checking_a_runs_arguments_touches_nothing(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(lanes_main, "run_plan", lambda plan, docker=False: pytest.fail("the lane ran"))
     before = sorted(p.name for p in earlier.iterdir())
     assert lanes_main.main(["run", "cpu", "--check", "--workers", "1"]) == 0
-    with pytest.raises(SystemExit) as refused:  # argparse's usage error
-        lanes_main.main(["run", "cpu", "--check", "--workers", "0"])
-    assert refused.value.code == 2
+    assert lanes_main.main(["run", "cpu", "--check", "--workers", "0"]) == 2
     assert "--workers: expected >= 1" in capsys.readouterr().err
     assert sorted(p.name for p in earlier.iterdir()) == before
 
