@@ -35,15 +35,22 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
-def _number(kind, text: str, lowest, strict: bool):
-    what = "an integer" if kind is int else "a finite number"
-    bound = f"{'>' if strict else '>='} {lowest:g}"
+def _number(kind, text: str, lowest, strict: bool, highest=None, expected: str | None = None):
+    """`text` as `kind`, or a usage error saying what was expected (by default, the lower bound)."""
+    expected = expected or f"{'an integer' if kind is int else 'a finite number'} {'>' if strict else '>='} {lowest:g}"
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}") from None
-    if not math.isfinite(value) or value < lowest or (strict and value == lowest):
-        raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}")
+        value = None
+    # an integer is never compared as a float: one of 400 digits overflowed math.isfinite (a traceback)
+    if (
+        value is None
+        or (kind is float and not math.isfinite(value))
+        or value < lowest
+        or (strict and value == lowest)
+        or (highest is not None and value > highest)
+    ):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
 
@@ -54,33 +61,28 @@ WORKERS_RANGE = f">= 1 (a crashing test needs a worker to die in) and at most {M
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; beyond, a timer overflows (pytest-timeout raised OverflowError in every case)
 
 
-def _bounded(text: str, lowest: int, highest: int, why: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not lowest <= value <= highest:
-        raise argparse.ArgumentTypeError(f"expected {why}, got {text!r}")
-    return value
-
-
 def workers(text: str) -> int:
     """A count of xdist workers: at least one, at most MAX_WORKERS."""
-    return _bounded(text, 1, MAX_WORKERS, WORKERS_RANGE)
+    return _number(int, text, 1, False, MAX_WORKERS, WORKERS_RANGE)
 
 
 def seconds(text: str) -> int:
     """A time limit in whole seconds: at least one, at most MAX_TIMEOUT_S."""
-    return _bounded(text, 1, MAX_TIMEOUT_S, f"an integer >= 1 and at most {MAX_TIMEOUT_S} s (a week; a longer timer overflows)")
+    return _number(
+        int, text, 1, False, MAX_TIMEOUT_S, f"an integer >= 1 and at most {MAX_TIMEOUT_S} s (a week; a longer timer overflows)"
+    )
+
+
+INT64_MAX = 2**63 - 1  # torch's sizes and counts are int64
 
 
 def positive_int(text: str) -> int:
-    return _number(int, text, 0, strict=True)
+    return _number(int, text, 0, True, INT64_MAX, "an integer > 0 and at most 2^63 - 1 (torch's int64)")
 
 
 def count(text: str) -> int:
     """An integer >= 0 (warm-up calls, restarts)."""
-    return _number(int, text, 0, strict=False)
+    return _number(int, text, 0, False, INT64_MAX, "an integer >= 0 and at most 2^63 - 1 (torch's int64)")
 
 
 def positive_number(text: str) -> float:

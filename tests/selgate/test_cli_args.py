@@ -63,6 +63,9 @@ def test_help_shows_a_default_once():
         (["sel", "--budget-s", "-5"], "--budget-s"),
         (["sel", "--budget_s", "nan"], "--budget-s"),
         (["sel", "--iters", "0"], "--iters"),
+        (["sel", "--iters", "1" + "0" * 400], "--iters"),  # compared as a float it overflowed: a traceback
+        (["sel", "--warmup", "1" + "0" * 30], "--warmup"),
+        (["sel", "--budget-s", "1e400"], "--budget-s"),
         (["sel", "--warmup", "-1"], "--warmup"),
         (["sel", "--max-seconds", "inf"], "--max-seconds"),
         (["sel", "--N", "0"], "--N"),
