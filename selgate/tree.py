@@ -47,9 +47,11 @@ OUTPUTS = (
 PYTEST_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "conftest.py", "pyproject.toml")
 # What Python loads wherever it lies on the import path (the checkout's root is on a lane's)
 LOADABLE = (".py", ".pyc", ".pth", ".so", ".pyd")
-# Editors' backups, swap and lock files, and Finder's folder settings: no run reads a file by such
-# a name, none is a module name Python can import, and one turns up beside any file being edited.
-EDITOR_FILES = ("*~", ".*.sw?", "#*#", ".#*", ".DS_Store")
+# Editors' backups and swap files, and Finder's folder settings, which turn up beside any file being
+# edited. None ends as code or configuration does, so no import, pytest collection or `*.yaml`
+# glob takes one. (Emacs' `.#name` lock is a symlink to nowhere, never hashed; a `.#name.yaml`
+# file is no editor's and stays in: `Path.glob("*.yaml")` matches dot-files.)
+EDITOR_FILES = ("*~", ".*.sw?", "#*#", ".DS_Store")
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -84,10 +86,10 @@ def read_by_runs(path: str, project_folders: set) -> bool:
     files, the checkout's root aside: tests copy and glob their folders). A wheel in dist/,
     results downloaded into results/, notes at the root or editor files anywhere do not."""
     name = path.rsplit("/", 1)[-1]
-    if any(fnmatch.fnmatchcase(name, pattern) for pattern in EDITOR_FILES):
-        return False
     if name.endswith(LOADABLE) or name in PYTEST_CONFIG:
         return True
+    if any(fnmatch.fnmatchcase(name, pattern) for pattern in EDITOR_FILES):
+        return False
     parts = path.split("/")[:-1]
     return any("/".join(parts[: i + 1]) in project_folders for i in range(len(parts)))
 

@@ -347,10 +347,14 @@ def test_what_no_run_reads_leaves_the_digest_alone_and_a_mismatch_names_the_file
     results/, notes at the root, editor files anywhere: none can change a run. A file that can (code
     anywhere, any file in a project folder) changes the digest, and the block names it."""
     monkeypatch.setattr("selgate.reports.__main__.tree_stamp", tree_mod.tree_stamp)
+    (full_repo / "configs" / "classes").mkdir(parents=True)
+    (full_repo / "configs" / "classes" / "sm90.yaml").write_text("capabilities: ['9.0']\n")
+    git(full_repo, "add", ".")
+    git(full_repo, "commit", "-q", "-m", "a class profile")
     clean = tree_mod.tree_stamp(full_repo)
     for path in ("dist/selgate-0.1.0-py3-none-any.whl", "results/cpu/junit.xml", "results/cpu/environment.json",
                  "notes.md", ".idea/workspace.xml", "report.md~", "docs/gate.md~", "kernels/.dispatch.py.swp",
-                 "conformance/#cases.py#", "tests/.#test_x.py", "docs/.DS_Store"):  # fmt: skip
+                 "conformance/#cases.py#", "docs/.DS_Store"):  # fmt: skip
         (full_repo / path).parent.mkdir(parents=True, exist_ok=True)
         (full_repo / path).write_text("not read by any run\n")
     assert tree_mod.tree_stamp(full_repo)["digest"] == clean["digest"]
@@ -359,10 +363,15 @@ def test_what_no_run_reads_leaves_the_digest_alone_and_a_mismatch_names_the_file
     (full_repo / "results" / "sitecustomize.py").write_text("import os\n")  # code: on the path of a run from the root
     (full_repo / "docs" / "extra.md").write_text("a test may glob docs/\n")
     (full_repo / "bin" / "setup").write_text("edited\n")
+    # named like an editor's file, yet taken by a glob of the configuration or by pytest's collection
+    (full_repo / "configs" / "classes" / ".#sm90.yaml").write_text("capabilities: ['9.0']\n")
+    (full_repo / "tests" / ".#evil_test.py").write_text("def test_evil(): pass\n")
     rc, line, _, _ = gate_lines(tmp_path, capsys, "--tree", str(full_repo))
     assert rc == 1 and "ran other files than this tree has" in line, line
-    for named in ("bin/setup (changed)", "docs/extra.md (only here)", "results/sitecustomize.py (only here)"):
+    for named in ("bin/setup (changed)", "configs/classes/.#sm90.yaml (only here)", "docs/extra.md (only here)"):
         assert named in line, line
+    stamp = tree_mod.tree_stamp(full_repo)
+    assert {"results/sitecustomize.py", "tests/.#evil_test.py"} <= set(stamp["untracked"] + stamp["ignored"]), stamp
 
 
 def test_the_stamp_of_this_checkout_is_fast():
