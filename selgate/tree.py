@@ -4,8 +4,8 @@ and configuration anywhere, any file inside the project's own folders) except th
 listed in OUTPUTS. The gate compares it with the tree being gated, so results from another
 commit, another working tree or a tree with an extra `pytest.ini`, an ignored conftest or an
 edited doc a test reads cannot stand in for this one; a wheel built into dist/, downloaded
-results, notes beside the checkout or an editor's backup and swap files do not change it. The stamp keeps each file's hash, so
-a mismatch names the files."""
+results, notes beside the checkout or an editor's backup and swap files do not change it. The
+stamp keeps each file's hash, so a mismatch names the files."""
 
 from __future__ import annotations
 

@@ -75,8 +75,10 @@ def test_help_shows_a_default_once():
         (["host", "--calls", "0"], "--calls"),
     ],
 )
-def test_a_bad_bench_value_is_a_usage_error_naming_it(argv, option, capsys):
+def test_a_bad_bench_value_is_a_usage_error_naming_it(argv, option, capsys, tmp_path, monkeypatch):
     from selgate.bench.__main__ import main
+
+    monkeypatch.chdir(tmp_path)  # a value taken by mistake runs the bench, whose tables go under the current folder
 
     with pytest.raises(SystemExit) as e:
         main(argv)
