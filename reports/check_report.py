@@ -87,7 +87,8 @@ class CheckVerdict(Verdict):
 
     def write_repros(self, out: Path, args) -> None:
         if self.causes:
-            kw = dict(impl=args.impl, declare=_declare_path(args), size=args.size, device=_device(self.environment))
+            kw = dict(impl=args.impl, declare=_declare_path(args), size=args.size, limit_s=args.timeout)
+            kw["device"] = _device(self.environment)
             paths = triage.write_reproducers(self.causes, out, **kw)
             # as the report shows them: from the folder the check ran in, where the kernel imports
             self.repros = {sig: Path(os.path.relpath(p)) for sig, p in paths.items()}

@@ -197,10 +197,23 @@ _HEAD = """# Reproduces root cause {signature} ({count} failure(s)) of `selgate 
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
 # Exit status 1 while the case fails, 0 once it passes, 125 when it cannot run here (the module
 # does not import, the case cannot be built: `git bisect run python <this file>` skips that commit).
+# The case runs in a child process, so an abort or a hang fails it too (`--run-here`: in this one).
 import os
+import signal
+import subprocess
 import sys
 
 DEVICE = {device!r}
+LIMIT_S = {limit_s!r}  # the check's --timeout: a case still running then has hung
+if "--run-here" not in sys.argv:
+    try:
+        status = subprocess.run([sys.executable, os.path.abspath(__file__), "--run-here"], timeout=LIMIT_S).returncode
+    except subprocess.TimeoutExpired:
+        print(f"FAILED: the case ran past {{LIMIT_S}} s (the check's --timeout)")
+        sys.exit(1)
+    if status < 0:
+        print(f"FAILED: the case's process was killed by signal {{-status}} ({{signal.strsignal(-status)}})")
+    sys.exit(status if status in (0, 125) else 1)
 try:
 {imports}
     sys.path.insert(0, os.getcwd())
@@ -250,10 +263,11 @@ except ConformanceFailure as e:
 _PARAM_NAMES = {"bad_input": "bad, case", "limits": "limit, case"}
 
 
-def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, device: str) -> str:
+def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, device: str, limit_s: int) -> str:
     """A standalone Python file rerunning the smallest case of `cause`: the kernel called
-    directly against the fp64 reference, then the family's check as the matrix runs it.
-    ValueError when the failure is not a case of the matrix (a collection error)."""
+    directly against the fp64 reference, then the family's check as the matrix runs it, in a
+    child process that fails the case when it dies or runs past `limit_s`. ValueError when the
+    failure is not a case of the matrix (a collection error)."""
     from selgate.conformance.families import of_test
 
     r = cause.smallest
@@ -292,6 +306,7 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
         imports="\n".join(f"    {line}" for line in sorted(imports)),
         setup=setup,
         device=device,
+        limit_s=limit_s,
         declare=declare and str(Path(declare).resolve()),
     )
     return head + body

@@ -300,8 +300,11 @@ def test_a_known_bad_kernel_is_one_cause(name):
 
 # --- reproducers ------------------------------------------------------------------------------
 
-KERNELS = '''"""Kernels of an outside author for the reproducer tests: off by a little, and one that
-validates nothing."""
+KERNELS = '''"""Kernels of an outside author for the reproducer tests: off by a little, one that
+validates nothing, one that aborts its process and one that hangs."""
+import os
+import time
+
 import torch
 from tokenkernels import off_by_a_little  # noqa: F401
 
@@ -310,7 +313,15 @@ def lax(q, k, v, ranges, *, scale=None):
     return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=v.dtype)
 
 
-lax.dtypes = ("fp32",)
+def aborts(q, k, v, ranges, *, scale=None):
+    os.abort()
+
+
+def hangs(q, k, v, ranges, *, scale=None):
+    time.sleep(3600)
+
+
+lax.dtypes = aborts.dtypes = hangs.dtypes = ("fp32",)
 '''
 
 
@@ -324,13 +335,14 @@ def kernels(tmp_path, monkeypatch):
     sys.modules.pop("mykern", None)
 
 
-def run_reproducer(cause, cwd, impl, status=1, run_in=None):
+def run_reproducer(cause, cwd, impl, status=1, run_in=None, limit_s=60):
     """The stdout of the cause's reproducer, written under `cwd` and run in a fresh process there
     (or in `run_in`), which exits `status`: 1 while the case fails, 0 once it passes, 125 when it
     cannot run (so `git bisect run` can use it)."""
-    path = triage.write_reproducers([cause], cwd / "out", impl=impl, declare=None, size="tiny", device="cpu")[cause.signature]
+    kw = dict(impl=impl, declare=None, size="tiny", device="cpu", limit_s=limit_s)
+    path = triage.write_reproducers([cause], cwd / "out", **kw)[cause.signature]
     assert path == cwd / "out" / "repro" / "cause-1.py"
-    assert len(path.read_text().splitlines()) <= 40
+    assert len(path.read_text().splitlines()) <= 55  # short enough to read whole
     env = {**os.environ, "PYTHONPATH": str(OUTSIDE), "PYTHONDONTWRITEBYTECODE": "1"}
     out = subprocess.run([sys.executable, str(path)], cwd=run_in or cwd, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == status, out.stdout + out.stderr
@@ -358,6 +370,21 @@ def test_a_reproducer_reruns_a_real_failure(kernels):
     (kernels / "elsewhere").mkdir()
     stdout = run_reproducer(cause, kernels, impl.name, status=125, run_in=kernels / "elsewhere")
     assert "cannot run the case here: ModuleNotFoundError: " in stdout and "mykern" in stdout, stdout
+
+
+@pytest.mark.parametrize(
+    "kernel, message, says",
+    [
+        ("aborts", "killed by SIGABRT during the call", "FAILED: the case's process was killed by signal 6 (Aborted)"),
+        ("hangs", "Failed: Timeout > 3.0s", "FAILED: the case ran past 3 s (the check's --timeout)"),
+    ],
+)
+def test_a_reproducer_fails_a_case_that_kills_its_process_or_hangs(kernels, kernel, message, says):
+    """Run in this process, an abort gave git bisect 134 (past 127 it stops) and a hang never ended."""
+    case = next(c for c in select("tiny") if c.mode == "prefill" and c.dtype == torch.float32)
+    (cause,) = triage.group([result("parity", case, message, impl=f"mykern:{kernel}")])
+    stdout = run_reproducer(cause, kernels, f"mykern:{kernel}", limit_s=3)
+    assert says in stdout, stdout
 
 
 def test_a_reproducer_reruns_a_limits_failure(kernels):
@@ -409,14 +436,14 @@ def test_write_reproducers_numbers_the_causes_and_skips_what_is_no_case(tmp_path
     assert [c.count for c in causes] == [2, 1, 1] and causes[1].smallest is collection_error
     (tmp_path / "repro").mkdir()
     (tmp_path / "repro" / "cause-9.py").write_text("stale")
-    paths = triage.write_reproducers(causes, tmp_path, impl=IMPL, declare=None, size="small", device="cpu")
+    paths = triage.write_reproducers(causes, tmp_path, impl=IMPL, declare=None, size="small", device="cpu", limit_s=60)
     assert paths == {c.signature: tmp_path / "repro" / f"cause-{n}.py" for n, c in ((1, causes[0]), (3, causes[2]))}
     assert sorted(p.name for p in (tmp_path / "repro").iterdir()) == ["cause-1.py", "cause-3.py"]
     text = paths["o: not bitwise identical across runs"].read_text()
     assert "FAMILIES['determinism_backward'].check(impl, case, DEVICE)" in text and f"find_case(impl, {cid!r}, 'small')" in text
     compile(text, "cause-3.py", "exec")
     with pytest.raises(ValueError, match="not a case of the matrix"):
-        triage.reproducer(causes[1], impl=IMPL, declare=None, size="tiny", device="cpu")
+        triage.reproducer(causes[1], impl=IMPL, declare=None, size="tiny", device="cpu", limit_s=60)
     lines = triage.render(causes, paths)
     assert "   - reproduce: `python " + str(paths[causes[0].signature]) + "`" in lines
     assert "   - no reproducer: not a case of the matrix" in lines
