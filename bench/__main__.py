@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from selgate.cli import prog
-from selgate.cli_args import Parser, choice_list, command, count, int_list, positive_int, positive_number
+from selgate.cli_args import Parser, cannot_write, choice_list, command, count, int_list, positive_int, positive_number
 from selgate.kernels.config import current_device_name
 from selgate.kernels.config import device_slug as config_slug
 
@@ -101,8 +101,8 @@ def add_sel(sub) -> None:
     p.add_argument(
         "--out",
         type=Path,
-        help="output folder (default: bench/results/<device>/<date> in a checkout, "
-        "./bench-results/<device>/<date> from an installed wheel)",
+        help="output folder (default: bench/results/<device>/<date> run in the checkout's root, "
+        "else ./bench-results/<device>/<date>)",
     )
     p.add_argument("--name", help="file name stem (default: the preset, else 'sel')")
 
@@ -157,12 +157,17 @@ def recheck(rows: list[dict], groups: list[Matrix], device, device_name: str, na
         print(f"re-timed the graph time of {n} rows slower than {base.name} (median of all timings kept)")
 
 
+def device_name_of(device) -> str:
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def cmd_sel(a) -> int:
     device = torch.device(a.device)
     groups = matrices(a)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    limits = measure_limits(device, getattr(torch, DTYPES[a.dtype]))
+    device_name = device_name_of(device)
     rows, deadline = [], time.monotonic() + a.budget_s
+    limits = measure_limits(device, getattr(torch, DTYPES[a.dtype]))
     for m in groups:
         methods = a.backends or list(m.methods) or default_methods(device)
         rows += run_sweep(
@@ -177,8 +182,7 @@ def cmd_sel(a) -> int:
         )
     name = a.name or a.sweep or "sel"
     recheck(rows, groups, device, device_name, name)
-    out = a.out or tables.results_dir(device_name)
-    csv_path, md_path = tables.write_tables(rows, out, name)
+    csv_path, md_path = tables.write_tables(rows, a.out, name)
     print("\n".join([tables.summary(rows, [csv_path, md_path]), *acceptance_checks(rows)]))
     return 0
 
@@ -315,6 +319,11 @@ def main(argv=None) -> int:
             outside.load(a.backends or [], a.declare)
         except (ImportError, AttributeError, TypeError, ValueError, OSError) as e:
             cli.error(str(e))
+        a.out = a.out or tables.results_dir(device_name_of(a.device))
+    if a.command in ("sel", "plot"):  # before the timing, not as a traceback after it
+        why = cannot_write(a.out)
+        if why:
+            cli.error(f"--out {a.out}: cannot write its files there ({why})")
     commands = {
         "sel": cmd_sel,
         "thresholds": cmd_thresholds,

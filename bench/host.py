@@ -260,7 +260,12 @@ def main(argv=None) -> int:
     ap = Parser(prog=f"{prog('python -m selgate.bench')} host", description=__doc__)
     ap.add_argument("--calls", type=positive_int, default=200, help="timed calls per loop")
     ap.add_argument("--warmup", type=count, default=20, help="untimed calls before the loops")
-    ap.add_argument("--out", type=Path, help="CSV file (default bench/results/<device>/<date>/host.csv); the .md beside it")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="CSV file, the .md beside it (default <device>/<date>/host.csv under bench/results "
+        "run in the checkout's root, else under ./bench-results)",
+    )
     a = ap.parse_args(argv)
     if a.calls < 1 or a.warmup < 0:
         ap.error("--calls must be >= 1 and --warmup >= 0")

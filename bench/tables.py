@@ -1,9 +1,10 @@
 """Result tables: one CSV row and one Markdown line per (configuration, method).
 
-Files go to `bench/results/<device-slug>/<date>/<name>.csv` and `.md`. The CSV is the
-machine-readable record (the threshold optimiser and the regression gate read it); the
-Markdown is for people. Effective rates count only the selected keys (the useful work),
-so a dense baseline that reads every key shows a low GB/s rather than a flattering one.
+Files go to `bench/results/<device-slug>/<date>/<name>.csv` and `.md` (`./bench-results/...` run
+outside the checkout's root: `results_dir`). The CSV is the machine-readable record (the
+threshold optimiser and the regression gate read it); the Markdown is for people. Effective
+rates count only the selected keys (the useful work), so a dense baseline that reads every key
+shows a low GB/s rather than a flattering one.
 """
 
 from __future__ import annotations
@@ -59,17 +60,19 @@ COLUMNS = [
 
 
 def _write_root() -> Path:
-    """RESULTS_DIR, unless it is the folder inside an installed wheel (no checkout around it)."""
+    """RESULTS_DIR where it was set (SELGATE_BENCH_RESULTS) or the command runs in the root of the
+    checkout it belongs to; else ./bench-results: a run from a user's folder never writes into
+    site-packages, or into the checkout an editable install points at (a table written there
+    changed the tree a release gates)."""
     packaged = Path(__file__).resolve().parent / "results"
-    if Path(RESULTS_DIR) == packaged and not (packaged.parent.parent / "pyproject.toml").is_file():
-        return Path.cwd() / "bench-results"
-    return Path(RESULTS_DIR)
+    checkout = packaged.parent.parent
+    if Path(RESULTS_DIR) != packaged or (Path.cwd().resolve() == checkout and (checkout / "pyproject.toml").is_file()):
+        return Path(RESULTS_DIR)
+    return Path.cwd() / "bench-results"
 
 
 def results_dir(device_name: str, date: str | None = None) -> Path:
-    """Where a run's tables go by default: the checkout's bench/results/<device>/<date>, beside
-    the committed baselines; from an installed wheel, ./bench-results/<device>/<date> in the
-    current folder (never into site-packages)."""
+    """Where a run's tables go by default: `_write_root()`/<device>/<date>."""
     return _write_root() / device_slug(device_name) / (date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"))
 
 

@@ -5,7 +5,6 @@ the first SIGINT or SIGTERM. What the run means is judged above (`selgate.report
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -21,6 +20,7 @@ from selgate.conformance.check_plugin import COLLECTED_FILE
 from selgate.conformance.probe import importing_marker
 from selgate.conformance.reaper import kill_descendants
 from selgate.conformance.registry import Impl, described_impl
+from selgate.cli_args import WRITE_PROBE, cannot_write
 from selgate.environment import ENV_FILE
 
 from .cut import Cut, default_sigint
@@ -36,7 +36,6 @@ PLUGINS = (
     "selgate.reports.stamp",
 )
 MANIFEST = ".selgate-check.json"  # what an earlier check wrote into --out, and may remove
-WRITABLE_PROBE = ".selgate-check-writable"
 REPRO_DIR = "repro"  # the reproducers of the root causes (reports.triage writes them)
 RESULT_FILES = ("junit.xml", ENV_FILE, "report.md", COLLECTED_FILE)
 DECLARED_FILE = "declared.json"  # the probe's declarations, handed to the workers
@@ -110,7 +109,7 @@ def prepare_out(out: Path) -> None:
         for folder in sorted({p.parent for p in out.rglob("*")} - {out}, reverse=True):
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
-    linked = [n for n in (*RESULT_FILES, MANIFEST, WRITABLE_PROBE, REPRO_DIR) if (out / n).is_symlink()]
+    linked = [n for n in (*RESULT_FILES, MANIFEST, WRITE_PROBE, REPRO_DIR) if (out / n).is_symlink()]
     if linked:
         raise UsageError(
             f"--out {out}: {', '.join(linked)} {'is a symlink' if len(linked) == 1 else 'are symlinks'}, "
@@ -249,18 +248,10 @@ def _probe(args, run: Run, tmp: Path, env: dict, record: int):
 
 
 def writable(out: Path) -> None:
-    """UsageError unless `out` takes a file of a report's size: a read-only or full folder is the
-    caller's to fix, said before the run rather than as a traceback after it."""
-    probe = out / WRITABLE_PROBE
-    try:
-        probe.unlink(missing_ok=True)  # a symlink left there would lead the write to its target
-        with os.fdopen(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
-            f.write(bytes(1 << 20))
-    except OSError as e:
-        raise UsageError(f"--out {out}: cannot write a report there ({e.strerror or e})") from None
-    finally:
-        with contextlib.suppress(OSError):  # a read-only mount refuses even removing a missing file
-            probe.unlink(missing_ok=True)
+    """UsageError unless `out` takes a file of a report's size (`cli_args.cannot_write`)."""
+    why = cannot_write(out)
+    if why:
+        raise UsageError(f"--out {out}: cannot write a report there ({why})")
 
 
 @dataclass

@@ -5,7 +5,10 @@ anything runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+from pathlib import Path
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -115,3 +118,30 @@ def choice_list(choices):
 def command(sub, name: str, what: str, **kwargs) -> argparse.ArgumentParser:
     """A subcommand whose one-line summary is also its own --help's description."""
     return sub.add_parser(name, help=what, description=what, **kwargs)
+
+
+WRITE_PROBE = ".selgate-writable"
+
+
+def cannot_write(folder: Path, size: int = 1 << 20) -> str | None:
+    """Why `folder` takes no file of `size` bytes, or None: a read-only, full or not-a-folder
+    --out is the caller's to fix, said before a run rather than as a traceback after it. The
+    folders it makes to find out are removed again."""
+    folder = Path(folder).absolute()
+    made = [f for f in (folder, *folder.parents) if not f.exists()]
+    probe = folder / WRITE_PROBE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.unlink(missing_ok=True)  # a symlink left there would lead the write to its target
+        with os.fdopen(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
+            f.write(bytes(size))
+    except (FileExistsError, NotADirectoryError):
+        return "not a folder"
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        with contextlib.suppress(OSError):  # a read-only mount refuses even removing a missing file
+            probe.unlink(missing_ok=True)
+            for f in made:
+                f.rmdir()
+    return None

@@ -119,3 +119,35 @@ def test_from_a_wheel_the_tables_go_to_the_current_folder(tmp_path, monkeypatch)
     monkeypatch.setattr(tables, "RESULTS_DIR", packaged / "results")
     monkeypatch.chdir(tmp_path)
     assert tables.results_dir("NVIDIA H200", "2026-12-06") == tmp_path / "bench-results" / "nvidia-h200" / "2026-12-06"
+
+
+def test_from_another_folder_the_tables_go_there_not_into_the_checkout(tmp_path, monkeypatch):
+    """An editable install run from a user's folder wrote into the checkout it points at, and the
+    table then changed the tree a release gates; in the checkout's root they go beside the baselines."""
+    monkeypatch.chdir(tmp_path)
+    assert tables.results_dir("NVIDIA H200", "2026-12-06") == tmp_path / "bench-results" / "nvidia-h200" / "2026-12-06"
+    monkeypatch.chdir(ROOT)
+    assert tables.results_dir("NVIDIA H200", "2026-12-06") == ROOT / "bench" / "results" / "nvidia-h200" / "2026-12-06"
+
+
+@pytest.mark.parametrize("command", [DECODE, ["plot", "--csv", str(ROOT / "tests" / "data" / "bench" / "latest_cpu.csv")]])
+def test_an_out_that_takes_no_file_is_a_usage_error_before_anything_runs(command, tmp_path, monkeypatch, capsys):
+    """A file, or a read-only folder, as --out: a traceback after the whole timing before."""
+    import errno
+
+    from selgate.bench import __main__ as bench
+
+    monkeypatch.setattr(bench, "measure_limits", lambda *a, **k: pytest.fail("timed before --out was checked"))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--out", str(tmp_path / "afile")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--out {tmp_path / 'afile'}: cannot write its files there (not a folder)" in err
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("os.open", refuse)
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--out", str(tmp_path / "ro")])
+    assert e.value.code == 2 and "cannot write its files there (Read-only file system)" in capsys.readouterr().err

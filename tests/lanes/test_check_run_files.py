@@ -26,7 +26,7 @@ def test_the_probes_result_is_read_only_as_a_regular_file(tmp_path):
     assert sandbox.read_regular(tmp_path / "missing", 1 << 20) is None
 
 
-@pytest.mark.parametrize("name", ["report.md", "junit.xml", "repro", ".selgate-check-writable"])
+@pytest.mark.parametrize("name", ["report.md", "junit.xml", "repro", ".selgate-writable"])
 def test_a_symlink_among_outs_result_names_is_a_usage_error_and_nothing_is_written(tmp_path, name):
     out, victim = tmp_path / "out", tmp_path / "victim"
     out.mkdir()
@@ -40,9 +40,9 @@ def test_a_symlink_among_outs_result_names_is_a_usage_error_and_nothing_is_writt
 def test_the_writable_probe_replaces_a_symlink_and_leaves_its_target(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("the caller's")
-    (tmp_path / ".selgate-check-writable").symlink_to(victim)
+    (tmp_path / ".selgate-writable").symlink_to(victim)
     writable(tmp_path)
-    assert victim.read_text() == "the caller's" and not (tmp_path / ".selgate-check-writable").exists()
+    assert victim.read_text() == "the caller's" and not (tmp_path / ".selgate-writable").exists()
 
 
 def test_a_temporary_folder_thousands_deep_is_removed(tmp_path):
