@@ -17,7 +17,7 @@ import torch
 
 from .baselines import get_method, triton_config, variant_config
 from .inputs import Problem, make_inputs, selected_key_count, with_block_ranges
-from .timing import Limits, rotation_count, time_calls, time_graph
+from .timing import BudgetSpent, Limits, rotation_count, time_calls, time_graph
 
 
 @dataclass(frozen=True)
@@ -113,11 +113,11 @@ def _launch_name(method: str, p: Problem, device) -> str:
         return f"unknown ({_error(e)})"
 
 
-def _measure(p, method, sets, device, s: MeasureOptions) -> dict:
+def _measure(p, method, sets, device, s: MeasureOptions, deadline: float = math.inf) -> dict:
     m = get_method(method)
     fields = {}
     calls = [m.build(p, x) for x in sets]
-    t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds)
+    t = time_calls(calls, device, warmup=s.warmup, iters=s.iters, max_seconds=s.max_seconds, deadline=deadline)
     fields.update(ms=t.median_ms, ms_lo=t.lo_ms, ms_hi=t.hi_ms, iters=t.n, host_ms=t.host_ms)
     if s.graph and m.graphable and p.kind == "decode" and device.type == "cuda":
         try:
@@ -174,7 +174,10 @@ def run_problem(
             rows.append(_row(p, method, device_name, limits, status="skip", note=reason, L_max=L_max))
             continue
         try:
-            fields = _measure(p, method, msets, device, s)
+            fields = _measure(p, method, msets, device, s, deadline)
+        except BudgetSpent as e:
+            rows.append(_row(p, method, device_name, limits, status="skip", note=f"{_spent(budget_s)}: {e}", L_max=L_max))
+            continue
         except Exception as e:  # a failing method is a table entry, not the end of the sweep
             if device.type == "cuda":
                 torch.cuda.empty_cache()

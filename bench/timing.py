@@ -51,8 +51,24 @@ def synchronize(device: torch.device) -> None:
 MIN_SAMPLES = 10
 
 
+class BudgetSpent(Exception):
+    """The run's time budget ends before this timing could take its samples."""
+
+
+def _within(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise BudgetSpent("reached during the warm-up calls")
+
+
 def time_calls(
-    calls, device: torch.device, *, warmup: int, iters: int, max_seconds: float = 2.0, batch_ms: float = 1.0
+    calls,
+    device: torch.device,
+    *,
+    warmup: int,
+    iters: int,
+    max_seconds: float = 2.0,
+    batch_ms: float = 1.0,
+    deadline: float = math.inf,
 ) -> Timing:
     """Median time per call of `calls[i % len(calls)]()`: `iters` samples after `warmup` untimed calls.
 
@@ -65,7 +81,9 @@ def time_calls(
     on Python, and the sample measures the host rather than the kernel. The number of samples
     is cut when they would take over `max_seconds`, to no fewer than MIN_SAMPLES (or `iters`
     if that is fewer): one slow warm-up call (a host stall) once cut a 2 ms row to 9 samples,
-    too few for the regression rule's noise test."""
+    too few for the regression rule's noise test. Past `deadline` (time.monotonic()) no call
+    starts, and samples that would end past it are not begun: BudgetSpent (a 3 s call under the
+    interpreter once took a 5 s budget to 63 s)."""
     if not calls:
         raise ValueError("calls: expected at least one callable")
     batch = 1
@@ -74,13 +92,17 @@ def time_calls(
         synchronize(device)
         started = time.perf_counter()
         for i in range(1, warmup):
+            _within(deadline)
             calls[i % len(calls)]()
         synchronize(device)
         per_call = (time.perf_counter() - started) / (warmup - 1) if warmup > 1 else 0.0
         if per_call > 0:
             if device.type == "cuda":
                 batch = max(1, min(64, round(batch_ms / 1e3 / per_call)))
-            iters = max(min(iters, int(max_seconds / (per_call * batch))), min(iters, MIN_SAMPLES))
+            room = min(max_seconds, deadline - time.monotonic())
+            iters = max(min(iters, int(room / (per_call * batch))), min(iters, MIN_SAMPLES))
+            if iters * batch * per_call > deadline - time.monotonic():
+                raise BudgetSpent(f"{iters} timed calls of {per_call * 1e3:.3g} ms would end past it")
     samples = []
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
@@ -99,6 +121,10 @@ def time_calls(
         return Timing(t.median_ms, t.lo_ms, t.hi_ms, t.n, host_ms=median_interval(issue).median_ms)
     else:
         for i in range(iters):
+            if time.monotonic() > deadline:  # no warm-up gave an estimate: stop once it has its samples
+                if len(samples) < min(iters, MIN_SAMPLES):
+                    raise BudgetSpent(f"reached after {len(samples)} timed calls")
+                break
             t0 = time.perf_counter()
             calls[i % len(calls)]()
             samples.append((time.perf_counter() - t0) * 1e3)

@@ -232,3 +232,20 @@ def test_a_hyphenated_option_sets_what_its_old_spelling_set(tmp_path, capsys, mo
     assert main([*[x.replace("--L_list", "--L-list") for x in TINY], "--budget-s", "0.001", "--backends", "sdpa"]) == 0
     rows = tables.read_csv(tables.latest_csv(current_device_name()))
     assert [r["L"] for r in rows] == [16, 24] and "time budget of 0 s" in rows[0]["note"]
+
+
+def test_a_slow_call_keeps_to_the_budget(tmp_path, capsys, monkeypatch):
+    """Calls of 0.3 s, a budget of 1 s: the warm-up shows that ten samples would end past it, so
+    the row is a skip naming the budget, and the run ends within about a call of it (a 3 s call
+    under the interpreter took a 5 s budget to 63 s, checked only between methods)."""
+    import time
+
+    def slow(p, x):
+        return lambda: time.sleep(0.3)
+
+    monkeypatch.setitem(baselines.METHODS, "slow", baselines.Method("slow", True, slow))
+    started = time.monotonic()
+    rows, _ = run(tmp_path, capsys, "--dtype", "fp32", "--backends", "slow", "--warmup", "2", "--iters", "10", "--budget-s", "1")
+    assert time.monotonic() - started < 2.5
+    assert [r["status"] for r in rows] == ["skip", "skip"]
+    assert rows[0]["note"].startswith("time budget of 1 s spent: 10 timed calls of 30") and "would end past it" in rows[0]["note"]
