@@ -214,9 +214,10 @@ def _figure(panels: int, title: str, width: float):
 
     fig = Figure(figsize=(width, 4.6), layout="constrained")
     axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]
-    # each title line wrapped to the figure's width (~15 characters an inch at this size): a long
-    # software stamp or configuration line is never cut at the figure's edge
-    chars = int(width * 15)
+    # each title line wrapped to the figure's width: 9.5-point DejaVu Sans sets about 14
+    # characters an inch, 12 leaves room for wide ones (at 15, a one-panel decode figure's
+    # configuration line ran past both edges); a long software stamp is never cut either
+    chars = int(width * 12)
     fig.suptitle("\n".join(textwrap.fill(line, chars) for line in title.split("\n")), fontsize=9.5)
     return fig, axes
 
