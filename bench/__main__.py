@@ -184,6 +184,10 @@ def cmd_sel(a) -> int:
     recheck(rows, groups, device, device_name, name)
     csv_path, md_path = tables.write_tables(rows, a.out, name)
     print("\n".join([tables.summary(rows, [csv_path, md_path]), *acceptance_checks(rows)]))
+    errors = [r for r in rows if r["status"] == "error"]
+    if errors and not any(r["status"] == "ok" for r in rows):  # a failing method beside measured ones is a table entry
+        print(f"nothing measured: every row failed or was skipped (the first error: {errors[0]['note']})", file=sys.stderr)
+        return 1
     return 0
 
 

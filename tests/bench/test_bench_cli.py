@@ -249,3 +249,10 @@ def test_a_slow_call_keeps_to_the_budget(tmp_path, capsys, monkeypatch):
     assert time.monotonic() - started < 2.5
     assert [r["status"] for r in rows] == ["skip", "skip"]
     assert rows[0]["note"].startswith("time budget of 1 s spent: 10 timed calls of 30") and "would end past it" in rows[0]["note"]
+
+
+def test_a_run_that_measured_nothing_exits_1(tmp_path, capsys):
+    """Every row an error (a batch of 2^63 - 1 overflows torch's storage size): it said exit 0."""
+    assert main([*TINY, "--out", str(tmp_path), "--N", str(2**63 - 1), "--backends", "sdpa"]) == 1
+    assert "nothing measured: every row failed or was skipped (the first error: " in capsys.readouterr().err
+    assert {r["status"] for r in tables.read_csv(tmp_path / "sel.csv")} == {"error"}, "the table is still written"
