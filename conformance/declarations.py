@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from selgate import strict_yaml
+from selgate.cli_args import spec_problem
 
 DTYPES = {
     "fp16": torch.float16,
@@ -58,9 +59,10 @@ XFAIL_KEYS = ("family", "cases", "reason")
 
 def load_callable(spec: str, what: str = "--impl"):
     """`package.module:callable` (dotted attribute path allowed) imported and checked."""
-    mod_name, sep, attr = str(spec).partition(":")
-    if not sep or not mod_name or not attr:
-        raise ValueError(f"{what}: expected 'package.module:callable', got {spec!r}")
+    problem = spec_problem(str(spec), what)
+    if problem:
+        raise ValueError(problem)
+    mod_name, _, attr = str(spec).partition(":")
     try:
         fn = importlib.import_module(mod_name)
         for part in attr.split("."):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from selgate.cli_args import Parser, seconds, workers
+from selgate.cli_args import Parser, seconds, spec_problem, workers
 from selgate.conformance.sizes import SIZES
 
 DEFAULT_OUT = "selgate-check"
@@ -46,14 +46,9 @@ def parser() -> Parser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    module, sep, attr = args.impl.partition(":")
-    if not (module and sep and attr):
-        p.error(f"impl: expected package.module:callable (the callable after a colon), got {args.impl!r}")
-    if not all(part.isidentifier() for part in module.split(".")):
-        p.error(
-            f"impl: {module!r} is not a module name: the module is imported from the current folder "
-            "(run from the kernel's folder, or put it on PYTHONPATH, and name it as Python imports it: pkg.mod:fn)"
-        )
+    problem = spec_problem(args.impl, "impl")
+    if problem:
+        p.error(problem)
     from .check import main as check
 
     return check(args)

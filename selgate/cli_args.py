@@ -115,6 +115,20 @@ def choice_list(choices):
     return parse
 
 
+def spec_problem(spec: str, what: str) -> str | None:
+    """What is wrong with `spec` as `package.module:callable` (the option `what` named), or None: a
+    path (`../k/refk:fn`) failed inside importlib with a message about relative imports."""
+    module, sep, attr = spec.partition(":")
+    if not (module and sep and attr):
+        return f"{what}: expected package.module:callable (the callable after a colon), got {spec!r}"
+    if not all(part.isidentifier() for part in module.split(".")):
+        return (
+            f"{what}: {module!r} is not a module name: the module is imported from the current folder "
+            "(run from the kernel's folder, or put it on PYTHONPATH, and name it as Python imports it: pkg.mod:fn)"
+        )
+    return None
+
+
 def command(sub, name: str, what: str, **kwargs) -> argparse.ArgumentParser:
     """A subcommand whose one-line summary is also its own --help's description."""
     return sub.add_parser(name, help=what, description=what, **kwargs)

@@ -89,6 +89,8 @@ def test_block_index_kernel_gets_whole_blocks(tmp_path):
     [
         (["--backends", "sdpa,tests.outside.nope:fn"], "No module named"),
         (["--backends", "sdpa", "--declare", "x.yaml"], "declares one package.module:callable"),
+        # a path for a module failed in importlib: "the 'package' argument is required to perform a relative import"
+        (["--backends", "sdpa,../x/mysel:selection"], "--backends: '../x/mysel' is not a module name"),
     ],
 )
 def test_bad_outside_backends_are_usage_errors(args, message, capsys):
