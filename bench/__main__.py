@@ -177,7 +177,8 @@ def cmd_sel(a) -> int:
             limits,
             m.measure,
             device_name,
-            budget_s=max(deadline - time.monotonic(), 0.0),
+            budget_s=a.budget_s,  # as the notes name it
+            deadline=deadline,
             desc=m.name,
         )
     name = a.name or a.sweep or "sel"

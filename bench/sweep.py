@@ -222,10 +222,13 @@ def run_sweep(
     device_name: str,
     *,
     budget_s: float = math.inf,
+    deadline: float = math.inf,
     desc: str = "bench",
 ) -> list[dict]:
+    """Rows of every method on every problem; none measured past `budget_s` from now or past
+    `deadline` (time.monotonic(): a run's budget shared by its matrices), whichever is first."""
     rows = []
-    deadline = time.monotonic() + budget_s
+    deadline = min(deadline, time.monotonic() + budget_s)
     for p in progress(problems, desc):
         if time.monotonic() > deadline:
             rows += [_row(p, m, device_name, limits, status="skip", note=_spent(budget_s)) for m in methods]
