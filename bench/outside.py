@@ -15,7 +15,8 @@ import sys
 import torch
 
 from selgate.conformance.cases import Case, Shape
-from selgate.conformance.registry import Impl, load_user_impl, skip_reason
+from selgate.conformance.impl import Impl, skip_reason
+from selgate.conformance.registry import load_user_impl
 
 from .inputs import Problem
 

@@ -27,7 +27,7 @@ from selgate.reference import (
 from selgate.reference.golden import gather_rows
 from selgate.reference.ranges import key_limit
 
-from .registry import ALL_DTYPES, Impl
+from .impl import ALL_DTYPES, Impl
 
 FIRST_TILE = 16  # BLOCK_L of the truncated tile loop
 TILES_READ = 128  # keys a row's tile loop reads before it stops (SPEC.md's listed mistake)
@@ -653,7 +653,7 @@ BAD_IMPLS = (
         _group_zero_keys,
         "parity",
         "every KV group reads group 0's keys; declares fp32, decode, head dims <= 8 (which left only G = 1)",
-        dtypes=(torch.float32,),
+        dtypes=("fp32",),
         modes=("decode",),
         max_head_dim=8,
     ),
@@ -682,7 +682,7 @@ BAD_IMPLS = (
         _no_max,
         "parity",
         "exp(s) / sum exp(s) without subtracting the row max: overflows past s = 88.7; declares fp32",
-        dtypes=(torch.float32,),
+        dtypes=("fp32",),
     ),
     _bad(
         "max-shared-by-group",
@@ -777,7 +777,7 @@ BAD_IMPLS = (
         _max_from_zero,
         "parity",
         "running max initialised at 0: rows of scores below -104 give 0 / 0; declares fp32",
-        dtypes=(torch.float32,),
+        dtypes=("fp32",),
         aimed_at="vlarge_logits",
     ),
     _bad(
@@ -814,7 +814,7 @@ BAD_IMPLS = (
         _backward_by(rows=_fp32_softmax(lambda s: torch.zeros_like(s[..., :1]))),
         "backward",
         "the forward right, a backward that recomputes the softmax without the row max: NaN gradients at scores near 100",
-        dtypes=(torch.float32,),
+        dtypes=("fp32",),
         aimed_at="vlarge_logits",
     ),
     _bad("dq-scaled-by-dv", _dq_scaled_by_dv, "backward", "dq scaled with 1/sqrt(Dv): wrong only when Dv != Dk"),

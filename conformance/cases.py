@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-
 from selgate.reference import build_ranges, pack_sequences
 
 from .inputs import Inputs, large_logit_qkv, large_logit_scale, random_qkv
@@ -102,11 +101,16 @@ class Case:
     values: str = "normal"  # one of VALUES
 
     @property
+    def dtype_name(self) -> str:
+        """fp16, bf16, fp32 or fp64: as declarations name it."""
+        return DTYPE_NAMES[self.dtype]
+
+    @property
     def id(self) -> str:
         sc = "" if self.scale is None else f"-sc{self.scale:g}"
         bs = "" if self.block_size is None else f"-bs{self.block_size}"
         vals = "" if self.values == "normal" else f"-v{self.values}"
-        return f"{self.shape.tag}-{self.pattern}{bs}{sc}{vals}-{DTYPE_NAMES[self.dtype]}-s{self.seed}"
+        return f"{self.shape.tag}-{self.pattern}{bs}{sc}{vals}-{self.dtype_name}-s{self.seed}"
 
     @property
     def mode(self) -> str:

@@ -29,6 +29,7 @@ import pytest
 
 VERDICT_ENV = ("SELGATE_TOL_OVERRIDES", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 COLLECTED_FILE = "collected.json"
+CLAIMS_FILE = "claims.json"  # beside the declarations: the families the workers' Impl claims
 
 
 def pytest_addoption(parser):
@@ -48,14 +49,26 @@ def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - registry imports to
     seed kept in a file would make the two processes alike)."""
     from . import declarations
     from .families import determinism
-    from .registry import user_impl
+    from .impl import user_impl
     from .remote import Executor, remote_callable
 
     data = json.loads(Path(path).read_text())
     executor = Executor(Path(path).parent / "executors")
     determinism.SECOND["executor"] = Executor(Path(path).parent / "executors-second")
     varlen = remote_callable(executor, data["varlen"]) if "varlen" in data else None
-    return user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, spec))
+    impl = user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, spec))
+    _write_claims(Path(path).parent / CLAIMS_FILE, impl)
+    return impl
+
+
+def _write_claims(path: Path, impl) -> None:
+    """`families.claims(impl)` for the deciding process, which reads them without importing the
+    families (and torch); every worker writes the same, each whole (a rename)."""
+    from .families import claims
+
+    part = path.with_name(f"{path.name}.{os.getpid()}")
+    part.write_text(json.dumps(claims(impl)))  # in rank order, as the report lists them
+    os.replace(part, path)
 
 
 def verdict_environ(environ=None) -> dict:

@@ -34,20 +34,20 @@ import importlib
 import types
 from pathlib import Path
 
-import torch
-
 from selgate import strict_yaml
 from selgate.cli_args import spec_problem
 
+# A declared dtype by its name (the one the matrix and the report use) or torch's; declarations
+# hold names, so the process that judges a kernel reads them without importing torch.
 DTYPES = {
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "fp64": torch.float64,
-    "float64": torch.float64,
+    "fp16": "fp16",
+    "float16": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "fp64": "fp64",
+    "float64": "fp64",
 }
 MODES = ("decode", "prefill")
 DEVICES = ("cpu", "cuda")
@@ -75,7 +75,7 @@ def load_callable(spec: str, what: str = "--impl"):
 
 
 def _seq(value, where, allowed=None, convert=None):
-    items = [value] if isinstance(value, (str, torch.dtype)) else value
+    items = [value] if isinstance(value, str) or _is_torch_dtype(value) else value
     if not isinstance(items, (list, tuple)) or not items:
         raise ValueError(f"{where}: expected a non-empty list, got {value!r}")
     out = []
@@ -88,11 +88,16 @@ def _seq(value, where, allowed=None, convert=None):
     return tuple(out)
 
 
+def _is_torch_dtype(x) -> bool:
+    """`torch.float16` and its kind, told without importing torch."""
+    return type(x).__name__ == "dtype" and type(x).__module__ == "torch"
+
+
 def _dtype(x, where):
-    if isinstance(x, torch.dtype) and x in DTYPES.values():
-        return x
-    if isinstance(x, str) and x in DTYPES:
-        return DTYPES[x]
+    """The name of a dtype declared by name or as a torch dtype (read by its text)."""
+    text = x if isinstance(x, str) else str(x).removeprefix("torch.") if _is_torch_dtype(x) else None
+    if text in DTYPES:
+        return DTYPES[text]
     raise ValueError(f"{where}: {x!r} is not a torch dtype or one of {sorted(DTYPES)}")
 
 
@@ -274,12 +279,9 @@ def to_json(declared: dict) -> dict:
     """Validated declarations as JSON values, for the process that judges a kernel without
     importing it and the workers it hands them to: dtypes by name, a varlen callable by its
     presence (the probe writes where it imports from: `varlen_source`), tuples as lists."""
-    names = {dt: name for name, dt in DTYPES.items() if name.startswith(("fp", "bf"))}
     out = {}
     for key, value in declared.items():
-        if key == "dtypes":
-            value = [names[d] for d in value]
-        elif key == "varlen":
+        if key == "varlen":
             value = True
         elif key == "xfail":
             value = [dict(zip(XFAIL_KEYS, x)) for x in value]

@@ -22,7 +22,7 @@ from .cases import Case
 from .compare import ConformanceFailure, assert_close, bits
 from .inputs import Inputs
 from .poison import poison_cuda_cache
-from .registry import Impl
+from .impl import Impl
 from .tolerances import Precision
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from .cases import Case
-from .registry import Impl, fit, known_bug, skip_reason
+from .impl import Impl, fit, known_bug, skip_reason
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Requirement:
 
 BACKWARD = Requirement(lambda i: i.backward, "does not declare backward (backward: false)")
 DETERMINISTIC = Requirement(lambda i: i.deterministic, "declares itself non-deterministic (deterministic: false)")
-FP64 = Requirement(lambda i: torch.float64 in i.dtypes, "does not declare fp64 (gradcheck runs in fp64)")
+FP64 = Requirement(lambda i: "fp64" in i.dtypes, "does not declare fp64 (gradcheck runs in fp64)")
 VARLEN = Requirement(lambda i: i.varlen is not None and "varlen" in i.modes, "declares no varlen callable")
 DECODE_AND_PREFILL = Requirement(lambda i: {"decode", "prefill"} <= set(i.modes), "does not declare modes decode and prefill")
 

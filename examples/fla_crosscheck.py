@@ -21,7 +21,8 @@ from fla.ops.nsa.parallel import parallel_nsa
 from selgate.conformance.adapters import ranges_to_block_indices
 from selgate.conformance.cases import make_inputs
 from selgate.conformance.registry import resolve
-from selgate.reports.triage import CASE_ID, find_case
+from selgate.reports.repro_case import find_case
+from selgate.reports.triage import CASE_ID
 from selgate.reference import selection_attention_ref
 from selgate.reports.results import read_junit, _nodeid
 

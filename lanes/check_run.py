@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from selgate.conformance import declarations, sandbox
-from selgate.conformance.check_plugin import COLLECTED_FILE
+from selgate.conformance.check_plugin import CLAIMS_FILE, COLLECTED_FILE
 from selgate.conformance.probe import importing_marker
 from selgate.conformance.reaper import kill_descendants
-from selgate.conformance.registry import Impl, described_impl
+from selgate.conformance.impl import Impl, described_impl
 from selgate.cli_args import WRITE_PROBE, cannot_write
 from selgate.environment import ENV_FILE
 
@@ -259,7 +259,8 @@ class Ran:
     """What running the matrix left for the judge: the implementation as the probe described
     it (None when importing it failed, `load_error` says why), pytest's exit status (None when
     pytest never started), the signal that cut the run, how many processes outlived their
-    parent, and the probe's confinement line."""
+    parent, the probe's confinement line, and the families the workers' Impl claims (None when
+    no worker wrote them)."""
 
     impl: Impl | None
     load_error: str | None
@@ -267,6 +268,7 @@ class Ran:
     cut: str | None
     left_behind: int
     isolation: str
+    claims: dict | None = None
 
 
 def run_matrix(args, out: Path) -> Ran:
@@ -274,7 +276,7 @@ def run_matrix(args, out: Path) -> Ran:
     spec or the declarations are the mistake."""
     runner = Run()
     env = child_env(args.workers)
-    status = None
+    status = claims = None
     tmp = Path(tempfile.mkdtemp(prefix="selgate-check-"))
     try:
         with Cut(runner.cut) as cut:
@@ -283,9 +285,21 @@ def run_matrix(args, out: Path) -> Ran:
                 print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
                 runner.start(check_command(args, out / "junit.xml", tmp), env, graceful=True)
                 status = _wait_for_results(runner, cut)
+                claims = _claims(tmp / CLAIMS_FILE)
     finally:
         _remove(tmp)
-    return Ran(impl, load_error, status, cut.signal, runner.left_behind, runner.isolation.strip())
+    return Ran(impl, load_error, status, cut.signal, runner.left_behind, runner.isolation.strip(), claims)
+
+
+def _claims(path: Path) -> dict | None:
+    """{report family: None or why not} as the workers wrote it, or None where none did."""
+    text = sandbox.read_regular(path, PROBE_RESULT_LIMIT)
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    ok = isinstance(data, dict) and all(isinstance(v, (str, type(None))) for v in data.values())
+    return data if ok else None
 
 
 def _remove(folder: Path) -> None:

@@ -20,14 +20,12 @@ from selgate.kernels.served import run_environment
 from selgate.reports.results import OUTCOMES, load_lane
 from selgate.verdict import Verdict, pytest_exit
 
-from selgate.conformance import families
 
 from . import triage
 from .markdown import duration_summary
-from selgate.conformance.cases import DTYPE_NAMES
 from selgate.conformance.check_plugin import COLLECTED_FILE
 from selgate.conformance.declarations import LAYOUTS
-from selgate.conformance.registry import Impl
+from selgate.conformance.impl import Impl
 from selgate.conformance.sizes import SIZES
 
 SHOWN_SKIPS = 12  # reasons listed under "Not covered"; the rest are counted
@@ -125,17 +123,23 @@ def _status_problem(status) -> str | None:
     return f"run aborted: {pytest_exit(status)}"
 
 
-def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, size=None, left_behind=0) -> CheckVerdict:
+def judge(
+    impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, size=None, left_behind=0, claims=None
+) -> CheckVerdict:
     """The verdict on the run whose results are in `out` and whose pytest exited `status`
     (None: it never started). `impl` None when the implementation could not be loaded;
-    `left_behind`: processes the run started that were alive after its pytest exited."""
+    `left_behind`: processes the run started that were alive after its pytest exited; `claims`:
+    the families `impl` claims, as the workers wrote them (`families.claims`: this process
+    never imports the families, which import torch)."""
     if load_error:
         v = CheckVerdict(cut=cut)
         v.blocking.append(f"cut by {cut} while importing the implementation" if cut else f"not loaded: {load_error}")
         return v
     result = load_lane("check", out)
     cases = [c for c in (result.cases if result else []) if c.nodeid != "import"]
-    v = CheckVerdict(claims=families.claims(impl), environment=result.environment if result else None, cut=cut, size=size)
+    v = CheckVerdict(claims=claims or {}, environment=result.environment if result else None, cut=cut, size=size)
+    if claims is None and cases:
+        v.blocking.append("the run's workers recorded no family claims: which families a pass needs is unknown")
     collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
     ran = {c.nodeid for c in cases}
     v.never_ran = [i for i in collected if i not in ran]
@@ -164,7 +168,7 @@ def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None,
             v.skips.setdefault(c.family, Counter())[c.message] += 1
     v.xfails = Counter(_xfail_group(c) for c in cases if c.outcome == "xfail")
     v.uncovered = uncovered(impl, cases, size)
-    v.tf32 = impl.fp32_matmul == "tf32" and "fp32" in (DTYPE_NAMES[t] for t in impl.dtypes)
+    v.tf32 = impl.fp32_matmul == "tf32" and "fp32" in impl.dtypes
     v.block_size = impl.block_size
     v.limits = declared_limits(impl)
     v.causes = triage.group(v.failures)
@@ -206,7 +210,7 @@ def uncovered(impl, cases: list, size: str | None = None) -> list:
     above = SIZES[SIZES.index(impl.max_size) + 1 : SIZES.index(size) + 1] if size in SIZES and impl.max_size in SIZES else ()
     groups = (
         (("family", "families"), [f for f in dict.fromkeys(c.family for c in cases) if not any(r.family == f for r in ran)]),
-        (("dtype", "dtypes"), [d for d in (DTYPE_NAMES[t] for t in impl.dtypes) if not any(dtype == d for _, dtype in ids)]),
+        (("dtype", "dtypes"), [d for d in impl.dtypes if not any(dtype == d for _, dtype in ids)]),
         (("mode", "modes"), [m for m in impl.modes if not any(case.startswith(f"{m}-") for case, _ in ids)]),
         (("size", "sizes"), [f"{s} (declared max_size {impl.max_size})" for s in above]),
         (("case set", "case sets"), _sets_never_ran(cases, ran)),
@@ -249,7 +253,7 @@ def _sets_never_ran(cases: list, ran: list) -> list:
 
 
 def _declared(impl: Impl) -> list:
-    dtypes = ", ".join(DTYPE_NAMES[d] for d in impl.dtypes)
+    dtypes = ", ".join(impl.dtypes)
     rows = [
         ("dtypes", dtypes),
         ("devices", ", ".join(impl.devices)),

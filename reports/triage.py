@@ -19,9 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from selgate.conformance.cases import Case, select
-from selgate.conformance.compare import RULES
-from selgate.conformance.registry import Impl, fit
+from selgate.conformance.rules import RULES
 from selgate.lanes.check_run import REPRO_DIR
 from selgate.reports.results import CaseResult
 
@@ -171,27 +169,6 @@ def group(failures: list) -> list:
 # --- reproducers ------------------------------------------------------------------------------
 
 
-def find_case(impl: Impl, case_id: str, size: str) -> Case:
-    """The matrix's case `case_id` as its nodeid shows it: fitted to `impl`."""
-    for base in select(size):
-        case = fit(base, impl)
-        if case.id == case_id:
-            return case
-    raise LookupError(f"no case {case_id} among the {size} cases fitted to {impl.name}")
-
-
-def find_param(impl: Impl, family: str, param_id: str) -> tuple:
-    """The parameters after the implementation of `family`'s test `param_id` (bad_input's
-    (BadInput, Case), limits' (limit, Case)), as the matrix makes them."""
-    from selgate.conformance.families import FAMILIES
-    from selgate.conformance.plugin import run_device
-
-    for param in FAMILIES[family].params([impl], select("tiny"), run_device())[1]:
-        if param.id == param_id:
-            return param.values[1:]
-    raise LookupError(f"no {family} test {param_id} for {impl.name}")
-
-
 _HEAD = """# Reproduces root cause {signature} ({count} failure(s)) of `selgate check {impl}`
 # on its smallest case, {nodeid}.
 # Run it from the directory `selgate check` ran in (where the implementation's module is).
@@ -268,12 +245,9 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
     directly against the fp64 reference, then the family's check as the matrix runs it, in a
     child process that fails the case when it dies or runs past `limit_s`. ValueError when the
     failure is not a case of the matrix (a collection error)."""
-    from selgate.conformance.families import of_test
-
     r = cause.smallest
     test, _, param = r.nodeid.partition("::")[2].partition("[")
-    fam = of_test(test)
-    family, param = (fam.name if fam else test), param.removesuffix("]")
+    family, param = test.removeprefix("test_"), param.removesuffix("]")  # a family's test is test_<name>
     imports = [
         "from selgate.conformance.compare import ConformanceFailure",
         "from selgate.conformance.registry import resolve",
@@ -281,19 +255,19 @@ def reproducer(cause: RootCause, *, impl: str, declare: str | None, size: str, d
     if family in _PARAM_NAMES:
         imports += [
             f"from selgate.conformance.families.{family} import check",
-            "from selgate.reports.triage import find_param",
+            "from selgate.reports.repro_case import find_param",
         ]
         setup = _PARAM_SETUP.format(names=_PARAM_NAMES[family], family=family, param=param)
         body = _PARAM.format(names=_PARAM_NAMES[family], family=family)
     else:
         case_id = case_of(r)[0]
-        if fam is None or case_id is None:
+        if not test.startswith("test_") or case_id is None:
             raise ValueError(f"{r.nodeid}: not a case of the matrix")
         varlen = case_id.startswith("varlen-")
         imports += [
             "from selgate.conformance.cases import make_inputs",
             "from selgate.conformance.families import FAMILIES",
-            "from selgate.reports.triage import find_case",
+            "from selgate.reports.repro_case import find_case",
             f"from selgate.reference import selection_attention_ref{', varlen_to_batched' if varlen else ''}",
         ]
         setup = _CASE_SETUP.format(case_id=case_id, size=size)

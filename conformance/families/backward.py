@@ -12,7 +12,7 @@ from ..cases import Case, make_inputs
 from ..compare import assert_equal
 from ..evaluation import batched, compare, evaluate, impl_fn, reference_run
 from ..family import BACKWARD, Family, batched_lowp, tiny_subset
-from ..registry import Impl
+from ..impl import Impl
 from ..tolerances import tolerance
 
 TINY = tiny_subset(("mixed", "builder", "overlapping", "heavy_reuse", "full", "empty", "beyond_t"))

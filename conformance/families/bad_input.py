@@ -13,7 +13,7 @@ import torch
 from ..cases import Case, make_inputs
 from ..compare import fail
 from ..family import Family, param_marks
-from ..registry import Impl, fit, known_bug, skip_reason
+from ..impl import Impl, fit, known_bug, skip_reason
 from ..remote import ExecutorDied
 
 
@@ -117,7 +117,7 @@ def _params(family, impls, cases, device) -> tuple:
                 for c in (fit(c, impl) for c in cases)
                 if c.size == "tiny"
                 and (c.mode == "varlen") == bad.varlen
-                and c.dtype in impl.dtypes
+                and c.dtype_name in impl.dtypes
                 and c.dtype != torch.float64
                 and not skip_reason(impl, c, device)
             ]

@@ -13,7 +13,7 @@ from ..compare import assert_equal
 from ..evaluation import Result, batched, compare, evaluate, impl_fn, reference_run
 from ..family import Family, batched_lowp
 from ..inputs import Inputs
-from ..registry import Impl
+from ..impl import Impl
 
 POISON_TAIL = 3  # keys appended beyond every query's position, all NaN
 

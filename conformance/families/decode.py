@@ -8,7 +8,7 @@ from ..cases import Case, make_inputs
 from ..compare import assert_close
 from ..evaluation import batched, evaluate, impl_fn, reference_run
 from ..family import DECODE_AND_PREFILL, Family
-from ..registry import Impl
+from ..impl import Impl
 
 
 def check(impl: Impl, case: Case, device) -> None:

@@ -16,7 +16,7 @@ from ..cases import Case, make_inputs
 from ..compare import assert_equal
 from ..evaluation import Result, evaluate, golden_fn, impl_fn, make_upstream
 from ..family import DETERMINISTIC, Family, repeatable
-from ..registry import Impl
+from ..impl import Impl
 
 SECOND: dict = {"executor": None}  # this worker's second process (`second_process`): started on first use, or set
 ACROSS = "not bitwise identical across processes"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..cases import Case
 from ..family import BACKWARD, DETERMINISTIC, Family, repeatable
-from ..registry import Impl
+from ..impl import Impl
 from . import determinism
 
 

@@ -10,7 +10,7 @@ from ..cases import Case, make_inputs
 from ..compare import assert_equal, fail, shape_kind
 from ..evaluation import batched, compare, evaluate, impl_fn, reference_run
 from ..family import Family, tiny_subset
-from ..registry import Impl
+from ..impl import Impl
 
 
 def in_larger_buffer(t: torch.Tensor, fill) -> torch.Tensor:

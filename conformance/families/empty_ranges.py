@@ -10,7 +10,7 @@ from ..cases import Case, make_inputs
 from ..compare import assert_equal
 from ..evaluation import batched, compare, empty_rows, evaluate, impl_fn, reference_run
 from ..family import Family, batched_lowp
-from ..registry import Impl
+from ..impl import Impl
 
 
 def _with_empty_rows(ranges: torch.Tensor, S_kv: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch.autograd.gradcheck import GradcheckError
 from ..cases import Case, make_inputs
 from ..compare import fail
 from ..family import BACKWARD, FP64, Family
-from ..registry import Impl
+from ..impl import Impl
 
 OUTPUTS, INPUTS = ("o", "lse"), ("q", "k", "v")
 

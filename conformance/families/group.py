@@ -8,7 +8,7 @@ from ..cases import Case, make_inputs
 from ..compare import assert_equal
 from ..evaluation import batched, compare, evaluate, impl_fn, reference_run
 from ..family import Family, batched_lowp
-from ..registry import Impl
+from ..impl import Impl
 
 
 def check(impl: Impl, case: Case, device) -> None:

@@ -16,11 +16,11 @@ from typing import Callable
 import pytest
 import torch
 
-from ..cases import DTYPE_NAMES, Case, make_inputs
+from ..cases import Case, make_inputs
 from ..compare import ConformanceFailure, fail
 from ..evaluation import Unmodified, batched, compare, evaluate, impl_fn, reference_run
 from ..family import Family, Requirement, batched_lowp, param_marks
-from ..registry import LOW_AND_FP32, Impl, fit, known_bug, skip_reason
+from ..impl import LOW_AND_FP32, Impl, fit, known_bug, skip_reason
 from ..remote import ExecutorDied
 
 
@@ -31,7 +31,7 @@ def _add(field: str, value) -> Callable:
 # limit -> the declarations an implementation would make without it (each a bound of its own:
 # a kernel right at h = 3 may still drop the heads past 16)
 LIMITS = {
-    **{f"dtype {DTYPE_NAMES[d]}": _add("dtypes", d) for d in LOW_AND_FP32},
+    **{f"dtype {d}": _add("dtypes", d) for d in LOW_AND_FP32},
     **{f"mode {m}": _add("modes", m) for m in ("decode", "prefill")},
     "heads above the maximum": lambda i: dict(max_heads=None),
     "heads below the minimum": lambda i: dict(min_heads=1),

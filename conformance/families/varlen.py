@@ -12,7 +12,7 @@ from ..cases import Case, make_inputs
 from ..evaluation import compare, evaluate, golden_fn, guarding, plain_fn, reference_run
 from ..family import VARLEN, Family
 from ..inputs import Inputs
-from ..registry import Impl
+from ..impl import Impl
 
 
 def _per_sequence(fn_of_ranges, inp: Inputs):

@@ -10,10 +10,11 @@ import itertools
 import pytest
 import torch
 
-from selgate.conformance.cases import make_inputs, select
+from selgate.conformance.cases import DTYPE_NAMES, make_inputs, select
 from selgate.conformance.families import FAMILIES
 from selgate.conformance.inputs import FP32_EXP_OVERFLOW, LOG2E
-from selgate.conformance.registry import REGISTRY, fit
+from selgate.conformance.impl import fit
+from selgate.conformance.registry import REGISTRY
 from selgate.reports.triage import CASE_ID
 from selgate.reference import normalize_ranges, selected_lengths, selection_attention_ref
 
@@ -34,7 +35,7 @@ def _declared(mode, dtype, window, same, heads):
         REGISTRY["sdpa"],
         name="declared",
         modes=(mode,),
-        dtypes=(dtype,),
+        dtypes=(DTYPE_NAMES[dtype],),
         min_head_dim=lo,
         max_head_dim=hi,
         same_head_dims=same,

@@ -12,7 +12,7 @@ from selgate.conformance.families.bad_input import BAD_INPUTS
 from selgate.conformance.families.bad_input import check as check_bad_input
 from selgate.conformance.families.limits import beyond
 from selgate.conformance.families.limits import check as check_limits
-from selgate.conformance.registry import Impl
+from selgate.conformance.impl import Impl
 from selgate.conformance.remote import ExecutorDied
 from selgate.reference import selection_attention_ref
 
@@ -28,7 +28,7 @@ def test_bitwise_identical_tells_negative_zero_and_nan_payloads_apart():
 
 
 def _impl(call, **declared):
-    return Impl("k:fn", call, dtypes=(torch.float32,), **declared)
+    return Impl("k:fn", call, dtypes=("fp32",), **declared)
 
 
 def test_a_declared_lse_must_come_back():

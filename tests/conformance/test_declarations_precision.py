@@ -13,7 +13,8 @@ import torch
 from selgate.conformance.cases import select
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import FAMILIES
-from selgate.conformance.registry import fit, load_user_impl, resolve
+from selgate.conformance.impl import fit
+from selgate.conformance.registry import load_user_impl, resolve
 from selgate.conformance.tolerances import ENV, judged_as, tolerance
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "outside"))

@@ -15,7 +15,8 @@ from selgate.conformance.families.bad_input import BAD_INPUTS
 from selgate.conformance.families.bad_input import check as check_bad_input
 from selgate.conformance.families.limits import beyond
 from selgate.conformance.families.limits import check as check_limits
-from selgate.conformance.registry import REGISTRY, Xfail, fit, known_bug, load_user_impl, skip_reason
+from selgate.conformance.impl import Xfail, fit, known_bug, skip_reason
+from selgate.conformance.registry import REGISTRY, load_user_impl
 from selgate.conformance.tolerances import ENV, tolerance
 from tests.helpers import running_lane_device
 
@@ -136,7 +137,7 @@ user_sdpa.max_head_dim = 64
 
 def test_user_implementation_declares_capabilities_by_attributes():
     impl = load_user_impl("tests.conformance.test_harness_selftest:user_sdpa")
-    assert impl.dtypes == (torch.float32, torch.float16) and impl.lse and not impl.backward
+    assert impl.dtypes == ("fp32", "fp16") and impl.lse and not impl.backward
     assert impl.modes == ("decode", "prefill") and impl.varlen is None
     case = next(c for c in select("tiny") if c.shape == TINY_PREFILL and c.pattern == "mixed")
     FAMILIES["parity"].check(impl, case, DEVICE)

@@ -14,7 +14,8 @@ from selgate.conformance import adapters
 from selgate.conformance.cases import TINY_PREFILL, make_inputs, select
 from selgate.conformance.compare import ConformanceFailure
 from selgate.conformance.families import FAMILIES
-from selgate.conformance.registry import fit, known_bug, load_user_impl, resolve, skip_reason
+from selgate.conformance.impl import fit, known_bug, skip_reason
+from selgate.conformance.registry import load_user_impl, resolve
 from selgate.reference import normalize_ranges
 
 OUTSIDE = Path(__file__).parents[1] / "outside"
@@ -134,7 +135,7 @@ def test_a_declare_file_overrides_attributes_and_declares_strict_xfails(tmp_path
         "xfail:\n  - {family: parity, cases: 'decode-*', reason: 'decode rows off by one'}\n"
     )
     (impl,) = resolve("blockkernels:fla_style", declare=str(path))
-    assert impl.dtypes == (torch.float16,) and not impl.backward and impl.min_heads == 16
+    assert impl.dtypes == ("fp16",) and not impl.backward and impl.min_heads == 16
     decode = fit(next(c for c in select("tiny") if c.mode == "decode"), impl)
     assert known_bug(impl, "parity", decode) == "decode rows off by one"
     with pytest.raises(ValueError, match="declares one package.module:callable"):

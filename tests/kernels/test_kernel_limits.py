@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from selgate.conformance.cases import DTYPE_NAMES
 from selgate.conformance.registry import REGISTRY
 from selgate.kernels import capability_override, triton_limits
 from selgate.kernels.cuda import decode as cuda_limits
@@ -23,18 +24,21 @@ def test_registry_declares_what_the_kernels_export():
     for name in ("triton", "triton-gather", "triton-tma"):
         impl = REGISTRY[name]
         assert (impl.dtypes, impl.head_dim_multiple, impl.max_head_dim) == (
-            triton_limits.DTYPES,
+            tuple(DTYPE_NAMES[d] for d in triton_limits.DTYPES),
             triton_limits.HEAD_DIM_MULTIPLE,
             triton_limits.MAX_HEAD_DIM,
         ), name
         assert impl.cpu_smoke_only and not (impl.backward and name != "triton"), name
     pairs = REGISTRY["triton-pairs"]
-    assert pairs.dtypes == triton_limits.PAIRS_DTYPES and pairs.max_heads == triton_limits.PAIRS_MAX_HEADS
+    assert (
+        pairs.dtypes == tuple(DTYPE_NAMES[d] for d in triton_limits.PAIRS_DTYPES)
+        and pairs.max_heads == triton_limits.PAIRS_MAX_HEADS
+    )
     dims = [d for d in range(pairs.min_head_dim, pairs.max_head_dim + 1) if d % pairs.head_dim_multiple == 0]
     assert tuple(dims) == triton_limits.PAIRS_HEAD_DIMS and pairs.same_head_dims and pairs.cpu_smoke_only
     cuda = REGISTRY["cuda"]
     assert (cuda.dtypes, cuda.head_dim_multiple, cuda.max_head_dim) == (
-        cuda_limits.DTYPES,
+        tuple(DTYPE_NAMES[d] for d in cuda_limits.DTYPES),
         cuda_limits.HEAD_DIM_MULTIPLE,
         cuda_limits.MAX_HEAD_DIM,
     )

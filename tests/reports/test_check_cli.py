@@ -27,9 +27,19 @@ def _env(**extra):
     return {**env, **extra}
 
 
-def _check(work: Path, *args, env=None, timeout=300):
-    out = subprocess.run([*CHECK, *args], cwd=work, capture_output=True, text=True, timeout=timeout, env=env or _env())
+def _check(work: Path, *args, env=None, timeout=300, command=CHECK):
+    out = subprocess.run([*command, *args], cwd=work, capture_output=True, text=True, timeout=timeout, env=env or _env())
     return out.returncode, out.stdout + out.stderr
+
+
+# `selgate check` that says at its end whether its own process imported torch (the probe, workers
+# and executors do; the process that judges need not: 1.65 CPU-s of every check on CI's machine)
+CHECK_SAYING_TORCH = [
+    sys.executable,
+    "-c",
+    "import sys; from selgate.reports.check_cli import main; rc = main(sys.argv[1:]); "
+    "print('torch in the judge:', 'torch' in sys.modules); sys.exit(rc)",
+]
 
 
 @pytest.fixture
@@ -162,10 +172,13 @@ def test_a_kernel_that_loosens_the_tolerances_itself_fails_every_case(work):
         from tokenkernels import off_by_a_little as fn
         """,
     )
-    rc, log = _check(work, spec, "--out", "out", "--workers", "1", "-k", "test_parity and mixed and fp32")
+    args = ("--out", "out", "--workers", "1", "-k", "test_parity and mixed and fp32")
+    rc, log = _check(work, spec, *args, command=CHECK_SAYING_TORCH)
     assert rc == 1, log
     report = (work / "out" / "report.md").read_text()
     assert "bound 1.000e-05: absolute; SPEC.md" in report, report
+    # judged, grouped into causes, reproducers written, reported: without torch in this process
+    assert "torch in the judge: False" in log and (work / "out" / "repro" / "cause-1.py").exists(), log
     from selgate.reports.results import load_lane
 
     failed = [c for c in load_lane("check", work / "out").cases if c.outcome == "fail"]

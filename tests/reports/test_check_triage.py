@@ -19,8 +19,9 @@ from selgate.conformance.families import FAMILIES
 from selgate.conformance.families.bad_input import check as check_bad_input
 from selgate.conformance.families.limits import beyond, label
 from selgate.conformance.families.limits import check as check_limits
-from selgate.conformance.registry import REGISTRY, fit, load_user_impl
-from selgate.reports import triage
+from selgate.conformance.impl import fit
+from selgate.conformance.registry import REGISTRY, load_user_impl
+from selgate.reports import repro_case, triage
 from selgate.reports.results import CaseResult
 
 OUTSIDE = Path(__file__).parents[1] / "outside"
@@ -402,7 +403,7 @@ def test_a_reproducer_reruns_a_limits_failure(kernels):
 
 def test_a_reproducer_reruns_a_bad_input_failure(kernels):
     impl = load_user_impl("mykern:lax")
-    bad, case = triage.find_param(impl, "bad_input", f"{impl.name}-q-rank")
+    bad, case = repro_case.find_param(impl, "bad_input", f"{impl.name}-q-rank")
     with pytest.raises(ConformanceFailure) as e:
         check_bad_input(impl, bad, case, "cpu")
     (cause,) = triage.group([result("bad_input", case, e.value, impl=impl.name, param="q-rank")])
@@ -452,9 +453,9 @@ def test_write_reproducers_numbers_the_causes_and_skips_what_is_no_case(tmp_path
 def test_find_case_names_what_it_cannot_find():
     impl = REGISTRY["sdpa"]
     case = fit(CASES[0], impl)
-    assert triage.find_case(impl, case.id, "small") == case
+    assert repro_case.find_case(impl, case.id, "small") == case
     with pytest.raises(LookupError, match="no case prefill-nope"):
-        triage.find_case(impl, "prefill-nope", "tiny")
+        repro_case.find_case(impl, "prefill-nope", "tiny")
 
 
 def test_nan_where_o_must_be_zero_is_one_cause_however_a_family_words_it():

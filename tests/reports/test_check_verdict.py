@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 
 from selgate.reports.check_report import CheckVerdict, uncovered
-from selgate.conformance.registry import user_impl
+from selgate.conformance.impl import user_impl
 from selgate.reports.results import CaseResult
 
 CASE = "prefill-B2S9Skv33-G2h4-D16x8-n4-mixed-fp16-s0"
@@ -35,7 +35,7 @@ def test_a_pass_names_its_size_and_its_declared_expected_failures():
 
 
 def test_what_never_ran_is_each_family_and_declared_dtype_and_mode_with_only_skips():
-    impl = user_impl("k:fn", {"dtypes": (torch.float16, torch.bfloat16), "modes": ("prefill", "decode")}, None)
+    impl = user_impl("k:fn", {"dtypes": ("fp16", "bf16"), "modes": ("prefill", "decode")}, None)
     cases = [
         _case("test_parity", "pass"),
         _case("test_parity", "skip", CASE.replace("fp16", "bf16")),
@@ -49,7 +49,7 @@ def test_what_never_ran_is_each_family_and_declared_dtype_and_mode_with_only_ski
 def test_sizes_a_kernel_declares_out_and_a_tf32_fp32_are_on_the_first_line():
     """`max_size: tiny` under `--size small` skipped every small case while the headline said
     `at size small`; a kernel declaring TF32 had its fp32 judged by the looser rule unsaid."""
-    declared = {"dtypes": (torch.float16, torch.float32), "modes": ("prefill",), "max_size": "tiny", "fp32_matmul": "tf32"}
+    declared = {"dtypes": ("fp16", "fp32"), "modes": ("prefill",), "max_size": "tiny", "fp32_matmul": "tf32"}
     impl = user_impl("k:fn", declared, None)
     cases = [_case("test_parity", "pass"), _case("test_parity", "pass", CASE.replace("fp16", "fp32"))]
     assert uncovered(impl, cases, "small") == ["size small (declared max_size tiny)"]
@@ -75,8 +75,10 @@ def test_a_run_whose_every_case_skipped_says_so_and_suspects_no_tampering(tmp_pa
     xml = JUnitXml()
     xml.add_testsuite(suite)
     xml.write(str(tmp_path / "junit.xml"))
-    impl = user_impl("k:fn", {"dtypes": (torch.float16,), "devices": ("cuda",)}, None)
-    v = judge(impl, tmp_path, pytest.ExitCode.TESTS_FAILED, size="tiny")
+    impl = user_impl("k:fn", {"dtypes": ("fp16",), "devices": ("cuda",)}, None)
+    from selgate.conformance.families import claims
+
+    v = judge(impl, tmp_path, pytest.ExitCode.TESTS_FAILED, size="tiny", claims=claims(impl))
     assert v.headline == (
         "CHECK BLOCKED: no case ran: all 3 were skipped (3 of them: k:fn declares devices: cuda (this run's device is cpu))"
     ), v.blocking
@@ -86,7 +88,7 @@ def test_a_declaration_that_removes_bug_class_case_sets_is_named_on_the_first_li
     """Head dims of 8 alone left 87 of 777 cases, none with a head dim that is not a power of
     two or a row of 256 keys, under a headline word for word a full pass's; a block size is
     said there too (a block of 2^20 keys made every selection the whole causal prefix)."""
-    impl = user_impl("k:fn", {"dtypes": (torch.float16,), "modes": ("prefill",)}, None)
+    impl = user_impl("k:fn", {"dtypes": ("fp16",), "modes": ("prefill",)}, None)
     cases = [
         _case("test_parity", "pass", sets="G >= 2"),
         _case("test_parity", "skip", CASE.replace("D16x8", "D72x72"), sets="G >= 2,head dims not a power of two"),
@@ -127,7 +129,7 @@ def test_declared_limits_are_on_the_first_line_and_only_judged_cases_reach_a_set
     from selgate.reports.check_report import declared_limits
 
     declared = {"heads_power_of_two": True, "max_heads": 16, "min_head_dim": 16, "max_head_dim": 64, "layouts": ("contiguous",)}
-    impl = user_impl("k:fn", {"dtypes": (torch.float32,), **declared}, None)
+    impl = user_impl("k:fn", {"dtypes": ("fp32",), **declared}, None)
     limits = declared_limits(impl)
     assert limits == ["heads a group a power of two, at most 16", "head dims from 16 up to 64", "layouts contiguous"]
     assert declared_limits(user_impl("k:fn", {"modes": ("decode",)}, None)) == ["decode only"]
