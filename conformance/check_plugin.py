@@ -29,7 +29,11 @@ import pytest
 
 VERDICT_ENV = ("SELGATE_TOL_OVERRIDES", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 COLLECTED_FILE = "collected.json"
-CLAIMS_FILE = "claims.json"  # beside the declarations: the families the workers' Impl claims
+# Beside the JUnit (out of the kernel's reach, as the results are): the families the run's Impl
+# claims (`families.claims`), which the deciding process reads without importing the families
+# and torch. A worker computes them and hands them to the controller (xdist's workeroutput).
+CLAIMS_FILE = "claims.json"
+CLAIMS_KEY = "selgate_claims"
 
 
 def pytest_addoption(parser):
@@ -56,19 +60,7 @@ def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - registry imports to
     executor = Executor(Path(path).parent / "executors")
     determinism.SECOND["executor"] = Executor(Path(path).parent / "executors-second")
     varlen = remote_callable(executor, data["varlen"]) if "varlen" in data else None
-    impl = user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, spec))
-    _write_claims(Path(path).parent / CLAIMS_FILE, impl)
-    return impl
-
-
-def _write_claims(path: Path, impl) -> None:
-    """`families.claims(impl)` for the deciding process, which reads them without importing the
-    families (and torch); every worker writes the same, each whole (a rename)."""
-    from .families import claims
-
-    part = path.with_name(f"{path.name}.{os.getpid()}")
-    part.write_text(json.dumps(claims(impl)))  # in rank order, as the report lists them
-    os.replace(part, path)
+    return user_impl(spec, declarations.from_json(data, varlen), remote_callable(executor, spec))
 
 
 def verdict_environ(environ=None) -> dict:
@@ -100,6 +92,35 @@ def pytest_collection_finish(session):
     """Without xdist the controller collects itself."""
     if not hasattr(session.config, "workerinput") and session.config.pluginmanager.getplugin("dsession") is None:
         _write_collected(session.config, [i.nodeid for i in session.items])
+
+
+def _claims(config) -> dict | None:
+    from .families import claims
+
+    impls = getattr(config, "_selgate_impls", None) or []
+    return claims(impls[0]) if len(impls) == 1 else None
+
+
+def _write_claims(config, claims) -> None:
+    xml = config.option.xmlpath
+    if xml and claims is not None and not getattr(config, "_selgate_claimed", False):
+        config._selgate_claimed = True
+        (Path(xml).parent / CLAIMS_FILE).write_text(json.dumps(claims, indent=0) + "\n")  # rank order, as reported
+
+
+def pytest_sessionfinish(session):
+    """A worker hands the claims to the controller; a run without xdist writes them itself."""
+    config = session.config
+    if hasattr(config, "workeroutput"):
+        config.workeroutput[CLAIMS_KEY] = _claims(config)
+    elif config.pluginmanager.getplugin("dsession") is None:
+        _write_claims(config, _claims(config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The first worker to finish brings the claims (every worker computes the same)."""
+    _write_claims(node.config, getattr(node, "workeroutput", {}).get(CLAIMS_KEY))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -37,7 +37,7 @@ PLUGINS = (
 )
 MANIFEST = ".selgate-check.json"  # what an earlier check wrote into --out, and may remove
 REPRO_DIR = "repro"  # the reproducers of the root causes (reports.triage writes them)
-RESULT_FILES = ("junit.xml", ENV_FILE, "report.md", COLLECTED_FILE)
+RESULT_FILES = ("junit.xml", ENV_FILE, "report.md", COLLECTED_FILE, CLAIMS_FILE)
 DECLARED_FILE = "declared.json"  # the probe's declarations, handed to the workers
 CUT_GRACE_S = 120  # after the first signal, how long pytest may take to write its results
 PROBE_RESULT_LIMIT = 1 << 20  # bytes of the probe's result read at most
@@ -259,8 +259,7 @@ class Ran:
     """What running the matrix left for the judge: the implementation as the probe described
     it (None when importing it failed, `load_error` says why), pytest's exit status (None when
     pytest never started), the signal that cut the run, how many processes outlived their
-    parent, the probe's confinement line, and the families the workers' Impl claims (None when
-    no worker wrote them)."""
+    parent, and the probe's confinement line."""
 
     impl: Impl | None
     load_error: str | None
@@ -268,7 +267,6 @@ class Ran:
     cut: str | None
     left_behind: int
     isolation: str
-    claims: dict | None = None
 
 
 def run_matrix(args, out: Path) -> Ran:
@@ -276,7 +274,7 @@ def run_matrix(args, out: Path) -> Ran:
     spec or the declarations are the mistake."""
     runner = Run()
     env = child_env(args.workers)
-    status = claims = None
+    status = None
     tmp = Path(tempfile.mkdtemp(prefix="selgate-check-"))
     try:
         with Cut(runner.cut) as cut:
@@ -285,21 +283,9 @@ def run_matrix(args, out: Path) -> Ran:
                 print(f"selgate check {args.impl}: {args.workers} worker(s), size {args.size}, reports in {out}", flush=True)
                 runner.start(check_command(args, out / "junit.xml", tmp), env, graceful=True)
                 status = _wait_for_results(runner, cut)
-                claims = _claims(tmp / CLAIMS_FILE)
     finally:
         _remove(tmp)
-    return Ran(impl, load_error, status, cut.signal, runner.left_behind, runner.isolation.strip(), claims)
-
-
-def _claims(path: Path) -> dict | None:
-    """{report family: None or why not} as the workers wrote it, or None where none did."""
-    text = sandbox.read_regular(path, PROBE_RESULT_LIMIT)
-    try:
-        data = json.loads(text) if text is not None else None
-    except ValueError:
-        return None
-    ok = isinstance(data, dict) and all(isinstance(v, (str, type(None))) for v in data.values())
-    return data if ok else None
+    return Ran(impl, load_error, status, cut.signal, runner.left_behind, runner.isolation.strip())
 
 
 def _remove(folder: Path) -> None:

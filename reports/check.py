@@ -85,7 +85,6 @@ def _run(args, out: Path) -> CheckVerdict:
         cut=ran.cut,
         size=args.size,
         left_behind=ran.left_behind,
-        claims=ran.claims,
     )
     verdict.isolation = ran.isolation
     verdict.write_repros(out, args)

@@ -23,7 +23,7 @@ from selgate.verdict import Verdict, pytest_exit
 
 from . import triage
 from .markdown import duration_summary
-from selgate.conformance.check_plugin import COLLECTED_FILE
+from selgate.conformance.check_plugin import CLAIMS_FILE, COLLECTED_FILE
 from selgate.conformance.declarations import LAYOUTS
 from selgate.conformance.impl import Impl
 from selgate.conformance.sizes import SIZES
@@ -123,23 +123,20 @@ def _status_problem(status) -> str | None:
     return f"run aborted: {pytest_exit(status)}"
 
 
-def judge(
-    impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, size=None, left_behind=0, claims=None
-) -> CheckVerdict:
+def judge(impl, out: Path, status, *, narrowed=False, load_error=None, cut=None, size=None, left_behind=0) -> CheckVerdict:
     """The verdict on the run whose results are in `out` and whose pytest exited `status`
     (None: it never started). `impl` None when the implementation could not be loaded;
-    `left_behind`: processes the run started that were alive after its pytest exited; `claims`:
-    the families `impl` claims, as the workers wrote them (`families.claims`: this process
-    never imports the families, which import torch)."""
+    `left_behind`: processes the run started that were alive after its pytest exited. The
+    families `impl` claims come from the run's controller beside the JUnit (`read_claims`):
+    this process never imports the families, which import torch."""
     if load_error:
         v = CheckVerdict(cut=cut)
         v.blocking.append(f"cut by {cut} while importing the implementation" if cut else f"not loaded: {load_error}")
         return v
     result = load_lane("check", out)
     cases = [c for c in (result.cases if result else []) if c.nodeid != "import"]
+    claims = read_claims(out)
     v = CheckVerdict(claims=claims or {}, environment=result.environment if result else None, cut=cut, size=size)
-    if claims is None and cases:
-        v.blocking.append("the run's workers recorded no family claims: which families a pass needs is unknown")
     collected = json.loads((out / COLLECTED_FILE).read_text()) if (out / COLLECTED_FILE).exists() else []
     ran = {c.nodeid for c in cases}
     v.never_ran = [i for i in collected if i not in ran]
@@ -185,10 +182,23 @@ def judge(
             f"pytest exited 1 (tests failed) but {out / 'junit.xml'} records no failure: "
             "the results were changed after pytest wrote them"
         )
+    if claims is None and cases:
+        v.blocking.append(f"no family claims in {out / CLAIMS_FILE}: which families a pass needs is unknown")
     for family, why in v.claims.items():
         if why is None and cases and not narrowed and not cut and v.counts.get(family, {}).get("pass", 0) == 0:
             v.blocking.append(f"claimed family {family} has no passing test")
     return v
+
+
+def read_claims(out: Path) -> dict | None:
+    """{report family: None (claimed) or why not} as the run's controller wrote it, in rank
+    order; None when it is missing or not such a mapping (a run cut before any worker ended)."""
+    try:
+        data = json.loads((out / CLAIMS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and data and all(isinstance(v, (str, type(None))) for v in data.values())
+    return data if ok else None
 
 
 def _bad_input(result) -> bool:

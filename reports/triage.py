@@ -181,7 +181,7 @@ import subprocess
 import sys
 
 DEVICE = {device!r}
-LIMIT_S = {limit_s!r}  # the check's --timeout: a case still running then has hung
+LIMIT_S = {limit_s!r}  # the check's --timeout, from the child's start: a case still running then has hung
 if "--run-here" not in sys.argv:
     try:
         status = subprocess.run([sys.executable, os.path.abspath(__file__), "--run-here"], timeout=LIMIT_S).returncode

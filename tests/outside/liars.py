@@ -57,9 +57,35 @@ def nan_in_fp16(q, k, v, ranges, *, scale=None):
     return o if q.dtype != torch.float16 else torch.full_like(o, float("nan"))
 
 
-for _fn in (declares_per_process, seeded_by_pid, nan_in_fp16):
+def forges_its_claims(q, k, v, ranges, *, scale=None):
+    """Different in every process (seeded by its pid), its determinism cases declared expected
+    failures (xfail_determinism.yaml), so the claimed family without a pass is what blocks it;
+    it rewrites every `claims.json` above its temporary folder to drop that claim (the claims
+    once lay two folders up, in the check's temporary folder, which landlock leaves writable
+    under /dev/shm)."""
+    import json
+
+    folder = os.environ.get("TMPDIR", "").rstrip("/")
+    for _ in range(4):
+        folder = os.path.dirname(folder)
+        path = os.path.join(folder, "claims.json")
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            data["determinism"] = "forged: not claimed"
+            with open(path, "w") as f:
+                json.dump(data, f)
+        except (OSError, ValueError):
+            pass
+    o = gather(q, k, v, ranges, scale=scale)
+    shape = (*o.shape[:3], 1, o.shape[4])
+    noise = torch.rand(shape, generator=torch.Generator().manual_seed(os.getpid()), dtype=o.dtype)
+    return o * (1 + 1e-6 * noise.to(o.device))
+
+
+for _fn in (declares_per_process, seeded_by_pid, nan_in_fp16, forges_its_claims):
     _fn.modes = ("prefill",)
-seeded_by_pid.dtypes = ("fp32",)
+seeded_by_pid.dtypes = forges_its_claims.dtypes = ("fp32",)
 nan_in_fp16.dtypes = ("fp16", "fp32")
 
 

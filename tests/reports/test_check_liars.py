@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +23,7 @@ from selgate.conformance import sandbox
 from selgate.reports.results import load_lane
 
 from tests.helpers import blocked_by_failures, running_with
-from tests.reports.test_check_cli import OUTSIDE, _check
+from tests.reports.test_check_cli import OUTSIDE, _check, _env
 
 
 # The attacks that bend the judge, its declarations or its results act on every case alike, so
@@ -38,8 +41,8 @@ def checked(tmp_path):
         if f.is_file():
             (tmp_path / f.name).write_text(f.read_text())
 
-    def run(spec, *args):
-        rc, log = _check(tmp_path, spec, "--out", "out", "--workers", "1", *args)
+    def run(spec, *args, env_extra=None):
+        rc, log = _check(tmp_path, spec, "--out", "out", "--workers", "1", *args, env=_env(**(env_extra or {})))
         return rc, log, tmp_path / "out"
 
     return run
@@ -121,6 +124,22 @@ def test_a_dtype_broken_behind_strict_expected_failures_is_named_on_the_first_li
     want = f"**CHECK PASSED at size tiny within declared limits (prefill only) with {xfails} declared expected failures in fp16: "
     assert headline.startswith(want), headline
     assert "never ran (every case skipped): families backward, decode, varlen, gradcheck" in headline
+
+
+def test_a_kernel_that_rewrites_the_family_claims_is_still_held_to_them(checked, tmp_path):
+    """The claims a pass needs come from beside the results, out of the kernel's reach: with the
+    check's temporary folder under /dev/shm (which landlock leaves writable), a kernel rewrote
+    them there and PASSED with its determinism claim dropped."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm on this machine")
+    tmp = Path(tempfile.mkdtemp(dir=shm, prefix="selgate-test-"))
+    try:
+        rc, log, out = checked("liars:forges_its_claims", "--declare", "xfail_determinism.yaml", env_extra={"TMPDIR": str(tmp)})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert rc == 1 and "claimed family determinism has no passing test" in log, log
+    assert "forged" not in (out / "report.md").read_text()
 
 
 def test_a_helper_that_rewrites_the_results_blocks_and_dies_with_the_check(checked):

@@ -3,6 +3,7 @@ tests/reports/test_check_liars.py)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import torch
@@ -78,7 +79,8 @@ def test_a_run_whose_every_case_skipped_says_so_and_suspects_no_tampering(tmp_pa
     impl = user_impl("k:fn", {"dtypes": ("fp16",), "devices": ("cuda",)}, None)
     from selgate.conformance.families import claims
 
-    v = judge(impl, tmp_path, pytest.ExitCode.TESTS_FAILED, size="tiny", claims=claims(impl))
+    (tmp_path / "claims.json").write_text(json.dumps(claims(impl)))  # as the run's controller writes them
+    v = judge(impl, tmp_path, pytest.ExitCode.TESTS_FAILED, size="tiny")
     assert v.headline == (
         "CHECK BLOCKED: no case ran: all 3 were skipped (3 of them: k:fn declares devices: cuda (this run's device is cpu))"
     ), v.blocking
