@@ -83,7 +83,9 @@ def add_sel(sub) -> None:
         type=method_list,
         help=f"comma list of {','.join(METHODS)}, "
         "Triton launch variants triton@<BLOCK_L>x<warps>x<stages> "
-        "or an outside kernel package.module:callable (loaded as `selgate check` loads it)",
+        "or an outside kernel package.module:callable (loaded as `selgate check` loads it) "
+        f"(default: the preset's methods, else {','.join(default_methods(torch.device('cuda')))} on a GPU "
+        f"and {','.join(default_methods(torch.device('cpu')))} on the CPU)",
     )
     p.add_argument(
         "--declare", type=Path, help="YAML declarations of the one outside kernel in --backends (as `selgate check --declare`)"

@@ -294,7 +294,7 @@ def markdown(env: dict, build_s: float, rows: list[dict], copy_gbps: float) -> s
 
 def main(argv=None) -> int:
     ap = Parser(prog=f"{prog('python -m selgate.bench')} cuda-decode", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="write the Markdown report here")
+    ap.add_argument("--out", help="write the Markdown report to this file as well (default: the terminal only)")
     ap.add_argument("--skip-bench", action="store_true", help="time only the launch variants (with --sweep)")
     ap.add_argument("--sweep", action="store_true", help="also time the tensor-core kernel's launch variants")
     args = ap.parse_args(argv)
