@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
 from selgate.reference import build_ranges, pack_sequences
 
 from .inputs import Inputs, large_logit_qkv, large_logit_scale, random_qkv

@@ -45,7 +45,7 @@ def pytest_addoption(parser):
     )
 
 
-def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - registry imports torch: not at plugin load
+def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - the families import torch: not at plugin load
     """The Impl of `spec` from the declarations in `path`, whose calls run in an executor process
     (`remote.py`): this process never imports the kernel. The executors' scratch folders go beside
     `path`; the determinism family's second process (`determinism.second_process`) is a confined

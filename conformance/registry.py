@@ -155,11 +155,12 @@ _pairs_call, _ = _kernel("pairs")
 _kv_outer_call, _kv_outer_varlen = _kernel("kv_outer")
 
 
-# Declared from the kernels' own limits (selgate.kernels.triton_limits, kernels/cuda/decode.py).
 def _names(dtypes) -> tuple:
+    """The declared names of a kernel's torch dtypes."""
     return tuple(DTYPE_NAMES[d] for d in dtypes)
 
 
+# Declared from the kernels' own limits (selgate.kernels.triton_limits, kernels/cuda/decode.py).
 _TRITON = dict(
     dtypes=_names(triton_limits.DTYPES),
     head_dim_multiple=triton_limits.HEAD_DIM_MULTIPLE,

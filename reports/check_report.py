@@ -15,18 +15,17 @@ import pytest
 from junitparser import Error, JUnitXml, TestCase, TestSuite
 
 from selgate import __version__
+from selgate.conformance.check_plugin import CLAIMS_FILE, COLLECTED_FILE
+from selgate.conformance.declarations import LAYOUTS
+from selgate.conformance.impl import Impl
+from selgate.conformance.sizes import SIZES
 from selgate.environment import ENV_FILE
 from selgate.kernels.served import run_environment
 from selgate.reports.results import OUTCOMES, load_lane
 from selgate.verdict import Verdict, pytest_exit
 
-
 from . import triage
 from .markdown import duration_summary
-from selgate.conformance.check_plugin import CLAIMS_FILE, COLLECTED_FILE
-from selgate.conformance.declarations import LAYOUTS
-from selgate.conformance.impl import Impl
-from selgate.conformance.sizes import SIZES
 
 SHOWN_SKIPS = 12  # reasons listed under "Not covered"; the rest are counted
 SHOWN_NEVER_RAN = 8
@@ -85,8 +84,8 @@ class CheckVerdict(Verdict):
 
     def write_repros(self, out: Path, args) -> None:
         if self.causes:
-            kw = dict(impl=args.impl, declare=_declare_path(args), size=args.size, limit_s=args.timeout)
-            kw["device"] = _device(self.environment)
+            device = _device(self.environment)
+            kw = dict(impl=args.impl, declare=_declare_path(args), size=args.size, device=device, limit_s=args.timeout)
             paths = triage.write_reproducers(self.causes, out, **kw)
             # as the report shows them: from the folder the check ran in, where the kernel imports
             self.repros = {sig: Path(os.path.relpath(p)) for sig, p in paths.items()}
