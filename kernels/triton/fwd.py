@@ -600,7 +600,8 @@ def triton_forward(
 
 
 def kv_outer_routes(q, h: int, S_kv: int, cfg: dict) -> bool:
-    """Whether the KV-outer forward takes this call (`KV_OUTER_MAX_HEADS` >= h): prefill only; keys
+    """Whether the KV-outer forward takes this call (`KV_OUTER_MAX_HEADS` >= h, and at least
+    `KV_OUTER_MIN_TOKENS[h]` query tokens, B x S, where the profile sets one): prefill only; keys
     within the Triton normaliser's packed sort key (`normalize.MAX_S_KV`, 2^30: past it the row
     kernels serve, as they did before the route); not under CUDA graph capture (the index is
     sized on the host). The capture query comes last: a decode step never pays for it."""
@@ -609,6 +610,7 @@ def kv_outer_routes(q, h: int, S_kv: int, cfg: dict) -> bool:
     return (
         q.shape[1] > 1
         and h <= cfg.get("KV_OUTER_MAX_HEADS", 0)
+        and q.shape[0] * q.shape[1] >= cfg.get("KV_OUTER_MIN_TOKENS", {}).get(h, 0)
         and S_kv <= MAX_S_KV
         and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
     )

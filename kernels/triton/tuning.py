@@ -276,7 +276,25 @@ class _State:
         kinds = {kind: raw for kind, raw in owner["triton_fwd"].items() if isinstance(raw, dict) and "block_l" in raw}
         self.tma = {kind: env_vars.get(ENV_TMA, bool(raw.get("tma", False))) for kind, raw in kinds.items()}  # read once
         self.pairs = {kind: env_vars.get(ENV_PAIRS, bool(raw.get("pairs", False))) for kind, raw in kinds.items()}
-        self.kv_outer = {kind: env_vars.get(ENV_KV_OUTER, int(raw.get("kv_outer_max_heads", 0))) for kind, raw in kinds.items()}
+        self.kv_outer = {kind: kv_outer_route(kind, raw) for kind, raw in kinds.items()}
+
+
+def kv_outer_route(kind: str, raw: dict) -> tuple[int, dict]:
+    """(most query heads per KV head, {h: fewest query tokens a call}) of a kind's KV-outer
+    route: `kv_outer_max_heads` and `kv_outer_min_tokens` (the index's fixed cost makes short
+    calls slower than the row kernels). SELGATE_TRITON_KV_OUTER forces the route at every size."""
+    forced = env_vars.get(ENV_KV_OUTER)
+    if forced is not None:
+        return forced, {}
+    bars = raw.get("kv_outer_min_tokens") or {}
+    if not isinstance(bars, dict) or not all(
+        type(h) is int and h > 0 and type(t) is int and t >= 0 for h, t in bars.items()  # bool is not an int here
+    ):
+        raise ConfigError(
+            f"triton_fwd.{kind}.kv_outer_min_tokens: expected a mapping of query heads per KV head (int > 0) "
+            f"to the fewest query tokens a call (int >= 0), got {bars!r}"
+        )
+    return int(raw.get("kv_outer_max_heads", 0)), dict(bars)
 
 
 _state: _State | None = None
@@ -472,7 +490,8 @@ def fwd_config(Dk: int, Dv: int, item: int, kind: str, *, dtype=None, S_kv=None,
             "TMA": tma,
             "TAIL_L": max(MIN_DOT, tail),
             "PAIRS": st.pairs.get(kind, False),
-            "KV_OUTER_MAX_HEADS": st.kv_outer.get(kind, 0),
+            "KV_OUTER_MAX_HEADS": st.kv_outer.get(kind, (0, {}))[0],
+            "KV_OUTER_MIN_TOKENS": st.kv_outer.get(kind, (0, {}))[1],
         }, source
 
     return _select("fwd", key, resolve, tune, FWD_KEYS, ENV_FWD, env)

@@ -22,6 +22,7 @@ from selgate.bench import tables, thresholds
 from selgate.bench.__main__ import main
 from selgate.bench.inputs import decode_problem, make_ranges, prefill_problem
 from selgate.bench.tune import launch_bucket, range_slots
+from selgate.errors import ConfigError
 from selgate.kernels import config, reload_settings
 from selgate.kernels.triton import tuning
 from selgate.kernels.triton import bwd as bwd_mod
@@ -197,6 +198,7 @@ def test_a_kind_run_through_tma_keeps_the_profile_over_tuned_entries(cfg, monkey
         "TAIL_L": 16,  # tail >= MMA minimum
         "PAIRS": False,
         "KV_OUTER_MAX_HEADS": 0,
+        "KV_OUTER_MIN_TOKENS": {},
     }
     monkeypatch.setenv(tuning.ENV_TMA, "0")
     tuning.clear_cache()
@@ -222,6 +224,39 @@ def test_the_profile_turns_the_pair_kernel_on_per_kind_and_the_env_flag_override
     monkeypatch.setenv(tuning.ENV_PAIRS, "1")
     tuning.clear_cache()
     assert tuning.fwd_config(16, 16, 4, "decode", dtype=torch.float32, S_kv=70, n=4)["PAIRS"] is True
+
+
+@launches
+def test_the_profile_routes_the_kv_outer_forward_by_heads_and_query_tokens(cfg, monkeypatch):
+    """`kv_outer_max_heads` and `kv_outer_min_tokens` ({h: fewest B x S}): a prefill call takes
+    the KV-outer forward only at h <= the most heads and from its h's token count (its index costs
+    a fixed time a call); SELGATE_TRITON_KV_OUTER forces it at every size."""
+    from selgate.kernels import selection_attention, stats
+
+    write_profile(
+        cfg,
+        "triton_fwd:\n  interpreter: {block_l: 16, num_warps: 4, num_stages: 1, kv_outer_max_heads: 2,"
+        " kv_outer_min_tokens: {1: 16, 2: 32}}\n",
+    )
+
+    def routed(B, S, h):
+        q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=B, S=S, G=2, h=h, Dk=16, Dv=16, S_kv=40, n=3, dtype=torch.float32, seed=h))
+        before = stats()["launches"].get("triton_fwd_kv_outer", 0)
+        selection_attention(q, k, v, r, backend="triton")
+        return stats()["launches"].get("triton_fwd_kv_outer", 0) - before
+
+    got = {shape: routed(*shape) for shape in ((1, 15, 1), (1, 16, 1), (1, 16, 2), (2, 16, 2), (2, 16, 3))}
+    assert got == {(1, 15, 1): 0, (1, 16, 1): 1, (1, 16, 2): 0, (2, 16, 2): 1, (2, 16, 3): 0}
+    monkeypatch.setenv(tuning.ENV_KV_OUTER, "2")
+    reload_settings()
+    assert routed(1, 9, 2) == 1 and routed(1, 9, 3) == 0
+
+
+@pytest.mark.parametrize("bars", ["[16384]", "{1: -1}", "{0: 8}", "{1: true}", "{1: 8.5}"])
+def test_a_malformed_kv_outer_token_bar_is_refused_naming_the_key(cfg, bars):
+    write_profile(cfg, f"triton_fwd:\n  interpreter: {{block_l: 16, num_warps: 4, num_stages: 1, kv_outer_min_tokens: {bars}}}\n")
+    with pytest.raises(ConfigError, match=r"triton_fwd\.interpreter\.kv_outer_min_tokens: expected a mapping"):
+        tuning.fwd_config(16, 16, 4, "interpreter", dtype=torch.float32, S_kv=70, n=4)
 
 
 def test_backward_default_takes_dkdv_depth_from_the_profile(cfg):
