@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from selgate.cli import prog
-from selgate.cli_args import Parser, command, positive_number
+from selgate.cli_args import Parser, command, positive_number, worker_number
 from selgate import env_vars
 
 from .config import lane_names, load_lane
@@ -122,7 +122,7 @@ def parser() -> Parser:
     r.add_argument("lane", help=f"one of {lane_names()} or 'auto'")
     r.add_argument(
         "--workers",
-        type=int,  # its range is the runner's to refuse, after it removed the lane's earlier results
+        type=worker_number,
         help="xdist workers (default: the lane's; sm90: as many per GPU as its memory and the CPUs allow)",
     )
     r.add_argument("-k", help="pytest -k expression narrowing the lane")

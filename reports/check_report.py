@@ -345,22 +345,28 @@ def render(impl, v: CheckVerdict, args) -> str:
 
 
 def _families(v: CheckVerdict) -> list:
+    """The families table: each claimed family's counts; after a run cut before any worker ended
+    (no claims written), the families that ran, their claims unknown."""
+    claims = v.claims or dict.fromkeys(v.counts, "unknown")
     lines = [
         "",
         "## Families",
         "",
-        "pass/fail/error/skip/xfail per family; a claimed family needs a pass.",
+        "pass/fail/error/skip/xfail per family; a claimed family needs a pass."
+        if v.claims
+        else "pass/fail/error/skip/xfail per family; the run wrote no family claims (no worker finished), "
+        "so which families a pass needs is unknown.",
         "",
         "| family | claimed | " + "/".join(OUTCOMES) + " |",
         "| --- | --- | --- |",
     ]
-    for family, why in v.claims.items():
+    for family, why in claims.items():
         counts = v.counts.get(family, dict.fromkeys(OUTCOMES, 0))
         cell = "/".join(str(counts[o]) for o in OUTCOMES)
-        lines.append(
-            f"| {family} | {'yes' if why is None else 'no: ' + why} | "
-            f"{'**' + cell + '**' if counts['fail'] or counts['error'] else cell} |"
-        )
+        claimed = "yes" if why is None else why if not v.claims else "no: " + why
+        lines.append(f"| {family} | {claimed} | {'**' + cell + '**' if counts['fail'] or counts['error'] else cell} |")
+    if not claims:
+        lines.append("| none ran | unknown | - |")
     return lines
 
 

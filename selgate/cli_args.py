@@ -69,6 +69,15 @@ def workers(text: str) -> int:
     return _number(int, text, 1, False, MAX_WORKERS, WORKERS_RANGE)
 
 
+def worker_number(text: str) -> int:
+    """An integer for a --workers whose range is checked later (the lane runner refuses it after
+    removing the lane's earlier results); a non-integer is refused here in `workers`' words."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {WORKERS_RANGE}, got {text!r}") from None
+
+
 def seconds(text: str) -> int:
     """A time limit in whole seconds: at least one, at most MAX_TIMEOUT_S."""
     return _number(

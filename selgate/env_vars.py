@@ -200,7 +200,8 @@ VARS: dict[str, Var] = {
             "SELGATE_TRITON_KV_OUTER",
             "int",
             None,
-            "Run the KV-tile-outer forward (kv_outer.py) for calls with at most this many query heads per KV head, at every size (0: never).",
+            "Run the KV-tile-outer forward (kv_outer.py) for calls with at most this many query heads per KV head, "
+            "at every size (0: never).",
             (_K + "triton/tuning.py",),
             "dispatcher",
             "configs `triton_fwd.<kind>.kv_outer_max_heads` and `kv_outer_min_tokens`",

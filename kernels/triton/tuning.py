@@ -288,7 +288,8 @@ def kv_outer_route(kind: str, raw: dict) -> tuple[int, dict]:
         return forced, {}
     bars = raw.get("kv_outer_min_tokens") or {}
     if not isinstance(bars, dict) or not all(
-        type(h) is int and h > 0 and type(t) is int and t >= 0 for h, t in bars.items()  # bool is not an int here
+        type(h) is int and h > 0 and type(t) is int and t >= 0
+        for h, t in bars.items()  # bool is not an int here
     ):
         raise ConfigError(
             f"triton_fwd.{kind}.kv_outer_min_tokens: expected a mapping of query heads per KV head (int > 0) "

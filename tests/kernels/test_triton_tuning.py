@@ -240,7 +240,8 @@ def test_the_profile_routes_the_kv_outer_forward_by_heads_and_query_tokens(cfg, 
     )
 
     def routed(B, S, h):
-        q, k, v, r = (t.to(DEVICE) for t in random_inputs(B=B, S=S, G=2, h=h, Dk=16, Dv=16, S_kv=40, n=3, dtype=torch.float32, seed=h))
+        made = random_inputs(B=B, S=S, G=2, h=h, Dk=16, Dv=16, S_kv=40, n=3, dtype=torch.float32, seed=h)
+        q, k, v, r = (t.to(DEVICE) for t in made)
         before = stats()["launches"].get("triton_fwd_kv_outer", 0)
         selection_attention(q, k, v, r, backend="triton")
         return stats()["launches"].get("triton_fwd_kv_outer", 0) - before

@@ -147,3 +147,18 @@ def test_declared_limits_are_on_the_first_line_and_only_judged_cases_reach_a_set
         _case("test_determinism", "pass", CASE.replace("-mixed-", "-full-vlarge_logits-"), sets="G >= 2,large logits"),
     ]
     assert uncovered(impl, cases)[-1] == "case set large logits"
+
+
+def test_a_run_cut_before_any_worker_ended_lists_the_families_that_ran_with_their_claims_unknown():
+    """No worker finished, so no claims were written: the families table was empty. It lists the
+    families that ran, says their claims are unknown, and says so where none ran either."""
+    from selgate.reports.check_report import _families
+
+    v = CheckVerdict(claims={}, counts={"parity": {"pass": 3, "fail": 1, "error": 0, "skip": 0, "xfail": 0}})
+    text = "\n".join(_families(v))
+    assert "the run wrote no family claims (no worker finished)" in text
+    assert "| parity | unknown | **3/1/0/0/0** |" in text
+    assert "| none ran | unknown | - |" in "\n".join(_families(CheckVerdict(claims={})))
+    claimed = "\n".join(_families(CheckVerdict(claims=CLAIMS, counts=v.counts)))
+    assert "| parity | yes | **3/1/0/0/0** |" in claimed and "| backward | no: does not declare backward" in claimed
+    assert "unknown" not in claimed

@@ -122,7 +122,7 @@ def test_a_passing_run_passes(checkout):
     "args, error",
     [
         (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--workers", "x"], "invalid int value"),
+        (["--workers", "x"], "argument --workers: expected >= 1 (a crashing test needs a worker to die in) and at most 1024"),
         (["--workers", "0"], "--workers: expected >= 1"),
         (["--workers", "99999999999999999999"], "at most 1024 (each is a process), got 99999999999999999999"),
         (["--emulate"], "--emulate needs a GPU lane"),
