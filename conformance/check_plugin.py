@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,31 @@ CLAIMS_KEY = "selgate_claims"
 
 
 def pytest_addoption(parser):
-    parser.getgroup("selgate").addoption(
+    group = parser.getgroup("selgate")
+    group.addoption(
         "--check-declared",
         default=None,
         metavar="FILE.json",
         help="selgate check: the declarations (declarations.to_json) of the one --impl package.module:callable",
     )
+    group.addoption(
+        "--check-case-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="selgate check: a kernel call still running this long after its case began is killed with its "
+        "process and fails the case (pytest-timeout, set past it, ends a worker whose own code hangs)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Each case's deadline for the kernel's calls (`remote.DEADLINE`), from its start."""
+    limit = item.config.getoption("check_case_limit")
+    if limit:
+        from .remote import DEADLINE
+
+        DEADLINE.update(at=time.monotonic() + limit, limit_s=limit)
 
 
 def decided_impl(spec: str, path) -> "Impl":  # noqa: F821 - the families import torch: not at plugin load

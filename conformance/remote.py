@@ -14,9 +14,11 @@ fresh one serves the next call.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from pathlib import Path
 
@@ -36,6 +38,17 @@ class KernelError(Exception):
 
 class ExecutorDied(RuntimeError):
     """The kernel's process ended while a call was in flight."""
+
+
+class KernelTimedOut(ExecutorDied):
+    """A call still running at the case's deadline (`DEADLINE`): its process was killed."""
+
+
+# The running case's deadline (time.monotonic()) and limit, set before each case by the check's
+# plugin: a call still running then has hung, and its process is killed here, so the case fails
+# naming the limit and the worker keeps its other cases (pytest-timeout's thread, a backstop past
+# it, ends the whole worker). "at" None: no deadline (a lane's executors run the reviewed tree).
+DEADLINE = {"at": None, "limit_s": None}
 
 
 _RAISED: dict = {}
@@ -86,7 +99,9 @@ class Executor:
             )  # fmt: skip
         os.close(to_child)
         os.close(from_child)
-        self.wfile, self.rfile = os.fdopen(from_judge, "wb"), os.fdopen(to_judge, "rb")
+        # unbuffered: a reply's first byte is waited for on the pipe itself (`_await_reply`), where
+        # a buffer could hold it unseen
+        self.wfile, self.rfile = os.fdopen(from_judge, "wb"), os.fdopen(to_judge, "rb", buffering=0)
 
     def request(self, header: dict, enc: wire.Encoder):
         """(reply header, its Decoder); raises the kernel's error, or ExecutorDied."""
@@ -95,6 +110,7 @@ class Executor:
         header, self.released = {**header, "release": self.released}, []
         try:
             wire.send(self.wfile, header, enc)
+            self._await_reply()
             reply, dec = wire.recv(self.rfile)
         except (wire.Closed, BrokenPipeError, ValueError) as e:
             raise ExecutorDied(self._died(e)) from None
@@ -108,6 +124,16 @@ class Executor:
             error.broke_cuda = bool(reply.get("leaving"))  # a crash that raised, not a refusal
             raise error
         return reply, dec
+
+    def _await_reply(self) -> None:
+        """Returns once the reply has begun; past the case's deadline, raises KernelTimedOut (the
+        caller kills the process: its state is unknown)."""
+        at = DEADLINE["at"]
+        if at is not None and not select.select([self.rfile], [], [], max(0.0, at - time.monotonic()))[0]:
+            raise KernelTimedOut(
+                f"the kernel's call ran past the case's limit of {DEADLINE['limit_s']:g} s (the check's --timeout); "
+                "its process was killed"
+            )
 
     def _died(self, error) -> str:
         try:

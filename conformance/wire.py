@@ -78,7 +78,7 @@ class Decoder:
             if device.type == "meta":
                 self.made.append(torch.empty(int(meta["nbytes"]), dtype=torch.uint8, device="meta").untyped_storage())
                 continue
-            raw = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+            raw = torch.frombuffer(blob, dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)  # a fresh bytearray
             self.made.append(raw.to(device).untyped_storage())
 
     def value(self, x):
@@ -120,10 +120,15 @@ def send(f, header: dict, enc: Encoder | None = None) -> None:
     f.flush()
 
 
-def _read(f, n: int) -> bytes:
-    data = f.read(n)
-    if data is None or len(data) != n:
-        raise Closed("the pipe closed mid-message" if data else "the pipe closed")
+def _read(f, n: int) -> bytearray:
+    """`n` bytes from `f`, buffered or not (an unbuffered pipe returns what it holds a read)."""
+    data, got = bytearray(n), 0
+    view = memoryview(data)
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
+            raise Closed("the pipe closed mid-message" if got else "the pipe closed")
+        got += k
     return data
 
 

@@ -59,6 +59,12 @@ def default_workers() -> int:
     return gpus * workers_per_gpu(smallest_gpu_memory(), cpus, gpus) if gpus else cpus
 
 
+# A kernel call still running at --timeout is killed in its executor and fails its case, the
+# worker going on (remote.DEADLINE); pytest-timeout's thread ends a worker only this much later,
+# where the judge's own code (the reference, the comparison) has hung.
+JUDGE_GRACE_S = 30
+
+
 def check_command(args, junit: Path, tmp: Path) -> list:
     """The child pytest: the matrix of one implementation, isolated from the caller's
     pytest configuration (an empty ini file in `tmp`) and plugins (autoload off, named with
@@ -68,7 +74,7 @@ def check_command(args, junit: Path, tmp: Path) -> list:
     # --noconftest: without a test path in the caller's folder pytest loads conftest.py from there
     # and its parents, where a kernel's pull request may put one that rewrites every report
     select = ["--noconftest", "--pyargs", "selgate.conformance", "-m", MARKERS, "--impl", args.impl, "--size", args.size]
-    select += ["--check-declared", str(tmp / DECLARED_FILE)]
+    select += ["--check-declared", str(tmp / DECLARED_FILE), "--check-case-limit", str(args.timeout)]
     return pytest_command(
         pytest_args(
             plugins=(*PLUGINS, "no:cacheprovider"),
@@ -76,7 +82,7 @@ def check_command(args, junit: Path, tmp: Path) -> list:
             select=select,
             workers=args.workers,
             max_worker_restart=100000,  # a crashed case is reported, never rerun (check_plugin)
-            timeout=args.timeout,
+            timeout=args.timeout + JUDGE_GRACE_S,
             junit=junit,
             k=args.k,
             output=("-q", "-rN", "--tb=no"),

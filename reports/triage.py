@@ -70,7 +70,7 @@ def _message_signature(message: str) -> str:
     """The signature of a failure the matrix did not word: which exception, timeout or crash."""
     msg = " ".join(message.split()).partition("; then ")[0]  # a test reported twice: its first report
     if re.search(r"worker '[^']*' crashed", msg):  # xdist words it "failed on setup with ..." too
-        return "worker crashed while running the case (past --timeout, whose thread ends it; or an abort, segfault or kill)"
+        return "worker crashed while running the case (an abort, segfault or kill, or past its time limit)"
     if re.match(r"(?:Failed: )?Timeout >", msg):
         return "timeout: the case ran past the per-case limit"
     if msg.startswith("[XPASS(strict)]"):

@@ -97,6 +97,32 @@ def test_a_crash_fails_its_call_and_a_fresh_executor_serves_the_next(executor, t
     assert remote(q, k, v, r).shape == (*q.shape[:4], v.shape[-1])
 
 
+def test_a_call_past_the_cases_deadline_is_killed_and_a_fresh_executor_serves_the_next(executor, tmp_path, monkeypatch):
+    """The check sets each case's deadline (`remote.DEADLINE`): a hung call fails there with its
+    process killed, instead of holding the worker until pytest-timeout ends it."""
+    import time
+
+    from selgate.conformance import remote as remote_mod
+
+    (tmp_path / "sleepy.py").write_text(
+        "import time\nfrom tokenkernels import gather\n"
+        "def fn(q, k, v, ranges, *, scale=None):\n"
+        "    if q.shape[0] == 1:\n        time.sleep(3600)\n"
+        "    return gather(q, k, v, ranges, scale=scale)\n"
+    )
+    remote = remote_callable(executor, "sleepy:fn")
+    q, k, v, r = _inputs()
+    remote(q, k, v, r)  # started: the deadline below measures the call, not torch's import
+    monkeypatch.setitem(remote_mod.DEADLINE, "limit_s", 2.0)
+    monkeypatch.setitem(remote_mod.DEADLINE, "at", time.monotonic() + 2.0)
+    hung = executor.proc
+    with pytest.raises(remote_mod.KernelTimedOut, match=r"ran past the case's limit of 2 s \(the check's --timeout\)"):
+        remote(q[:1], k[:1], v[:1], r[:1])
+    assert hung.poll() is not None, "the hung process was killed"
+    monkeypatch.setitem(remote_mod.DEADLINE, "at", time.monotonic() + 120)
+    assert remote(q, k, v, r).shape == (*q.shape[:4], v.shape[-1])
+
+
 def test_a_kernel_that_floods_its_output_dies_at_the_file_limit(executor, tmp_path):
     """The executor's output file lies outside its scratch folder, on the judge's disk: a kernel
     printing without end wrote 101 MB there in seconds. Past `sandbox.FILE_LIMIT` its writes fail

@@ -199,7 +199,7 @@ def test_kinds_of_failure_as_the_matrix_records_them():
         ),
         "[XPASS(strict)] NaN on empty rows": "a declared expected failure passed (XPASS strict)",
         f"worker 'gw0' crashed while running 'x'; then {FAILURE}[{case.id}] o: max abs err": (
-            "worker crashed while running the case (past --timeout, whose thread ends it; or an abort, segfault or kill)"
+            "worker crashed while running the case (an abort, segfault or kill, or past its time limit)"
         ),
     }
     for message, want in unworded.items():
