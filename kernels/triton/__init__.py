@@ -81,8 +81,8 @@ def selection_attention_kernel(
     if detail is not None:
         raise BackendUnavailable(kernel, detail)
     cfg = launch_config(d.Dk, d.Dv, q.element_size(), tuning.kind_of(q.device, d.S))
-    kv_outer = q.shape[3] if kernel == "kv_outer" else 0  # the call's h: the KV-outer route takes it
-    cfg = {**cfg, "TMA": kernel == "tma", "PAIRS": kernel == "pairs", "KV_OUTER_MAX_HEADS": kv_outer}
+    kv_outer = q.shape[3] if kernel == "kv_outer" else 0  # the call's h: the KV-outer route takes it, at any size
+    cfg = {**cfg, "TMA": kernel == "tma", "PAIRS": kernel == "pairs", "KV_OUTER_MAX_HEADS": kv_outer, "KV_OUTER_MIN_TOKENS": {}}
     norm = ranges if normalized else normalize_ranges(ranges, d.S_kv, positions)
     o, lse = triton_forward(q, k, v, norm, scale=resolve_scale(scale, d.Dk), positions=positions, config=cfg)
     return (o, lse) if return_lse else o

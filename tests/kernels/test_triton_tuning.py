@@ -248,6 +248,13 @@ def test_the_profile_routes_the_kv_outer_forward_by_heads_and_query_tokens(cfg, 
 
     got = {shape: routed(*shape) for shape in ((1, 15, 1), (1, 16, 1), (1, 16, 2), (2, 16, 2), (2, 16, 3))}
     assert got == {(1, 15, 1): 0, (1, 16, 1): 1, (1, 16, 2): 0, (2, 16, 2): 1, (2, 16, 3): 0}
+    # the named kernel (the conformance matrix's triton-kv-outer, the bench's column) runs at any size
+    from selgate.kernels.triton import selection_attention_kernel
+
+    before = stats()["launches"].get("triton_fwd_kv_outer", 0)
+    made = random_inputs(B=1, S=9, G=2, h=1, Dk=16, Dv=16, S_kv=40, n=3, dtype=torch.float32, seed=1)
+    selection_attention_kernel("kv_outer", *(t.to(DEVICE) for t in made))
+    assert stats()["launches"].get("triton_fwd_kv_outer", 0) - before == 1
     monkeypatch.setenv(tuning.ENV_KV_OUTER, "2")
     reload_settings()
     assert routed(1, 9, 2) == 1 and routed(1, 9, 3) == 0
