@@ -214,6 +214,23 @@ def cmd_thresholds(a) -> int:
     return 0
 
 
+def cmd_kv_outer(a) -> int:
+    from . import kv_outer_bars
+
+    rows = [r for path in a.csv for r in tables.read_csv(path)]
+    bars = kv_outer_bars.derive(rows)
+    print(bars.markdown())
+    sources = ", ".join(map(str, a.csv))
+    if not bars.points:
+        raise SystemExit(
+            f"{sources}: no prefill configuration with both `triton_pairs` and `triton_kv_outer` measured "
+            "(`sel --sweep prefill_heads`); profile not written"
+        )
+    if not a.dry_run:
+        print(f"wrote {kv_outer_bars.write_profile(bars, a.device or rows[0]['device'], source=sources)}")
+    return 0
+
+
 def cmd_baseline(a) -> int:
     from .regression import baseline_path
 
@@ -279,6 +296,11 @@ def parser() -> Parser:
     t.add_argument("csv", type=csv_file, nargs="+", help="results CSVs of one device (e.g. full.csv launch.csv)")
     t.add_argument("--device", help="device name or slug (default: the CSV's device column)")
     t.add_argument("--dry-run", "--dry_run", action="store_true", help="print the decision, write nothing")
+    what = "derive the device profile's KV-outer route (heads, fewest query tokens) from prefill_heads CSVs"
+    kv = command(sub, "kv-outer", what)
+    kv.add_argument("csv", type=csv_file, nargs="+", help="results CSVs of one device with triton_pairs and triton_kv_outer rows")
+    kv.add_argument("--device", help="device name or slug (default: the CSV's device column)")
+    kv.add_argument("--dry-run", action="store_true", help="print the decision, write nothing")
     what = "promote a results CSV to the device's committed baseline"
     b = command(sub, "baseline", what)
     b.add_argument("csv", type=csv_file, nargs="?", help="results CSV (default: the device's latest under bench/results)")
@@ -334,6 +356,7 @@ def main(argv=None) -> int:
     commands = {
         "sel": cmd_sel,
         "thresholds": cmd_thresholds,
+        "kv-outer": cmd_kv_outer,
         "baseline": cmd_baseline,
         "compare": cmd_compare,
         "tune": tune.cmd_tune,

@@ -163,6 +163,28 @@ def _build_kv_outer(p, x):
     return lambda: selection_attention_kernel("kv_outer", x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
 
 
+def _build_pairs(p, x):
+    """The Gluon pairs forward on its own (kernels/triton/pairs.py): the row kernel the sm90
+    class serves prefill with where the KV-outer route does not take it."""
+    from selgate.kernels.triton import selection_attention_kernel
+
+    return lambda: selection_attention_kernel("pairs", x.q, x.k, x.v, x.ranges, scale=x.scale, normalized=True)
+
+
+def _pairs_skip(p, dev) -> str | None:
+    """Why the pairs kernel cannot take `p` on `dev`: its own predicate, on a two-token call of
+    the problem's heads, head dims and dtype."""
+    why = _needs(kind="prefill", cuda=True)(p, dev)
+    if why:
+        return why
+    from selgate.kernels.triton import forward_kernel_unsupported
+
+    dtype = getattr(torch, p.dtype)
+    q = torch.empty(1, 2, p.G, p.h, p.D, dtype=dtype, device=dev)
+    k, v = (torch.empty(1, p.G, 2, d, dtype=dtype, device=dev) for d in (p.D, p.Dv))
+    return forward_kernel_unsupported("pairs", q, k, v)
+
+
 def _build_triton_launch(p, x, config):
     """The raw forward with explicit launch parameters (variants are compared with each other)."""
     from selgate.kernels.triton.fwd import triton_forward
@@ -208,6 +230,7 @@ METHODS = {
         Method("triton", True, _build_triton, _needs(triton=True), graphable=True),
         Method("cuda", True, _build_cuda, _needs(kind="decode", cuda=True), graphable=True),
         Method("triton_kv_outer", True, _build_kv_outer, _needs(kind="prefill", triton=True)),
+        Method("triton_pairs", True, _build_pairs, _pairs_skip),
         Method("auto", True, _build_auto, graphable=True),
         Method("masked_sdpa", False, _build_masked, _needs(budget=_masked_bytes)),
         Method("gather_sdpa", False, _build_gather, _needs(budget=_gather_bytes)),

@@ -11,7 +11,7 @@ a GPU lane times after its tests, judged against the standing `full` baseline (b
 per-bucket block sizes. `prefill_scaling`: the acceptance prefill setting at T in {4k .. 64k}
 (`PREFILL_SCALING_T`), ours beside fla-core and the SDPA baselines that fit, for the prefill
 plot (bench/plots.py). `prefill_heads`: the same prefill at h in {1 .. 16} query heads per KV head and
-T in {8k, 16k, 64k}, the served forward beside the KV-outer one and fla-core.
+T in {8k, 16k, 64k}, the served forward beside the pairs and KV-outer ones and fla-core.
 """
 
 from __future__ import annotations
@@ -116,14 +116,15 @@ def prefill_scaling(dtype: str = "bfloat16") -> list[Matrix]:
 
 PREFILL_HEADS_T = (8192, 16384, 65536)
 PREFILL_HEADS_H = (1, 2, 4, 8, 16)
-PREFILL_HEADS_METHODS = ("triton", "triton_kv_outer", "fla_nsa")
+PREFILL_HEADS_METHODS = ("triton", "triton_pairs", "triton_kv_outer", "fla_nsa")
 
 
 def prefill_heads(dtype: str = "bfloat16") -> list[Matrix]:
     """Prefill forward time against h, the query heads per KV head: the acceptance prefill's
     4 KV heads, dims and selection (16 blocks of 64) at h in PREFILL_HEADS_H and T in
-    PREFILL_HEADS_T; the served Triton forward (what the profile routes), the KV-outer forward
-    on its own, and fla-core where it applies (h = 16). Why: a row-outer forward costs the same
+    PREFILL_HEADS_T; the served Triton forward (what the profile routes), the pairs (row) and
+    KV-outer forwards each on its own (`bench thresholds` takes the KV-outer route's bars from
+    the two), and fla-core where it applies (h = 16). Why: a row-outer forward costs the same
     at every h (each row reloads its keys); a KV-outer one follows the work."""
     problems = [prefill_problem(T, 4 * h, 4, 128, 128, 64, 16, dtype) for T in PREFILL_HEADS_T for h in PREFILL_HEADS_H]
     return [Matrix("prefill-heads", problems, MeasureOptions(warmup=2, iters=10, max_seconds=4.0), PREFILL_HEADS_METHODS)]

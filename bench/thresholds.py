@@ -217,9 +217,16 @@ def write_profile(decision: Decision, device_name: str, *, source: Path, softwar
         "rule": f"triton >= {MIN_SPEEDUP}x sdpa (a miss within the 95% intervals, "
         f">= {MIN_SAMPLES} samples, is noise); <= {MAX_LOSS:.0%} loss below",
     }
+    return save_profile(profile, device_name)
+
+
+def save_profile(profile: dict, device_name: str) -> Path:
+    """Write `profile` as the device's measured profile (`bench thresholds`, `bench kv-outer`)
+    and drop the settings read from the old one."""
+    path = profile_path(device_name)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
-        f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds`.\n"
+        f"# Measured profile of {device_name}: written by `python -m selgate.bench thresholds` and `kv-outer`.\n"
         "# Values override its class profile (configs/classes/) and configs/base.yaml on this device;\n"
         "# environment variables override all.\n"
     )

@@ -266,6 +266,6 @@ def test_prefill_heads_preset_is_the_acceptance_prefill_over_h_and_T():
     assert sorted({(p.S, p.h) for p in m.problems}) == [(T, h) for T in (8192, 16384, 65536) for h in (1, 2, 4, 8, 16)]
     for p in m.problems:
         assert p.G == ref.G and dataclasses.replace(p, S=ref.S, S_kv=ref.S_kv, h=ref.h) == ref
-    assert m.methods == ("triton", "triton_kv_outer", "fla_nsa")
+    assert m.methods == ("triton", "triton_pairs", "triton_kv_outer", "fla_nsa")
     fla = get_method("fla_nsa")
     assert [p.h for p in m.problems if "h=" not in (fla.skip_reason(p, torch.device("cuda")) or "")] == [16] * 3

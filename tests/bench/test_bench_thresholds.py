@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 import yaml
 
 from selgate.bench import tables, thresholds
@@ -148,3 +149,59 @@ def test_thresholds_command(config_dir, tmp_path, capsys):
     no_triton = tables.write_csv([row(16, "sdpa", 1.0)], tmp_path / "run" / "sdpa_only.csv")
     with pytest.raises(SystemExit, match="no configuration with both"):
         main(["thresholds", str(no_triton), "--device", DEVICE])
+
+
+# The KV-outer forward against the pairs kernel at the 64k-preset's shape, ms (H100, 2026-12-08):
+# h -> T -> (KV-outer, pairs)
+HEADS_MS = {
+    1: {8192: (2.92, 1.54), 16384: (3.06, 3.34), 65536: (7.47, 14.60)},
+    2: {8192: (3.60, 1.60), 16384: (3.59, 3.42), 65536: (12.02, 14.93)},
+    4: {8192: (3.77, 1.60), 16384: (4.85, 3.43), 65536: (17.12, 14.96)},
+}
+
+
+def heads_rows(table=HEADS_MS, **shape):
+    base = dict(kind="prefill", status="ok", B=1, G=4, D=128, Dv=128, L=1024, dist="", kv_layout="separate", dtype="bfloat16")
+    return [
+        {**base, **shape, "config": f"T={T} h={h} {shape}", "method": m, "h": h, "S": T, "S_kv": T, "ms": ms, "device": DEVICE}
+        for h, by_T in table.items()
+        for T, times in by_T.items()
+        for m, ms in zip(("triton_kv_outer", "triton_pairs"), times)
+    ]
+
+
+def test_the_kv_outer_bars_are_the_sizes_from_which_it_won_at_every_larger_one():
+    from selgate.bench import kv_outer_bars
+
+    bars = kv_outer_bars.derive(heads_rows())
+    assert (bars.max_heads, bars.min_tokens) == (2, {1: 16384, 2: 65536})
+    assert "| 4 | 65536 |" in bars.markdown() and "| 17.120 | 14.960 | pairs |" in bars.markdown()
+    # a loss between two wins: the bar is above it; a second configuration losing at its largest size: no route at that h
+    dip = {1: {8192: (1.0, 2.0), 16384: (3.0, 2.0), 65536: (7.0, 14.0)}}
+    assert kv_outer_bars.derive(heads_rows(dip)).min_tokens == {1: 65536}
+    lost = heads_rows(dip) + heads_rows({1: {65536: (15.0, 14.0)}}, D=64)
+    assert kv_outer_bars.derive(lost).max_heads == 0
+    # h measured at 2 and 4 only: h = 1 and 3 take the bar of the next measured h above
+    gaps = {2: HEADS_MS[1], 4: HEADS_MS[2]}
+    assert kv_outer_bars.derive(heads_rows(gaps)).min_tokens == {1: 16384, 2: 16384, 3: 65536, 4: 65536}
+
+
+def test_the_kv_outer_bars_are_written_into_the_device_profile_and_route_calls(config_dir, tmp_path, capsys):
+    from selgate.kernels.triton import fwd, tuning
+
+    csv = tables.write_csv(heads_rows(), tmp_path / "prefill_heads.csv")
+    assert main(["kv-outer", str(csv), "--dry-run"]) == 0
+    assert "kv_outer_max_heads = 2, kv_outer_min_tokens: h = 1: 16384, h = 2: 65536" in capsys.readouterr().out
+    assert "kv_outer" not in (config_dir / "profiles" / "nvidia-h100-80gb-hbm3.yaml").read_text()
+    assert main(["kv-outer", str(csv)]) == 0
+    prefill = config.load_config(DEVICE)["triton_fwd"]["prefill"]
+    assert (prefill["kv_outer_max_heads"], prefill["kv_outer_min_tokens"]) == (2, {1: 16384, 2: 65536})
+    assert config.load_config(DEVICE)["policy"]["triton_sel_min_capability"] == "9.0"  # the profile's other keys are kept
+    heads, bars = tuning.kv_outer_route("prefill", prefill)
+    cfg = {"KV_OUTER_MAX_HEADS": heads, "KV_OUTER_MIN_TOKENS": bars}
+    shapes = [(S, h) for S in (8192, 16384) for h in (1, 2)]
+    routed = {(S, h): fwd.kv_outer_routes(torch.empty(1, S, 1, h, 8, device="meta"), h, S, cfg) for S, h in shapes}
+    assert routed == {(8192, 1): False, (16384, 1): True, (8192, 2): False, (16384, 2): False}
+    none = tables.write_csv([r for r in heads_rows() if r["method"] == "triton_pairs"], tmp_path / "pairs.csv")
+    with pytest.raises(SystemExit, match="no prefill configuration with both `triton_pairs` and `triton_kv_outer`"):
+        main(["kv-outer", str(none)])
