@@ -99,9 +99,7 @@ class Executor:
             )  # fmt: skip
         os.close(to_child)
         os.close(from_child)
-        # unbuffered: a reply's first byte is waited for on the pipe itself (`_await_reply`), where
-        # a buffer could hold it unseen
-        self.wfile, self.rfile = os.fdopen(from_judge, "wb"), os.fdopen(to_judge, "rb", buffering=0)
+        self.wfile, self.rfile = _DeadlinePipe(from_judge, select.POLLOUT), _DeadlinePipe(to_judge, select.POLLIN)
 
     def request(self, header: dict, enc: wire.Encoder):
         """(reply header, its Decoder); raises the kernel's error, or ExecutorDied."""
@@ -110,7 +108,6 @@ class Executor:
         header, self.released = {**header, "release": self.released}, []
         try:
             wire.send(self.wfile, header, enc)
-            self._await_reply()
             reply, dec = wire.recv(self.rfile)
         except (wire.Closed, BrokenPipeError, ValueError) as e:
             raise ExecutorDied(self._died(e)) from None
@@ -124,16 +121,6 @@ class Executor:
             error.broke_cuda = bool(reply.get("leaving"))  # a crash that raised, not a refusal
             raise error
         return reply, dec
-
-    def _await_reply(self) -> None:
-        """Returns once the reply has begun; past the case's deadline, raises KernelTimedOut (the
-        caller kills the process: its state is unknown)."""
-        at = DEADLINE["at"]
-        if at is not None and not select.select([self.rfile], [], [], max(0.0, at - time.monotonic()))[0]:
-            raise KernelTimedOut(
-                f"the kernel's call ran past the case's limit of {DEADLINE['limit_s']:g} s (the check's --timeout); "
-                "its process was killed"
-            )
 
     def _died(self, error) -> str:
         try:
@@ -161,6 +148,49 @@ class Executor:
                 except OSError:
                     pass
         self.proc = None
+
+
+class _DeadlinePipe:
+    """The judge's end of an executor's pipe, whose every read and write ends at the case's
+    deadline (`DEADLINE`): a kernel that hangs, stops mid-reply or stops reading its requests
+    cannot hold the worker past it. Non-blocking, waited on with poll (select refuses file
+    descriptors past 1023)."""
+
+    def __init__(self, fd: int, event: int):
+        os.set_blocking(fd, False)
+        self.fd, self.poller = fd, select.poll()
+        self.poller.register(fd, event)
+
+    def _wait(self) -> None:
+        at = DEADLINE["at"]
+        if not self.poller.poll(None if at is None else max(0.0, at - time.monotonic()) * 1000):
+            raise KernelTimedOut(
+                f"the kernel's call ran past the case's limit of {DEADLINE['limit_s']:g} s (the check's --timeout); "
+                "its process was killed"
+            )
+
+    def readinto(self, view) -> int:
+        while True:
+            self._wait()
+            try:
+                return os.readv(self.fd, [view])  # 0: the pipe closed
+            except BlockingIOError:
+                continue
+
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            self._wait()
+            try:
+                view = view[os.write(self.fd, view) :]
+            except BlockingIOError:
+                continue
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class _Call(torch.autograd.Function):

@@ -78,8 +78,7 @@ class Decoder:
             if device.type == "meta":
                 self.made.append(torch.empty(int(meta["nbytes"]), dtype=torch.uint8, device="meta").untyped_storage())
                 continue
-            raw = torch.frombuffer(blob, dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)  # a fresh bytearray
-            self.made.append(raw.to(device).untyped_storage())
+            self.made.append(blob.to(device).untyped_storage())  # a uint8 tensor of its own (recv)
 
     def value(self, x):
         if x is None or isinstance(x, (bool, int, float, str)):
@@ -120,15 +119,19 @@ def send(f, header: dict, enc: Encoder | None = None) -> None:
     f.flush()
 
 
-def _read(f, n: int) -> bytearray:
-    """`n` bytes from `f`, buffered or not (an unbuffered pipe returns what it holds a read)."""
-    data, got = bytearray(n), 0
-    view = memoryview(data)
-    while got < n:
+def _fill(f, view: memoryview) -> None:
+    """Fills `view` from `f`, buffered or not (an unbuffered pipe gives what it holds a read)."""
+    got = 0
+    while got < len(view):
         k = f.readinto(view[got:])
         if not k:
             raise Closed("the pipe closed mid-message" if got else "the pipe closed")
         got += k
+
+
+def _read(f, n: int) -> bytearray:
+    data = bytearray(n)
+    _fill(f, memoryview(data))
     return data
 
 
@@ -139,7 +142,11 @@ def recv(f) -> tuple[dict, Decoder]:
         raise ValueError(f"a header of {n} bytes")
     header = json.loads(_read(f, n))
     blobs = []
-    for _ in header.get("storages", []):
+    for meta in header.get("storages", []):
         (m,) = struct.unpack("<Q", _read(f, 8))
-        blobs.append(_read(f, m))
+        if not isinstance(meta, dict) or m != (0 if meta.get("device") == "meta" else meta.get("nbytes")):
+            raise ValueError(f"a storage of {m} bytes where the header says {meta!r}")
+        blob = torch.empty(m, dtype=torch.uint8)  # pages are touched as the bytes arrive, not before
+        _fill(f, memoryview(blob.numpy()))
+        blobs.append(blob)
     return header, Decoder(header.get("storages", []), blobs)

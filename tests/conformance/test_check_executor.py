@@ -97,30 +97,61 @@ def test_a_crash_fails_its_call_and_a_fresh_executor_serves_the_next(executor, t
     assert remote(q, k, v, r).shape == (*q.shape[:4], v.shape[-1])
 
 
-def test_a_call_past_the_cases_deadline_is_killed_and_a_fresh_executor_serves_the_next(executor, tmp_path, monkeypatch):
-    """The check sets each case's deadline (`remote.DEADLINE`): a hung call fails there with its
-    process killed, instead of holding the worker until pytest-timeout ends it."""
+HANGS = """
+import os, sys, time
+from tokenkernels import gather
+
+def fn(q, k, v, ranges, *, scale=None):
+    if q.shape[1] == 5:
+        return gather(q, k, v, ranges, scale=scale)
+    if q.shape[1] == 2:  # it answers, then stops reading requests
+        sys.modules["selgate.conformance.wire"].recv = lambda f: time.sleep(3600)
+        return gather(q, k, v, ranges, scale=scale)
+    if q.shape[1] == 1:  # the reply's first byte, then a hang
+        os.write(int(sys.argv[-1]), b"\\x01")
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("how, S", [("hangs", 3), ("stops mid-reply", 1), ("stops reading", 2)])
+def test_a_call_past_the_cases_deadline_is_killed_and_a_fresh_executor_serves_the_next(executor, tmp_path, monkeypatch, how, S):
+    """The check sets each case's deadline (`remote.DEADLINE`); every read and write of a call
+    ends there, its process killed, instead of holding the worker until pytest-timeout ends it:
+    a kernel that hangs, writes a reply's first byte and hangs, or stops reading requests."""
     import time
 
     from selgate.conformance import remote as remote_mod
 
-    (tmp_path / "sleepy.py").write_text(
-        "import time\nfrom tokenkernels import gather\n"
-        "def fn(q, k, v, ranges, *, scale=None):\n"
-        "    if q.shape[0] == 1:\n        time.sleep(3600)\n"
-        "    return gather(q, k, v, ranges, scale=scale)\n"
-    )
-    remote = remote_callable(executor, "sleepy:fn")
+    (tmp_path / "hangs.py").write_text(HANGS)
+    remote = remote_callable(executor, "hangs:fn")
     q, k, v, r = _inputs()
-    remote(q, k, v, r)  # started: the deadline below measures the call, not torch's import
+    remote(q, k, v, r)  # started: the deadline below measures the calls, not torch's import
+    proc = executor.proc
     monkeypatch.setitem(remote_mod.DEADLINE, "limit_s", 2.0)
     monkeypatch.setitem(remote_mod.DEADLINE, "at", time.monotonic() + 2.0)
-    hung = executor.proc
+    start = time.monotonic()
     with pytest.raises(remote_mod.KernelTimedOut, match=r"ran past the case's limit of 2 s \(the check's --timeout\)"):
-        remote(q[:1], k[:1], v[:1], r[:1])
-    assert hung.poll() is not None, "the hung process was killed"
+        remote(q[:, :S], k, v, r[:, :S])
+        remote(torch.zeros(1 << 18), k, v, r)  # stops reading: a request of 1 MiB, more than a pipe holds
+    assert time.monotonic() - start < 10, how
+    assert executor.proc is None and proc.poll() is not None, "the hung process was killed"
     monkeypatch.setitem(remote_mod.DEADLINE, "at", time.monotonic() + 120)
     assert remote(q, k, v, r).shape == (*q.shape[:4], v.shape[-1])
+
+
+def test_a_storage_longer_than_its_header_says_is_refused_before_it_is_read():
+    """Each storage's length comes from the peer: one that disagrees with the header is a broken
+    peer, refused before any memory is taken for it (a claimed 3 GiB took 3 GiB)."""
+    import io
+    import json
+    import struct
+
+    from selgate.conformance import wire
+
+    head = json.dumps({"storages": [{"nbytes": 1, "device": "cpu"}]}).encode()
+    message = struct.pack("<Q", len(head)) + head + struct.pack("<Q", 3 << 30)
+    with pytest.raises(ValueError, match="a storage of 3221225472 bytes where the header says"):
+        wire.recv(io.BytesIO(message))
 
 
 def test_a_kernel_that_floods_its_output_dies_at_the_file_limit(executor, tmp_path):
